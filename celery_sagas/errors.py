@@ -1,0 +1,277 @@
+"""Every error celery_sagas raises, under one root.
+
+    SagaError
+    ├── SagaValidationError (ValueError)     bad input; nothing was written
+    │   └── PayloadTooLarge                  a JSON payload over the size limit
+    ├── InvalidRecordError                   the store returned a corrupt record
+    ├── IllegalTransition                    a protocol move the SPEC forbids
+    ├── StoreError                           a store driver failed (translated)
+    │   ├── StoreUnavailable                 a store's extra is missing or the URL is unknown
+    │   ├── NonDurableStoreError             a journal was given a non-durable store
+    │   └── FencedWriteRefused               a write under an older lease grant
+    ├── SagaConcurrencyError                 lost a compare-and-set race
+    ├── SagaNotFound (LookupError)           no saga with that id
+    ├── SagaConflictError                    start() reused an id for other input
+    ├── SagaAmbiguousStepError               a step's outcome is unknown
+    ├── SagaResolutionError                  resolve() asked for an impossible outcome
+    ├── NondeterminismError                  replay diverged from the record
+    ├── SagaConfigurationError               a definition or setting is unusable
+    ├── StepNotCommitted                     raised by step code: provably nothing happened
+    ├── LeaseError                           a lease operation failed
+    │   └── LeaseLost                        renewal failed: stop at once
+    └── ApprovalError
+        ├── ApprovalRequired                 a gate needs a human decision (token hidden)
+        ├── ApprovalTokenInvalid
+        ├── ApprovalTokenExpired
+        ├── ApprovalTokenReplay
+        ├── ApprovalBindingError
+        ├── ApprovalPending
+        ├── ApprovalDenied
+        └── ApprovalDecisionError            decide() on a non-pending approval
+
+Every error keeps its constructor arguments as attributes and pickles through them, so
+errors survive a Celery task boundary. Secrets never appear in ``str`` or ``repr``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ApprovalBindingError",
+    "ApprovalDecisionError",
+    "ApprovalDenied",
+    "ApprovalError",
+    "ApprovalPending",
+    "ApprovalRequired",
+    "ApprovalTokenExpired",
+    "ApprovalTokenInvalid",
+    "ApprovalTokenReplay",
+    "FencedWriteRefused",
+    "IllegalTransition",
+    "InvalidRecordError",
+    "LeaseError",
+    "LeaseLost",
+    "NondeterminismError",
+    "NonDurableStoreError",
+    "PayloadTooLarge",
+    "SagaAmbiguousStepError",
+    "SagaConcurrencyError",
+    "SagaConfigurationError",
+    "SagaConflictError",
+    "SagaError",
+    "SagaNotFound",
+    "SagaResolutionError",
+    "SagaValidationError",
+    "StepNotCommitted",
+    "StoreError",
+    "StoreUnavailable",
+]
+
+
+def _rebuild(cls: type[SagaError], fields: dict[str, Any]) -> SagaError:
+    return cls(**fields)
+
+
+class SagaError(Exception):
+    """Root of every celery_sagas error."""
+
+    fields: ClassVar[tuple[str, ...]] = ("message",)
+    hidden: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, message: str = "", **fields: Any) -> None:
+        self._fields = {"message": message, **fields}
+        for name, value in fields.items():
+            setattr(self, name, value)
+        super().__init__(message or self.render())
+
+    def render(self) -> str:
+        """Build the message from the fields when none was given."""
+        return type(self).__name__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), dict(self._fields)))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{k}={v!r}" for k, v in self._fields.items() if k not in self.hidden and v
+        )
+        return f"{type(self).__name__}({shown})"
+
+
+class SagaValidationError(SagaError, ValueError):
+    """Input broke a SPEC §1 rule; nothing was written."""
+
+
+class PayloadTooLarge(SagaValidationError):
+    """A JSON payload is larger than the configured limit."""
+
+
+class InvalidRecordError(SagaError):
+    """The store returned an invalid record (corrupt, mismatched or unknown state)."""
+
+    def __init__(self, message: str = "", *, kind: str = "", record_id: str = "") -> None:
+        super().__init__(message, kind=kind, record_id=record_id)
+
+    def render(self) -> str:
+        return f"store returned an invalid record ({self._fields['kind']} {self._fields['record_id']!r})"
+
+
+class IllegalTransition(SagaError):
+    """A protocol transition the SPEC does not allow; the input record is unchanged."""
+
+    def __init__(self, message: str = "", *, state: str = "", event: str = "") -> None:
+        super().__init__(message, state=state, event=event)
+
+    def render(self) -> str:
+        return f"illegal transition: {self._fields['event']} from {self._fields['state']}"
+
+
+class StoreError(SagaError):
+    """A store operation failed; the driver error is the ``__cause__``."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be opened: unknown scheme or a missing extra."""
+
+
+class NonDurableStoreError(StoreError):
+    """A durable journal was asked to use a store that keeps nothing."""
+
+
+class FencedWriteRefused(StoreError):
+    """A write carried a lease fencing number older than the newest grant."""
+
+    def __init__(self, message: str = "", *, lease: str = "", fence: int = 0) -> None:
+        super().__init__(message, lease=lease, fence=fence)
+
+    def render(self) -> str:
+        return f"write under lease {self._fields['lease']!r} fence {self._fields['fence']} refused: a newer grant exists"
+
+
+class SagaConcurrencyError(SagaError):
+    """Another writer changed the record first (lost compare-and-set)."""
+
+
+class SagaNotFound(SagaError, LookupError):
+    """No saga record has that id."""
+
+    def __init__(self, message: str = "", *, saga_id: str = "") -> None:
+        super().__init__(message, saga_id=saga_id)
+
+    def render(self) -> str:
+        return f"no saga {self._fields['saga_id']!r}"
+
+
+class SagaConflictError(SagaError):
+    """start() reused a saga id with another definition or input."""
+
+    def __init__(self, message: str = "", *, saga_id: str = "") -> None:
+        super().__init__(message, saga_id=saga_id)
+
+    def render(self) -> str:
+        return f"saga {self._fields['saga_id']!r} exists with another definition or input"
+
+
+class SagaAmbiguousStepError(SagaError):
+    """A step began and its outcome is unknown; an operator must resolve it."""
+
+    def __init__(
+        self, message: str = "", *, saga_id: str = "", step: str = "", effect_id: str = ""
+    ) -> None:
+        super().__init__(message, saga_id=saga_id, step=step, effect_id=effect_id)
+
+    def render(self) -> str:
+        f = self._fields
+        return f"saga {f['saga_id']!r} step {f['step']!r} effect {f['effect_id']!r} is ambiguous"
+
+
+class SagaResolutionError(SagaError):
+    """resolve() named an unknown step, a wrong effect id, state or outcome."""
+
+
+class NondeterminismError(SagaError):
+    """Replaying run() diverged from the recorded steps."""
+
+
+class SagaConfigurationError(SagaError):
+    """A saga definition or a Celery setting cannot be used safely."""
+
+
+class StepNotCommitted(SagaError):
+    """Raised by step code when the provider proved nothing was committed."""
+
+    def __init__(self, code: str = "not_committed", message: str = "") -> None:
+        super().__init__(message, code=code)
+
+    def render(self) -> str:
+        return f"step not committed: {self._fields['code']}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._fields["code"], self._fields["message"]))
+
+
+class LeaseError(SagaError):
+    """A lease could not be used as asked."""
+
+
+class LeaseLost(LeaseError):
+    """The lease expired or was taken over; the holder must stop at once."""
+
+
+class ApprovalError(SagaError):
+    """Root of the approval errors."""
+
+
+class ApprovalRequired(ApprovalError):
+    """A gated step needs a human decision; carries the resume token (never shown)."""
+
+    hidden: ClassVar[frozenset[str]] = frozenset({"token"})
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        approval_id: str = "",
+        effect_id: str = "",
+        expires_at_ms: int = 0,
+        token: str = "",
+    ) -> None:
+        super().__init__(
+            message,
+            approval_id=approval_id,
+            effect_id=effect_id,
+            expires_at_ms=expires_at_ms,
+            token=token,
+        )
+
+    def render(self) -> str:
+        return f"approval {self._fields['approval_id']!r} required"
+
+
+class ApprovalTokenInvalid(ApprovalError):
+    """The token is malformed, too long, or its signature does not verify."""
+
+
+class ApprovalTokenExpired(ApprovalError):
+    """The token or its approval is past its expiry."""
+
+
+class ApprovalTokenReplay(ApprovalError):
+    """The approval was already consumed."""
+
+
+class ApprovalBindingError(ApprovalError):
+    """The token belongs to another tenant, principal, capability, target or digest."""
+
+
+class ApprovalPending(ApprovalError):
+    """Nobody has decided the approval yet."""
+
+
+class ApprovalDenied(ApprovalError):
+    """The approval was denied."""
+
+
+class ApprovalDecisionError(ApprovalError):
+    """Only a pending, unexpired approval of the same tenant can be decided, once."""

@@ -1,0 +1,189 @@
+"""The storage port: eight atomic primitives over opaque envelopes (SPEC §6, DESIGN §3).
+
+A store moves envelopes (kind, id, version, state, updated_at_ms, JSON body) and leases; it
+knows nothing of sagas, effects or approvals. Every rule about those lives above it, written
+once. Time and random tokens are passed in by the caller; a store only compares them.
+
+Contract shared by every implementation (the conformance suite in
+``celery_sagas.testing.conformance`` checks it):
+
+- ``create`` inserts only if the (kind, id) is absent.
+- ``compare_and_set`` writes only if the stored version equals ``expected_version`` and the new
+  envelope's version is ``expected_version + 1``. Retrying a write that was already applied
+  (same version, same body) reports success, so a driver-level retry is harmless.
+- ``scan`` is served by an index on (kind, state, updated_at_ms, id): its cost follows the
+  matching records, never every record kept. Pages are keyset-paged with an opaque cursor.
+- Leases: at most one unexpired lease per name; every grant carries a fencing number strictly
+  greater than any earlier grant of that name; the cursor survives release and expiry.
+- A write passing ``fence`` is refused with ``FencedWriteRefused`` when a grant of that lease
+  name newer than ``fence.number`` exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ..errors import SagaValidationError
+from ..values import identifier, timestamp_ms, token
+
+__all__ = [
+    "MAX_SCAN_LIMIT",
+    "Envelope",
+    "Fence",
+    "Lease",
+    "Page",
+    "Store",
+    "check_envelope",
+    "check_kind",
+    "check_lease_args",
+    "check_scan_args",
+]
+
+MAX_SCAN_LIMIT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One stored record as the store sees it: routing fields plus an opaque JSON body."""
+
+    kind: str
+    id: str
+    version: int
+    state: str
+    updated_at_ms: int
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a scan and the cursor of the next page (``None`` when done)."""
+
+    items: tuple[Envelope, ...]
+    cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A granted lease; ``fence`` strictly increases with every grant of the name."""
+
+    name: str
+    owner: str
+    token: str = field(repr=False)
+    expires_at_ms: int
+    fence: int
+    cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Marks a write as made under grant ``number`` of lease ``lease``."""
+
+    lease: str
+    number: int
+
+    @classmethod
+    def of(cls, lease: Lease) -> Fence:
+        """The fence of a granted lease."""
+        return cls(lease.name, lease.fence)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Eight atomic primitives; each call is one atomic operation on the server."""
+
+    durable: bool
+
+    def create(self, envelope: Envelope) -> bool:
+        """Atomically insert if (kind, id) is absent; False if it exists."""
+        ...
+
+    def get(self, kind: str, record_id: str) -> Envelope | None:
+        """Return the stored envelope or None."""
+        ...
+
+    def compare_and_set(
+        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        """Atomically replace the record if its version is ``expected_version``."""
+        ...
+
+    def scan(
+        self,
+        kind: str,
+        states: Sequence[str],
+        *,
+        updated_before_ms: int | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Return up to ``limit`` records of ``kind`` in ``states`` (index-backed, keyset-paged)."""
+        ...
+
+    def acquire_lease(
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int
+    ) -> Lease | None:
+        """Atomically grant the lease unless an unexpired one exists; bumps the fence."""
+        ...
+
+    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+        """Atomically extend an unexpired lease held with the same owner and token."""
+        ...
+
+    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+        """Atomically save the scan cursor of an unexpired lease held with this token."""
+        ...
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Atomically free the lease if held with this owner and token; keeps the cursor."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+_KINDS_RE_FIELD = "record kind"
+
+
+def check_kind(kind: object) -> str:
+    """A record kind is a short lowercase identifier such as ``saga``."""
+    value = identifier(kind, field=_KINDS_RE_FIELD)
+    if not value.islower():
+        raise SagaValidationError(f"record kind must be lowercase: {value!r}")
+    return value
+
+
+def check_envelope(envelope: Envelope) -> None:
+    """Refuse an envelope whose routing fields are not safe to build keys or SQL from."""
+    check_kind(envelope.kind)
+    token(envelope.id, field="record id", max_len=255)
+    token(envelope.state, field="record state", max_len=64)
+    timestamp_ms(envelope.updated_at_ms, field="updated_at_ms")
+    if isinstance(envelope.version, bool) or not isinstance(envelope.version, int):
+        raise SagaValidationError("version must be an int")
+    if envelope.version < 1:
+        raise SagaValidationError(f"version must be positive, got {envelope.version}")
+    if not isinstance(envelope.body, str):
+        raise SagaValidationError("body must be JSON text")
+
+
+def check_scan_args(kind: str, states: Sequence[str], limit: int, updated_before_ms: int | None) -> None:
+    """Refuse a scan limit outside 1..1000, an empty state list or unsafe names."""
+    check_kind(kind)
+    if isinstance(states, str) or not states:
+        raise SagaValidationError("states must be a non-empty sequence of state names")
+    for state in states:
+        token(state, field="record state", max_len=64)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
+        raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
+    if updated_before_ms is not None:
+        timestamp_ms(updated_before_ms, field="updated_before_ms")
+
+
+def check_lease_args(name: str, owner: str, lease_token: str) -> None:
+    """Refuse lease names, owners and tokens that are not tokens."""
+    token(name, field="lease name", max_len=128)
+    token(owner, field="lease owner", max_len=255)
+    token(lease_token, field="lease token", max_len=128)

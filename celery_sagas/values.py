@@ -1,0 +1,198 @@
+"""Pure validators for every value that crosses the public surface (SPEC §1).
+
+Each validator returns the value it accepted (normalised where noted) or raises
+``SagaValidationError`` naming the field. Nothing here does I/O, so callers validate
+everything before the first write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import PayloadTooLarge, SagaValidationError
+
+__all__ = [
+    "DEFAULT_PAYLOAD_LIMIT",
+    "MAX_SAFE_INTEGER",
+    "approval_id",
+    "capability",
+    "decode_json",
+    "definition_name",
+    "digest",
+    "duration_ms",
+    "effect_id",
+    "encode_json",
+    "error_code",
+    "identifier",
+    "json_value",
+    "principal_id",
+    "saga_id",
+    "step_name",
+    "target",
+    "tenant_id",
+    "timestamp_ms",
+    "token",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+DEFAULT_PAYLOAD_LIMIT = 1024 * 1024
+
+# Printable ASCII without space; braces are kept out too because they delimit Redis hash tags.
+_TOKEN = re.compile(r"[\x21-\x7a\x7c\x7e]+")
+_CAPABILITY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_ERROR_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def token(value: object, *, field: str, max_len: int) -> str:
+    """Accept a non-empty printable-ASCII string without spaces or braces, up to max_len."""
+    if not isinstance(value, str):
+        raise SagaValidationError(f"{field} must be a str, got {type(value).__name__}")
+    if not 0 < len(value) <= max_len:
+        raise SagaValidationError(f"{field} must have 1..{max_len} characters, got {len(value)}")
+    if not _TOKEN.fullmatch(value):
+        raise SagaValidationError(
+            f"{field} must be printable ASCII without spaces or braces: {_shown(value)}"
+        )
+    return value
+
+
+def saga_id(value: object) -> str:
+    """A saga id: token of at most 128 characters."""
+    return token(value, field="saga id", max_len=128)
+
+
+def definition_name(value: object) -> str:
+    """A saga definition name: token of at most 128 characters."""
+    return token(value, field="definition name", max_len=128)
+
+
+def step_name(value: object) -> str:
+    """A step name: token of at most 128 characters."""
+    return token(value, field="step name", max_len=128)
+
+
+def approval_id(value: object) -> str:
+    """An approval id: token of at most 128 characters."""
+    return token(value, field="approval id", max_len=128)
+
+
+def effect_id(value: object) -> str:
+    """An effect id: token of at most 64 characters."""
+    return token(value, field="effect id", max_len=64)
+
+
+def tenant_id(value: object) -> str:
+    """A tenant id: token of at most 255 characters."""
+    return token(value, field="tenant id", max_len=255)
+
+
+def principal_id(value: object, *, field: str = "principal id") -> str:
+    """A principal id (or decided-by): token of at most 255 characters."""
+    return token(value, field=field, max_len=255)
+
+
+def target(value: object) -> str:
+    """An approval or effect target: token of at most 128 characters."""
+    return token(value, field="target", max_len=128)
+
+
+def capability(value: object) -> str:
+    """A lowercase dotted capability such as ``orders.charge``, at most 128 characters."""
+    if not isinstance(value, str) or len(value) > 128 or not _CAPABILITY.fullmatch(value):
+        raise SagaValidationError(f"capability must be a lowercase dotted name: {_shown(value)}")
+    return value
+
+
+def digest(value: object) -> str:
+    """A SHA-256 digest as 64 lowercase hex characters."""
+    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
+        raise SagaValidationError(f"digest must be 64 lowercase hex characters: {_shown(value)}")
+    return value
+
+
+def error_code(value: object) -> str:
+    """An error code matching ``^[a-z][a-z0-9_.-]{0,63}$``."""
+    if not isinstance(value, str) or not _ERROR_CODE.fullmatch(value):
+        raise SagaValidationError(f"error code must match [a-z][a-z0-9_.-]{{0,63}}: {_shown(value)}")
+    return value
+
+
+def identifier(value: object, *, field: str) -> str:
+    """A short SQL/Redis-safe identifier (letters, digits, underscore; 32 characters)."""
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise SagaValidationError(
+            f"{field} must be letters, digits and underscores (max 32): {_shown(value)}"
+        )
+    return value
+
+
+def _integer(value: object, *, field: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SagaValidationError(f"{field} must be an int, got {type(value).__name__}")
+    if not low <= value <= MAX_SAFE_INTEGER:
+        raise SagaValidationError(f"{field} must be in {low}..2**53-1, got {value}")
+    return value
+
+
+def timestamp_ms(value: object, *, field: str = "timestamp") -> int:
+    """Integer milliseconds since the epoch, 0..2**53-1."""
+    return _integer(value, field=field, low=0)
+
+
+def duration_ms(value: object, *, field: str = "duration") -> int:
+    """A positive integer number of milliseconds."""
+    return _integer(value, field=field, low=1)
+
+
+def json_value(value: object, *, field: str = "payload", _depth: int = 0) -> Any:
+    """Accept only JSON values: str keys, finite floats, lists/tuples, bounded nesting."""
+    if _depth > 64:
+        raise SagaValidationError(f"{field} is nested deeper than 64 levels")
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SagaValidationError(f"{field} contains NaN or Infinity")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v, field=field, _depth=_depth + 1) for v in value]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise SagaValidationError(f"{field} has a non-string object key")
+        return {k: json_value(v, field=field, _depth=_depth + 1) for k, v in value.items()}
+    raise SagaValidationError(f"{field} is not JSON-serialisable: {type(value).__name__}")
+
+
+def encode_json(value: object, *, field: str = "payload", limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
+    """Validate a JSON value and encode it canonically (sorted keys), within ``limit`` bytes."""
+    text = json.dumps(
+        json_value(value, field=field),
+        allow_nan=False,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit")
+    return text
+
+
+def decode_json(text: str | bytes) -> Any:
+    """Decode JSON text, refusing NaN and Infinity."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"non-finite number {name}")
+
+    return json.loads(text, parse_constant=refuse)

@@ -1,0 +1,75 @@
+"""Shared fixtures: real-service URLs that skip on a laptop and fail in CI.
+
+Set ``CELERY_SAGAS_REQUIRE_SERVICES=1`` (``.ci/run`` does) to turn a missing service from a
+skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+REQUIRE = os.environ.get("CELERY_SAGAS_REQUIRE_SERVICES") == "1"
+
+REDIS_URL = os.environ.get("CELERY_SAGAS_TEST_REDIS", "redis://127.0.0.1:6379/15")
+POSTGRES_URL = os.environ.get(
+    "CELERY_SAGAS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+MYSQL_URL = os.environ.get("CELERY_SAGAS_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+RABBITMQ_URL = os.environ.get("CELERY_SAGAS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def need_service(name: str, host: str, port: int) -> None:
+    """Skip (laptop) or fail (CI) when a service does not answer."""
+    if _answers(host, port):
+        return
+    message = f"{name} does not answer on {host}:{port}"
+    if REQUIRE:
+        pytest.fail(f"{message} (CELERY_SAGAS_REQUIRE_SERVICES=1)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of the real Redis used by tests (database 15)."""
+    need_service("Redis", "127.0.0.1", 6379)
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """URL of the real PostgreSQL used by tests."""
+    need_service("PostgreSQL", "127.0.0.1", 5432)
+    return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """URL of the real MariaDB/MySQL used by tests."""
+    need_service("MariaDB", "127.0.0.1", 3306)
+    return MYSQL_URL
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """URL of the real RabbitMQ broker used by tests."""
+    need_service("RabbitMQ", "127.0.0.1", 5672)
+    return RABBITMQ_URL
+
+
+@pytest.fixture
+def unique_prefix() -> Iterator[str]:
+    """A fresh name prefix so tests never share keys or tables."""
+    yield "t" + uuid.uuid4().hex[:12]
