@@ -1,0 +1,1 @@
+"""Human approval gates: resume tokens, the approval ledger and the gate."""
