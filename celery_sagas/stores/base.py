@@ -36,6 +36,7 @@ __all__ = [
     "Page",
     "Store",
     "check_envelope",
+    "check_key",
     "check_kind",
     "check_lease_args",
     "check_scan_args",
@@ -155,10 +156,15 @@ def check_kind(kind: object) -> str:
     return value
 
 
+def check_key(kind: str, record_id: str) -> None:
+    """Refuse a (kind, id) pair that is not safe to build keys or SQL from."""
+    check_kind(kind)
+    token(record_id, field="record id", max_len=255)
+
+
 def check_envelope(envelope: Envelope) -> None:
     """Refuse an envelope whose routing fields are not safe to build keys or SQL from."""
-    check_kind(envelope.kind)
-    token(envelope.id, field="record id", max_len=255)
+    check_key(envelope.kind, envelope.id)
     token(envelope.state, field="record state", max_len=64)
     timestamp_ms(envelope.updated_at_ms, field="updated_at_ms")
     if isinstance(envelope.version, bool) or not isinstance(envelope.version, int):

@@ -15,6 +15,7 @@ from .base import (
     Lease,
     Page,
     check_envelope,
+    check_key,
     check_lease_args,
     check_scan_args,
 )
@@ -51,6 +52,7 @@ class MemoryStore:
 
     def get(self, kind: str, record_id: str) -> Envelope | None:
         """Return the stored envelope or None."""
+        check_key(kind, record_id)
         with self._lock:
             return self._records.get((kind, record_id))
 
@@ -87,6 +89,7 @@ class MemoryStore:
         start_state, after, _ = decode_cursor(cursor, states)
         items: list[Envelope] = []
         last: _Position = (0, "")
+        last_state = states[0]
         with self._lock:
             for state in states[start_state:]:
                 positions = self._index.get((kind, state), [])
@@ -95,9 +98,11 @@ class MemoryStore:
                     if updated_before_ms is not None and position[0] >= updated_before_ms:
                         break
                     if len(items) == limit:
-                        return Page(tuple(items), encode_cursor(states, state, last))
+                        # The cursor names the state of the last item returned, not the state
+                        # being walked: that position means nothing in another state's index.
+                        return Page(tuple(items), encode_cursor(states, last_state, last))
                     items.append(self._records[(kind, position[1])])
-                    last = position
+                    last, last_state = position, state
                 after = None
         return Page(tuple(items), None)
 
