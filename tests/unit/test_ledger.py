@@ -1,0 +1,439 @@
+"""The approval ledger (SPEC §2.3, §4): create, decide once, consume once, expire."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from celery_sagas.approvals.ledger import (
+    consume,
+    create_approval,
+    decide,
+    expire_due,
+    get_approval,
+)
+from celery_sagas.errors import (
+    ApprovalBindingError,
+    ApprovalDecisionError,
+    ApprovalDenied,
+    ApprovalPending,
+    ApprovalTokenExpired,
+    ApprovalTokenInvalid,
+    ApprovalTokenReplay,
+    SagaConflictError,
+    SagaValidationError,
+)
+from celery_sagas.records import ApprovalRecord, ApprovalState
+from celery_sagas.stores.base import Envelope
+from celery_sagas.stores.memory import MemoryStore
+from celery_sagas.testing import FrozenClock
+from celery_sagas.values import decode_json
+
+T0 = 1_700_000_000_000
+TTL = 60_000
+TOKEN_HASH = hashlib.sha256(b"resume-token").hexdigest()
+OTHER_HASH = hashlib.sha256(b"another-token").hexdigest()
+DIGEST = "cd" * 32
+THREADS = 16
+
+BINDING: dict[str, Any] = {
+    "tenant_id": "t1",
+    "principal_id": "alice",
+    "capability": "payments.refund",
+    "target": "order-42",
+    "digest": DIGEST,
+}
+
+
+class ReadTogether(MemoryStore):
+    """Each armed thread's first read waits for every thread: all racers see one version."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.local = threading.local()
+
+    def get(self, kind: str, record_id: str) -> Envelope | None:
+        found = super().get(kind, record_id)
+        if getattr(self.local, "armed", False):
+            self.local.armed = False
+            self.barrier.wait()
+        return found
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(T0)
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+def create(store: MemoryStore, clock: FrozenClock, approval_id: str = "a1", **kw: Any) -> ApprovalRecord:
+    args: dict[str, Any] = {
+        "approval_id": approval_id,
+        "effect_id": "e1",
+        "token_hash": TOKEN_HASH,
+        "ttl_ms": TTL,
+        **BINDING,
+        **kw,
+    }
+    return create_approval(store, clock, **args)
+
+
+def approve(store: MemoryStore, clock: FrozenClock, approval_id: str = "a1") -> ApprovalRecord:
+    return decide(store, clock, approval_id, tenant_id="t1", decision="approved", decided_by="bob")
+
+
+def use(store: MemoryStore, clock: FrozenClock, **overrides: Any) -> ApprovalRecord:
+    args = {"token_hash": TOKEN_HASH, **BINDING, **overrides}
+    return consume(store, clock, "a1", **args)
+
+
+def race(call: Any, arm: ReadTogether) -> list[Any]:
+    results: list[Any] = [None] * THREADS
+    start = threading.Barrier(THREADS)
+
+    def run(i: int) -> None:
+        arm.local.armed = True
+        start.wait()
+        try:
+            results[i] = call(i)
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def raw(store: MemoryStore, approval_id: str = "a1") -> Envelope | None:
+    return store.get("approval", approval_id)
+
+
+# ------------------------------------------------------------------ create
+
+
+def test_create_stores_a_pending_approval_expiring_after_the_ttl(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    record = create(store, clock, saga_id="order-42", step="refund")
+    assert (record.state, record.version) == (ApprovalState.PENDING, 1)
+    assert record.expires_at_ms == T0 + TTL
+    assert get_approval(store, "a1") == record
+
+
+def test_only_the_token_hash_is_stored(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    envelope = raw(store)
+    assert envelope is not None
+    assert decode_json(envelope.body)["token_hash"] == TOKEN_HASH
+    assert "resume-token" not in envelope.body
+
+
+def test_creating_the_same_approval_again_returns_it(store: MemoryStore, clock: FrozenClock) -> None:
+    first = create(store, clock)
+    clock.advance(10)
+    assert create(store, clock) == first
+
+
+def test_reusing_an_approval_id_for_another_request_is_a_conflict(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    create(store, clock)
+    with pytest.raises(SagaConflictError):
+        create(store, clock, capability="payments.payout")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"approval_id": "a b"},
+        {"effect_id": "e" * 65},
+        {"capability": "Payments"},
+        {"tenant_id": ""},
+        {"principal_id": "x\ny"},
+        {"token_hash": "resume-token"},
+        {"ttl_ms": 0},
+        {"ttl_ms": -5},
+        {"ttl_ms": 2**53},
+        {"target": "{t}"},
+        {"digest": "CD" * 32},
+        {"saga_id": "s 1"},
+        {"step": ""},
+    ],
+    ids=str,
+)
+def test_invalid_create_input_writes_nothing(
+    store: MemoryStore, clock: FrozenClock, bad: dict[str, Any]
+) -> None:
+    with pytest.raises(SagaValidationError):
+        create(store, clock, **bad)
+    assert store.scan("approval", [s.value for s in ApprovalState]).items == ()
+
+
+# ------------------------------------------------------------------ decide
+
+
+@pytest.mark.parametrize("decision", ["approved", "denied"])
+def test_decide_records_the_decision_and_who_made_it(
+    store: MemoryStore, clock: FrozenClock, decision: str
+) -> None:
+    create(store, clock)
+    clock.advance(5)
+    decided = decide(store, clock, "a1", tenant_id="t1", decision=decision, decided_by="bob")
+    assert (decided.state, decided.decided_by, decided.version) == (decision, "bob", 2)
+    assert decided.updated_at_ms == T0 + 5
+    assert get_approval(store, "a1") == decided
+
+
+def test_an_approval_is_decided_only_once(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    approve(store, clock)
+    before = raw(store)
+    with pytest.raises(ApprovalDecisionError):
+        decide(store, clock, "a1", tenant_id="t1", decision="denied", decided_by="carol")
+    assert raw(store) == before
+
+
+def test_another_tenant_cannot_decide(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    before = raw(store)
+    with pytest.raises(ApprovalDecisionError):
+        decide(store, clock, "a1", tenant_id="t2", decision="approved", decided_by="eve")
+    assert raw(store) == before
+
+
+def test_deciding_a_missing_approval_is_refused(store: MemoryStore, clock: FrozenClock) -> None:
+    with pytest.raises(ApprovalDecisionError):
+        approve(store, clock, "nope")
+
+
+def test_an_expired_approval_cannot_be_decided(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    before = raw(store)
+    clock.advance(TTL)
+    with pytest.raises(ApprovalTokenExpired):
+        approve(store, clock)
+    assert raw(store) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"decision": "maybe"},
+        {"decision": "APPROVED"},
+        {"tenant_id": "t 1"},
+        {"decided_by": ""},
+    ],
+    ids=str,
+)
+def test_invalid_decide_input_writes_nothing(
+    store: MemoryStore, clock: FrozenClock, kwargs: dict[str, Any]
+) -> None:
+    create(store, clock)
+    before = raw(store)
+    args = {"tenant_id": "t1", "decision": "approved", "decided_by": "bob", **kwargs}
+    with pytest.raises(SagaValidationError):
+        decide(store, clock, "a1", **args)
+    assert raw(store) == before
+
+
+def test_concurrent_deciders_exactly_one_decides(clock: FrozenClock) -> None:
+    store = ReadTogether(THREADS)
+    create(store, clock)
+    results = race(
+        lambda i: decide(store, clock, "a1", tenant_id="t1", decision="approved", decided_by="bob"),
+        store,
+    )
+    winners = [r for r in results if isinstance(r, ApprovalRecord)]
+    losers = [r for r in results if isinstance(r, ApprovalDecisionError)]
+    assert len(winners) == 1 and len(losers) == THREADS - 1, results
+
+
+# ------------------------------------------------------------------ consume
+
+
+def test_consume_uses_an_approved_approval(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    approve(store, clock)
+    consumed = use(store, clock)
+    assert (consumed.state, consumed.version) == (ApprovalState.CONSUMED, 3)
+    assert get_approval(store, "a1") == consumed
+
+
+def test_a_second_consume_is_a_replay(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    approve(store, clock)
+    use(store, clock)
+    with pytest.raises(ApprovalTokenReplay):
+        use(store, clock)
+
+
+def test_a_replay_is_reported_even_after_expiry(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    approve(store, clock)
+    use(store, clock)
+    clock.advance(TTL * 2)
+    with pytest.raises(ApprovalTokenReplay):
+        use(store, clock)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tenant_id", "t2"),
+        ("principal_id", "mallory"),
+        ("capability", "payments.payout"),
+        ("target", "order-43"),
+        ("target", None),
+        ("digest", "ef" * 32),
+        ("digest", None),
+    ],
+)
+def test_a_binding_mismatch_is_refused_and_consumes_nothing(
+    store: MemoryStore, clock: FrozenClock, field: str, value: Any
+) -> None:
+    create(store, clock)
+    approve(store, clock)
+    before = raw(store)
+    with pytest.raises(ApprovalBindingError):
+        use(store, clock, **{field: value})
+    assert raw(store) == before
+
+
+def test_a_wrong_token_hash_is_invalid(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    approve(store, clock)
+    with pytest.raises(ApprovalTokenInvalid):
+        use(store, clock, token_hash=OTHER_HASH)
+
+
+def test_a_wrong_token_is_judged_before_the_binding(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    approve(store, clock)
+    with pytest.raises(ApprovalTokenInvalid):
+        use(store, clock, token_hash=OTHER_HASH, tenant_id="t2")
+
+
+def test_a_token_for_a_missing_approval_is_invalid(store: MemoryStore, clock: FrozenClock) -> None:
+    with pytest.raises(ApprovalTokenInvalid):
+        use(store, clock)
+
+
+def test_a_pending_approval_cannot_be_consumed(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    with pytest.raises(ApprovalPending):
+        use(store, clock)
+
+
+def test_a_denied_approval_cannot_be_consumed(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    decide(store, clock, "a1", tenant_id="t1", decision="denied", decided_by="bob")
+    with pytest.raises(ApprovalDenied):
+        use(store, clock)
+
+
+def test_an_approved_approval_past_its_expiry_cannot_be_consumed(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    create(store, clock)
+    approve(store, clock)
+    before = raw(store)
+    clock.advance(TTL)
+    with pytest.raises(ApprovalTokenExpired):
+        use(store, clock)
+    assert raw(store) == before
+
+
+def test_an_expired_approval_cannot_be_consumed(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    clock.advance(TTL)
+    expire_due(store, clock, limit=10)
+    with pytest.raises(ApprovalTokenExpired):
+        use(store, clock)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"token_hash": "short"}, {"tenant_id": ""}, {"capability": "X"}, {"target": "a b"}],
+    ids=str,
+)
+def test_invalid_consume_input_raises_validation_and_writes_nothing(
+    store: MemoryStore, clock: FrozenClock, overrides: dict[str, Any]
+) -> None:
+    create(store, clock)
+    approve(store, clock)
+    before = raw(store)
+    with pytest.raises(SagaValidationError):
+        use(store, clock, **overrides)
+    assert raw(store) == before
+
+
+def test_concurrent_consumers_exactly_one_consumes(clock: FrozenClock) -> None:
+    store = ReadTogether(THREADS)
+    create(store, clock)
+    approve(store, clock)
+    results = race(lambda i: use(store, clock), store)
+    consumed = [r for r in results if isinstance(r, ApprovalRecord)]
+    replays = [r for r in results if isinstance(r, ApprovalTokenReplay)]
+    assert len(consumed) == 1 and len(replays) == THREADS - 1, results
+
+
+# ------------------------------------------------------------------ expiry sweep
+
+
+def test_expire_due_expires_only_pending_approvals_past_expiry(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    create(store, clock, "due")
+    create(store, clock, "approved")
+    approve(store, clock, "approved")
+    clock.advance(1000)
+    create(store, clock, "fresh")
+    clock.advance(TTL - 1000)
+    expired = expire_due(store, clock, limit=10)
+    assert [r.approval_id for r in expired] == ["due"]
+    assert expired[0].state is ApprovalState.EXPIRED
+    assert get_approval(store, "due") == expired[0]
+    states = {a: get_approval(store, a).state for a in ("approved", "fresh")}  # type: ignore[union-attr]
+    assert states == {"approved": ApprovalState.APPROVED, "fresh": ApprovalState.PENDING}
+
+
+def test_expire_due_works_in_bounded_batches(store: MemoryStore, clock: FrozenClock) -> None:
+    for i in range(25):
+        create(store, clock, f"a{i:02d}")
+    clock.advance(TTL)
+    batches = [len(expire_due(store, clock, limit=10)) for _ in range(4)]
+    assert batches == [10, 10, 5, 0]
+
+
+def test_expire_due_reports_nothing_before_expiry(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock)
+    clock.advance(TTL - 1)
+    assert expire_due(store, clock, limit=10) == []
+
+
+def test_expire_due_skips_a_corrupt_record_and_goes_on(store: MemoryStore, clock: FrozenClock) -> None:
+    create(store, clock, "bad")
+    create(store, clock, "good")
+    with store._lock:
+        key = ("approval", "bad")
+        store._records[key] = replace(store._records[key], body="not json {")
+    clock.advance(TTL)
+    assert [r.approval_id for r in expire_due(store, clock, limit=10)] == ["good"]
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1001, True, "5"])
+def test_expire_due_refuses_a_bad_limit(store: MemoryStore, clock: FrozenClock, limit: Any) -> None:
+    with pytest.raises(SagaValidationError):
+        expire_due(store, clock, limit=limit)
