@@ -1,0 +1,701 @@
+"""The store conformance suite: the ``Store`` contract (SPEC §5, §6) as pytest tests.
+
+It ships inside the package so that a third-party store is held to the same contract as the
+built-in ones. Subclass the mixin in a test module whose class name starts with ``Test``; each
+``test_*`` method runs against a fresh store from ``make_store``::
+
+    # tests/test_my_store.py
+    from celery_sagas.testing.conformance import StoreConformance
+    from my_package import MyStore
+
+
+    class TestMyStore(StoreConformance):
+        def make_store(self) -> MyStore:
+            return MyStore("myscheme://localhost/test", prefix=fresh_prefix())
+
+        def destroy_store(self, store: MyStore) -> None:  # optional, default: store.close()
+            store.drop_everything()
+            store.close()
+
+        def corrupt(self, store: MyStore, kind: str, record_id: str) -> None:  # optional
+            store.raw_set_body(kind, record_id, "not json {")
+
+``corrupt`` must overwrite the body of an existing record with text that is not valid JSON,
+keeping its kind, id, state and version, so the invalid-record test can run; without it that
+test is skipped. A subclass defining its own ``teardown_method`` must call ``super()``.
+
+Every test names its own timestamps (no real clock), and uses fresh ids and state names, so
+the suite is deterministic and may share one backend with other tests. Concurrency is proven
+with ``THREADS`` real threads released together by a ``threading.Barrier``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+
+from ..approvals.ledger import consume, create_approval, decide
+from ..errors import (
+    ApprovalDecisionError,
+    ApprovalTokenReplay,
+    FencedWriteRefused,
+    InvalidRecordError,
+    SagaValidationError,
+)
+from ..records import ApprovalState, SagaRecord, SagaState, saga_from_envelope, saga_to_envelope
+from ..scans import scan_sagas
+from ..stores.base import Envelope, Fence, Lease, Store
+from .clock import FrozenClock
+
+__all__ = ["StoreConformance"]
+
+T0 = 1_700_000_000_000
+THREADS = 16
+JOIN_TIMEOUT_S = 60.0
+MIB = 1024 * 1024
+
+BAD_IDS = [
+    "",
+    "has space",
+    "new\nline",
+    "tab\tbed",
+    "{brace",
+    "brace}",
+    "ctrl\x01",
+    "nul\x00",
+    "del\x7f",
+    "caf\u00e9",
+    "x" * 10_000,
+]
+BAD_KINDS = ["", "Saga", "sa ga", "1saga", "saga-x", "k" * 40]
+BAD_LIMITS: list[Any] = [0, 1001, -1, True, False, 1.5, "10", None]
+
+
+def _fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def _envelope(
+    record_id: str, state: str, at_ms: int, *, kind: str = "saga", version: int = 1, body: str = ""
+) -> Envelope:
+    return Envelope(kind, record_id, version, state, at_ms, body or f'{{"id":"{record_id}"}}')
+
+
+def _next(envelope: Envelope, **changes: Any) -> Envelope:
+    """The envelope one version on, with ``changes`` applied."""
+    return replace(envelope, version=envelope.version + 1, **changes)
+
+
+def _race(call: Callable[[int], Any], threads: int = THREADS) -> list[Any]:
+    """Run ``call(i)`` in ``threads`` threads released together; results or raised errors."""
+    barrier = threading.Barrier(threads)
+    results: list[Any] = [None] * threads
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = call(i)
+        except Exception as exc:
+            results[i] = exc
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(JOIN_TIMEOUT_S)
+        assert not worker.is_alive(), "a racing thread did not finish"
+    return results
+
+
+def _page_ids(
+    store: Store,
+    kind: str,
+    states: list[str],
+    limit: int,
+    updated_before_ms: int | None = None,
+) -> list[str]:
+    """Every id a paged scan returns, in order, checking page sizes and states on the way."""
+    seen: list[str] = []
+    cursor: str | None = None
+    for _ in range(10_000):
+        page = store.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
+        assert len(page.items) <= limit
+        for envelope in page.items:
+            assert envelope.kind == kind and envelope.state in states
+        seen.extend(envelope.id for envelope in page.items)
+        if page.cursor is None:
+            return seen
+        cursor = page.cursor
+    raise AssertionError("scan did not finish within 10,000 pages")
+
+
+class _ReadTogether:
+    """Delegates to a store; each thread's first ``get`` waits until every racer has read.
+
+    This forces the interleaving where all racers judge the same version before anyone
+    writes, so a race test cannot pass merely because the threads happened to run in turn.
+    """
+
+    def __init__(self, store: Store, parties: int) -> None:
+        self.durable = store.durable
+        self._store = store
+        self._barrier = threading.Barrier(parties, timeout=JOIN_TIMEOUT_S)
+        self._passed = threading.local()
+
+    def get(self, kind: str, record_id: str) -> Envelope | None:
+        found = self._store.get(kind, record_id)
+        if not getattr(self._passed, "done", False):
+            self._passed.done = True
+            self._barrier.wait()
+        return found
+
+    def compare_and_set(
+        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        return self._store.compare_and_set(envelope, expected_version, fence=fence)
+
+
+def _read_together(store: Store, parties: int = THREADS) -> Store:
+    """The store as the ledger sees it in a race (only get and compare_and_set are used)."""
+    return cast(Store, _ReadTogether(store, parties))
+
+
+class StoreConformance:
+    """Mixin of store contract tests; subclass it as ``Test...`` and implement ``make_store``."""
+
+    def make_store(self) -> Store:
+        """Return a fresh, empty store to test (override)."""
+        raise NotImplementedError("StoreConformance subclasses must implement make_store()")
+
+    def destroy_store(self, store: Store) -> None:
+        """Clean up a store after a test (override to drop keys or tables)."""
+        store.close()
+
+    def corrupt(self, store: Store, kind: str, record_id: str) -> None:
+        """Overwrite an existing record's body with invalid JSON (optional hook)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ plumbing
+
+    def _store(self) -> Store:
+        made: Store | None = self.__dict__.get("_conformance_store")
+        if made is None:
+            made = self.make_store()
+            self._conformance_store = made
+        return made
+
+    def teardown_method(self, method: object) -> None:
+        """Destroy the store the test made, if any."""
+        made: Store | None = self.__dict__.pop("_conformance_store", None)
+        if made is not None:
+            self.destroy_store(made)
+
+    def _created(self, envelope: Envelope) -> Envelope:
+        assert self._store().create(envelope) is True
+        return envelope
+
+    # ------------------------------------------------------------ records
+
+    def test_store_declares_durability(self) -> None:
+        assert isinstance(self._store().durable, bool)
+
+    def test_create_then_get_returns_the_envelope(self) -> None:
+        envelope = self._created(_envelope(_fresh("r"), "running", T0))
+        assert self._store().get("saga", envelope.id) == envelope
+
+    def test_duplicate_create_is_refused_and_keeps_the_first(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        second = replace(first, state="other", updated_at_ms=T0 + 5, body='{"second":true}')
+        assert self._store().create(second) is False
+        assert self._store().get("saga", first.id) == first
+
+    def test_get_of_a_missing_id_is_none(self) -> None:
+        assert self._store().get("saga", _fresh("missing")) is None
+
+    def test_kinds_are_separate_namespaces(self) -> None:
+        record_id = _fresh("r")
+        saga = self._created(_envelope(record_id, "running", T0))
+        effect = self._created(_envelope(record_id, "admission", T0 + 1, kind="effect"))
+        assert self._store().get("saga", record_id) == saga
+        assert self._store().get("effect", record_id) == effect
+
+    def test_unicode_body_round_trips(self) -> None:
+        body = '{"text":"caf\u00e9 \u20ac \U0001f600 \u65e5\u672c"}'
+        envelope = self._created(_envelope(_fresh("r"), "running", T0, body=body))
+        assert self._store().get("saga", envelope.id) == envelope
+
+    def test_a_one_mib_body_round_trips(self) -> None:
+        filler = "x" * (MIB - len('{"blob":""}'))
+        big = self._created(_envelope(_fresh("r"), "running", T0, body=f'{{"blob":"{filler}"}}'))
+        assert len(big.body) == MIB
+        assert self._store().get("saga", big.id) == big
+        moved = _next(big, body=f'{{"blob":"{filler[:-1]}y"}}', updated_at_ms=T0 + 1)
+        assert self._store().compare_and_set(moved, 1) is True
+        assert self._store().get("saga", big.id) == moved
+        assert self._store().scan("saga", ["running"], limit=1000).items.count(moved) == 1
+
+    # ------------------------------------------------------------ compare-and-set
+
+    def test_cas_with_the_expected_version_replaces_the_record(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        second = _next(first, state="completed", updated_at_ms=T0 + 1, body='{"n":2}')
+        assert self._store().compare_and_set(second, 1) is True
+        assert self._store().get("saga", first.id) == second
+
+    def test_stale_cas_is_refused_and_changes_nothing(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        second = _next(first, updated_at_ms=T0 + 1, body='{"n":2}')
+        assert self._store().compare_and_set(second, 1) is True
+        stale = _next(first, updated_at_ms=T0 + 2, body='{"n":"stale"}')
+        assert self._store().compare_and_set(stale, 1) is False
+        assert self._store().get("saga", first.id) == second
+
+    def test_cas_of_a_missing_record_is_refused(self) -> None:
+        ghost = _envelope(_fresh("ghost"), "running", T0, version=2)
+        assert self._store().compare_and_set(ghost, 1) is False
+        assert self._store().get("saga", ghost.id) is None
+
+    @pytest.mark.parametrize("new_version", [1, 3, 7])
+    def test_cas_with_a_wrong_new_version_raises(self, new_version: int) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        wrong = replace(first, version=new_version, updated_at_ms=T0 + 1, body='{"n":"bad"}')
+        with pytest.raises(SagaValidationError):
+            self._store().compare_and_set(wrong, 1)
+        assert self._store().get("saga", first.id) == first
+
+    def test_an_already_applied_identical_cas_reports_true(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        second = _next(first, state="compensating", updated_at_ms=T0 + 1)
+        assert self._store().compare_and_set(second, 1) is True
+        assert self._store().compare_and_set(second, 1) is True
+        assert self._store().get("saga", first.id) == second
+
+    def test_an_already_applied_cas_with_another_body_reports_false(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        assert self._store().compare_and_set(_next(first, body='{"n":"a"}'), 1) is True
+        assert self._store().compare_and_set(_next(first, body='{"n":"b"}'), 1) is False
+        assert self._store().get("saga", first.id) == _next(first, body='{"n":"a"}')
+
+    def test_concurrent_cas_writers_exactly_one_wins(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        writes = [_next(first, updated_at_ms=T0 + 1, body=f'{{"writer":{i}}}') for i in range(THREADS)]
+        results = _race(lambda i: self._store().compare_and_set(writes[i], 1))
+        assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
+        assert self._store().get("saga", first.id) == writes[results.index(True)]
+
+    def test_concurrent_creators_exactly_one_wins(self) -> None:
+        record_id = _fresh("r")
+        bodies = [_envelope(record_id, "running", T0, body=f'{{"creator":{i}}}') for i in range(THREADS)]
+        results = _race(lambda i: self._store().create(bodies[i]))
+        assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
+        assert self._store().get("saga", record_id) == bodies[results.index(True)]
+
+    def test_cas_moves_the_record_between_state_indexes(self) -> None:
+        old, new = _fresh("old"), _fresh("new")
+        first = self._created(_envelope(_fresh("r"), old, T0))
+        moved = _next(first, state=new, updated_at_ms=T0 + 1)
+        assert self._store().compare_and_set(moved, 1) is True
+        assert self._store().scan("saga", [old]).items == ()
+        assert self._store().scan("saga", [new]).items == (moved,)
+
+    # ------------------------------------------------------------ validation
+
+    @pytest.mark.parametrize("bad_id", BAD_IDS, ids=lambda v: repr(v[:12]))
+    def test_bad_ids_are_refused(self, bad_id: str) -> None:
+        state = _fresh("st")
+        with pytest.raises(SagaValidationError):
+            self._store().create(_envelope(bad_id, state, T0))
+        with pytest.raises(SagaValidationError):
+            self._store().compare_and_set(_envelope(bad_id, state, T0, version=2), 1)
+        with pytest.raises(SagaValidationError):
+            self._store().get("saga", bad_id)
+        assert self._store().scan("saga", [state]).items == ()
+
+    @pytest.mark.parametrize("bad_kind", BAD_KINDS)
+    def test_bad_kinds_are_refused(self, bad_kind: str) -> None:
+        with pytest.raises(SagaValidationError):
+            self._store().create(_envelope(_fresh("r"), "running", T0, kind=bad_kind))
+        with pytest.raises(SagaValidationError):
+            self._store().get(bad_kind, _fresh("r"))
+        with pytest.raises(SagaValidationError):
+            self._store().scan(bad_kind, ["running"])
+
+    @pytest.mark.parametrize(
+        "changes",
+        [
+            {"version": 0},
+            {"version": -1},
+            {"version": True},
+            {"updated_at_ms": -1},
+            {"updated_at_ms": 2**53},
+            {"updated_at_ms": 1.5},
+            {"state": "has space"},
+            {"state": ""},
+            {"body": b"{}"},
+        ],
+        ids=str,
+    )
+    def test_bad_envelope_fields_are_refused(self, changes: dict[str, Any]) -> None:
+        bad = replace(_envelope(_fresh("r"), "running", T0), **changes)
+        with pytest.raises(SagaValidationError):
+            self._store().create(bad)
+        assert self._store().get("saga", bad.id) is None
+
+    @pytest.mark.parametrize("limit", BAD_LIMITS, ids=repr)
+    def test_scan_limits_outside_1_to_1000_raise(self, limit: Any) -> None:
+        with pytest.raises(SagaValidationError):
+            self._store().scan("saga", ["running"], limit=limit)
+
+    @pytest.mark.parametrize("states", [[], "running", ["has space"], ["run\n"]], ids=repr)
+    def test_bad_scan_states_raise(self, states: Any) -> None:
+        with pytest.raises(SagaValidationError):
+            self._store().scan("saga", states)
+
+    @pytest.mark.parametrize("cursor", ["!!!", "not-a-cursor", "e30"], ids=repr)
+    def test_a_malformed_cursor_raises(self, cursor: str) -> None:
+        self._created(_envelope(_fresh("r"), "running", T0))
+        with pytest.raises(SagaValidationError):
+            self._store().scan("saga", ["running"], cursor=cursor)
+
+    @pytest.mark.parametrize("before", [-1, 2**53, 1.5, True], ids=repr)
+    def test_a_bad_updated_before_raises(self, before: Any) -> None:
+        with pytest.raises(SagaValidationError):
+            self._store().scan("saga", ["running"], updated_before_ms=before)
+
+    # ------------------------------------------------------------ scans
+
+    def _scan_fixture(self) -> tuple[list[str], set[str]]:
+        """Two fresh states holding 24 records (timestamps tied in threes) plus noise."""
+        states = [_fresh("a"), _fresh("b")]
+        expected: set[str] = set()
+        for i in range(24):
+            envelope = _envelope(_fresh(f"m{i}"), states[i % 2], T0 + i // 3)
+            expected.add(self._created(envelope).id)
+        self._created(_envelope(_fresh("other-kind"), states[0], T0, kind="effect"))
+        self._created(_envelope(_fresh("other-state"), _fresh("final"), T0))
+        moved = self._created(_envelope(_fresh("moved-away"), states[1], T0 + 2))
+        assert self._store().compare_and_set(_next(moved, state="completed"), 1) is True
+        return states, expected
+
+    @pytest.mark.parametrize("limit", [1, 7, 1000])
+    def test_scan_pages_return_every_match_exactly_once(self, limit: int) -> None:
+        states, expected = self._scan_fixture()
+        seen = _page_ids(self._store(), "saga", states, limit)
+        assert sorted(seen) == sorted(expected)
+
+    @pytest.mark.parametrize("limit", [1, 7, 1000])
+    def test_scan_paging_is_exact_while_other_records_are_written(self, limit: int) -> None:
+        states, expected = self._scan_fixture()
+        stop = threading.Event()
+        written: list[int] = [0]
+        errors: list[BaseException] = []
+        writer = threading.Thread(target=self._write_noise, args=(states, stop, written, errors), daemon=True)
+        writer.start()
+        try:
+            self._wait_for(lambda: written[0] >= 3 or bool(errors))
+            seen = _page_ids(self._store(), "saga", states, limit)
+        finally:
+            stop.set()
+            writer.join(JOIN_TIMEOUT_S)
+        assert not errors, errors
+        assert sorted(seen) == sorted(expected)
+        assert written[0] >= 3
+
+    def _write_noise(
+        self,
+        states: list[str],
+        stop: threading.Event,
+        written: list[int],
+        errors: list[BaseException],
+    ) -> None:
+        """Write records of other kinds, other states and other ids until told to stop."""
+        store = self._store()
+        try:
+            while not stop.is_set():
+                at = T0 + written[0] % 40
+                store.create(_envelope(_fresh("noise"), states[0], at, kind="effect"))
+                final = self._created(_envelope(_fresh("noise"), "completed", at))
+                assert store.compare_and_set(_next(final, state="compensated"), 1) is True
+                written[0] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    @staticmethod
+    def _wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, "condition not met before the deadline"
+            time.sleep(0.002)
+
+    def test_scan_never_returns_other_states_or_kinds(self) -> None:
+        wanted, other = _fresh("want"), _fresh("other")
+        mine = self._created(_envelope(_fresh("r"), wanted, T0))
+        self._created(_envelope(_fresh("r"), other, T0))
+        self._created(_envelope(_fresh("r"), wanted, T0, kind="effect"))
+        assert self._store().scan("saga", [wanted]).items == (mine,)
+
+    def test_scan_of_a_state_without_records_is_empty(self) -> None:
+        page = self._store().scan("saga", [_fresh("empty")])
+        assert page.items == () and page.cursor is None
+
+    def test_updated_before_excludes_records_updated_at_or_after_it(self) -> None:
+        state = _fresh("st")
+        old = [self._created(_envelope(_fresh("old"), state, T0 + i)).id for i in range(5)]
+        self._created(_envelope(_fresh("at"), state, T0 + 5))
+        self._created(_envelope(_fresh("new"), state, T0 + 6))
+        for limit in (1, 2, 1000):
+            seen = _page_ids(self._store(), "saga", [state], limit, updated_before_ms=T0 + 5)
+            assert sorted(seen) == sorted(old)
+
+    def test_scanned_envelopes_equal_what_get_returns(self) -> None:
+        state = _fresh("st")
+        first = self._created(_envelope(_fresh("r"), state, T0, body='{"deep":{"n":[1,2.5]}}'))
+        moved = _next(first, updated_at_ms=T0 + 9, body='{"deep":{"n":[3]}}')
+        assert self._store().compare_and_set(moved, 1) is True
+        assert self._store().scan("saga", [state]).items == (moved,)
+
+    # ------------------------------------------------------------ corrupt records
+
+    def test_a_corrupt_record_is_reported_by_scans_not_raised(self) -> None:
+        if type(self).corrupt is StoreConformance.corrupt:
+            pytest.skip("this store's test class provides no corrupt() hook")
+        store = self._store()
+        ids = [_fresh(f"saga{i}") for i in range(3)]
+        for i, saga_id in enumerate(ids):
+            record = SagaRecord(saga_id, "demo", SagaState.RUNNING, {"i": i}, T0 - 1_000_000, T0 + i)
+            assert store.create(saga_to_envelope(record)) is True
+        self.corrupt(store, "saga", ids[1])
+        found: set[str] = set()
+        corrupt: set[str] = set()
+        cursor: str | None = None
+        while True:
+            page = scan_sagas(store, [SagaState.RUNNING], cursor=cursor, limit=1000)
+            found.update(record.saga_id for record in page.records)
+            corrupt.update(item.id for item in page.corrupt)
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert {ids[0], ids[2]} <= found and ids[1] not in found
+        assert ids[1] in corrupt
+        with pytest.raises(InvalidRecordError):
+            saga_from_envelope(store.get("saga", ids[1]), ids[1])
+
+    # ------------------------------------------------------------ leases
+
+    def _acquire(self, name: str, owner: str, at_ms: int, lease_ms: int = 1000) -> Lease | None:
+        return self._store().acquire_lease(name, owner, uuid.uuid4().hex, at_ms, lease_ms)
+
+    def _granted(self, name: str, owner: str, at_ms: int, lease_ms: int = 1000) -> Lease:
+        lease = self._acquire(name, owner, at_ms, lease_ms)
+        assert lease is not None
+        return lease
+
+    def test_acquire_grants_a_lease(self) -> None:
+        name = _fresh("lease")
+        lease = self._store().acquire_lease(name, "alice", "tok-1", T0, 1000)
+        assert lease is not None
+        assert (lease.name, lease.owner, lease.token) == (name, "alice", "tok-1")
+        assert lease.expires_at_ms == T0 + 1000
+        assert lease.fence >= 1 and lease.cursor is None
+
+    def test_acquire_while_held_is_refused(self) -> None:
+        name = _fresh("lease")
+        self._granted(name, "alice", T0)
+        assert self._acquire(name, "bob", T0 + 1) is None
+        assert self._acquire(name, "alice", T0 + 999) is None
+
+    def test_concurrent_acquirers_exactly_one_wins(self) -> None:
+        name = _fresh("lease")
+        results = _race(lambda i: self._acquire(name, f"owner{i}", T0))
+        winners = [r for r in results if isinstance(r, Lease)]
+        assert len(winners) == 1 and results.count(None) == THREADS - 1, results
+
+    def test_takeover_after_expiry(self) -> None:
+        name = _fresh("lease")
+        old = self._granted(name, "alice", T0)
+        new = self._granted(name, "bob", T0 + 1000)
+        assert new.owner == "bob" and new.fence > old.fence
+        assert self._store().renew_lease(old, T0 + 1001, 1000) is None
+        assert self._store().checkpoint_lease(old, "stale", T0 + 1001) is False
+        assert self._store().release_lease(old) is False
+        assert self._acquire(name, "carol", T0 + 1001) is None
+
+    def test_renew_extends_the_lease(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        renewed = self._store().renew_lease(lease, T0 + 500, 1000)
+        assert renewed is not None
+        assert renewed.expires_at_ms == T0 + 1500
+        assert (renewed.token, renewed.fence) == (lease.token, lease.fence)
+        assert self._acquire(name, "bob", T0 + 1200) is None
+        assert self._acquire(name, "bob", T0 + 1500) is not None
+
+    def test_renew_with_another_token_or_owner_is_refused(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().renew_lease(replace(lease, token="forged"), T0 + 1, 1000) is None
+        assert self._store().renew_lease(replace(lease, owner="mallory"), T0 + 1, 1000) is None
+        assert self._acquire(name, "bob", T0 + 1000) is not None
+
+    def test_renew_after_expiry_is_refused(self) -> None:
+        lease = self._granted(_fresh("lease"), "alice", T0)
+        assert self._store().renew_lease(lease, T0 + 1000, 1000) is None
+
+    def test_checkpoint_hands_the_cursor_to_the_next_holder(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().checkpoint_lease(lease, "cursor-1", T0 + 10) is True
+        assert self._store().release_lease(lease) is True
+        assert self._granted(name, "bob", T0 + 20).cursor == "cursor-1"
+
+    def test_the_cursor_survives_expiry(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().checkpoint_lease(lease, "cursor-2", T0 + 10) is True
+        assert self._granted(name, "bob", T0 + 5000).cursor == "cursor-2"
+
+    def test_checkpoint_of_none_clears_the_cursor(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().checkpoint_lease(lease, "cursor-3", T0 + 1) is True
+        assert self._store().checkpoint_lease(lease, None, T0 + 2) is True
+        assert self._store().release_lease(lease) is True
+        assert self._granted(name, "bob", T0 + 3).cursor is None
+
+    def test_checkpoint_by_a_non_holder_is_refused(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().checkpoint_lease(lease, "kept", T0 + 1) is True
+        forged = replace(lease, token="forged")
+        assert self._store().checkpoint_lease(forged, "forged", T0 + 2) is False
+        assert self._store().checkpoint_lease(lease, "late", T0 + 1000) is False
+        assert self._granted(name, "bob", T0 + 1000).cursor == "kept"
+
+    def test_release_frees_the_lease_once(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().release_lease(lease) is True
+        assert self._store().release_lease(lease) is False
+        assert self._acquire(name, "bob", T0 + 1) is not None
+
+    def test_release_by_a_non_holder_is_refused(self) -> None:
+        name = _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert self._store().release_lease(replace(lease, token="forged")) is False
+        assert self._store().release_lease(replace(lease, owner="mallory")) is False
+        assert self._acquire(name, "bob", T0 + 1) is None
+
+    def test_fencing_numbers_strictly_increase(self) -> None:
+        name = _fresh("lease")
+        fences = []
+        lease = self._granted(name, "alice", T0)
+        fences.append(lease.fence)
+        assert self._store().release_lease(lease) is True
+        fences.append(self._granted(name, "bob", T0 + 1).fence)
+        fences.append(self._granted(name, "carol", T0 + 1001).fence)
+        fences.append(self._granted(name, "dave", T0 + 5000).fence)
+        assert fences == sorted(set(fences)), fences
+
+    def test_leases_of_other_names_are_independent(self) -> None:
+        first, second = _fresh("lease"), _fresh("lease")
+        self._granted(first, "alice", T0)
+        lease = self._granted(second, "bob", T0)
+        assert self._store().release_lease(lease) is True
+
+    def test_a_fenced_write_is_refused_after_a_newer_grant(self) -> None:
+        name = _fresh("lease")
+        record = self._created(_envelope(_fresh("r"), "running", T0))
+        old = self._granted(name, "alice", T0)
+        assert self._store().release_lease(old) is True
+        new = self._granted(name, "bob", T0 + 1)
+        with pytest.raises(FencedWriteRefused):
+            self._store().compare_and_set(_next(record, body='{"by":"old"}'), 1, fence=Fence.of(old))
+        assert self._store().get("saga", record.id) == record
+        by_new = _next(record, body='{"by":"new"}')
+        assert self._store().compare_and_set(by_new, 1, fence=Fence.of(new)) is True
+        assert self._store().get("saga", record.id) == by_new
+
+    def test_a_fenced_write_under_the_current_grant_is_accepted(self) -> None:
+        lease = self._granted(_fresh("lease"), "alice", T0)
+        record = self._created(_envelope(_fresh("r"), "running", T0))
+        moved = _next(record, state="completed")
+        assert self._store().compare_and_set(moved, 1, fence=Fence.of(lease)) is True
+
+    @pytest.mark.parametrize(
+        "args",
+        [("bad name", "owner", "tok"), ("name", "bad owner", "tok"), ("name", "owner", "t\nk")],
+        ids=repr,
+    )
+    def test_bad_lease_arguments_are_refused(self, args: tuple[str, str, str]) -> None:
+        with pytest.raises(SagaValidationError):
+            self._store().acquire_lease(*args, T0, 1000)
+
+    # ------------------------------------------------------------ approvals over the store
+
+    def _approval(self, clock: FrozenClock) -> tuple[str, str]:
+        approval_id, token_hash = _fresh("appr"), hashlib.sha256(b"resume-token").hexdigest()
+        create_approval(
+            self._store(),
+            clock,
+            approval_id=approval_id,
+            effect_id=_fresh("eff"),
+            capability="payments.refund",
+            tenant_id="t1",
+            principal_id="alice",
+            token_hash=token_hash,
+            ttl_ms=60_000,
+        )
+        return approval_id, token_hash
+
+    def test_concurrent_consumers_of_one_approval_exactly_one_consumes(self) -> None:
+        clock = FrozenClock(T0)
+        approval_id, token_hash = self._approval(clock)
+        decide(self._store(), clock, approval_id, tenant_id="t1", decision="approved", decided_by="bob")
+        racing = _read_together(self._store())
+
+        def attempt(_: int) -> Any:
+            return consume(
+                racing,
+                clock,
+                approval_id,
+                token_hash=token_hash,
+                tenant_id="t1",
+                principal_id="alice",
+                capability="payments.refund",
+            )
+
+        results = _race(attempt)
+        consumed = [r for r in results if not isinstance(r, Exception)]
+        replays = [r for r in results if isinstance(r, ApprovalTokenReplay)]
+        assert len(consumed) == 1 and len(replays) == THREADS - 1, results
+        assert consumed[0].state is ApprovalState.CONSUMED
+
+    def test_concurrent_deciders_exactly_one_decides(self) -> None:
+        clock = FrozenClock(T0)
+        approval_id, _ = self._approval(clock)
+        choices = ["approved" if i % 2 else "denied" for i in range(THREADS)]
+        racing = _read_together(self._store())
+
+        def attempt(i: int) -> Any:
+            return decide(
+                racing,
+                clock,
+                approval_id,
+                tenant_id="t1",
+                decision=choices[i],
+                decided_by=f"op{i}",
+            )
+
+        results = _race(attempt)
+        winners = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
+        losers = [r for r in results if isinstance(r, ApprovalDecisionError)]
+        assert len(winners) == 1 and len(losers) == THREADS - 1, results
+        assert results[winners[0]].state == choices[winners[0]]
+        assert results[winners[0]].decided_by == f"op{winners[0]}"
