@@ -1,10 +1,88 @@
-"""celery_sagas: durable sagas for Celery."""
+"""celery_sagas: durable sagas for Celery.
+
+Steps are Celery tasks, compensators are registered Celery tasks, saga records live in Redis or
+SQL, and Celery beat drives compensation retries and reconciliation sweeps.
+"""
 
 from __future__ import annotations
 
-from .errors import *  # noqa: F403
-from .errors import __all__ as _errors_all
+from .context import SagaContext, StepContext
+from .errors import (
+    ApprovalBindingError,
+    ApprovalDecisionError,
+    ApprovalDenied,
+    ApprovalError,
+    ApprovalPending,
+    ApprovalRequired,
+    ApprovalTokenExpired,
+    ApprovalTokenInvalid,
+    ApprovalTokenReplay,
+    FencedWriteRefused,
+    IllegalTransition,
+    InvalidRecordError,
+    LeaseError,
+    LeaseLost,
+    NondeterminismError,
+    NonDurableStoreError,
+    PayloadTooLarge,
+    SagaAmbiguousStepError,
+    SagaConcurrencyError,
+    SagaConfigurationError,
+    SagaConflictError,
+    SagaError,
+    SagaNotFound,
+    SagaResolutionError,
+    SagaValidationError,
+    StepNotCommitted,
+    StoreError,
+    StoreUnavailable,
+)
+from .events import LifecycleEvent
+from .integration import Saga, SagaHandle, Sagas
+from .records import SagaRecord, SagaState, StepRecord, StepState
 from .stores import MemoryStore, open_store
 
-__all__ = sorted([*_errors_all, "MemoryStore", "open_store"])
 __version__ = "0.1.0"
+
+__all__ = [
+    "ApprovalBindingError",
+    "ApprovalDecisionError",
+    "ApprovalDenied",
+    "ApprovalError",
+    "ApprovalPending",
+    "ApprovalRequired",
+    "ApprovalTokenExpired",
+    "ApprovalTokenInvalid",
+    "ApprovalTokenReplay",
+    "FencedWriteRefused",
+    "IllegalTransition",
+    "InvalidRecordError",
+    "LeaseError",
+    "LeaseLost",
+    "LifecycleEvent",
+    "MemoryStore",
+    "NonDurableStoreError",
+    "NondeterminismError",
+    "PayloadTooLarge",
+    "Saga",
+    "SagaAmbiguousStepError",
+    "SagaConcurrencyError",
+    "SagaConfigurationError",
+    "SagaConflictError",
+    "SagaContext",
+    "SagaError",
+    "SagaHandle",
+    "SagaNotFound",
+    "SagaRecord",
+    "SagaResolutionError",
+    "SagaState",
+    "SagaValidationError",
+    "Sagas",
+    "StepContext",
+    "StepNotCommitted",
+    "StepRecord",
+    "StepState",
+    "StoreError",
+    "StoreUnavailable",
+    "open_store",
+]

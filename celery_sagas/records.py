@@ -109,6 +109,7 @@ class StepRecord:
     next_attempt_at_ms: int | None = None
     started_at_ms: int | None = None
     claimed_by: str | None = None
+    dispatched_at_ms: int | None = None
     time_limit_ms: int | None = None
     committed_at_ms: int | None = None
     error_code: str | None = None
@@ -130,7 +131,7 @@ class SagaRecord:
     version: int = 1
     error_code: str | None = None
     reason: str | None = None
-    cancel_requested: bool = False
+    rolling_back: bool = False
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""
@@ -206,6 +207,7 @@ def _step_body(step: StepRecord) -> dict[str, Any]:
         "next_attempt_at_ms": step.next_attempt_at_ms,
         "started_at_ms": step.started_at_ms,
         "claimed_by": step.claimed_by,
+        "dispatched_at_ms": step.dispatched_at_ms,
         "time_limit_ms": step.time_limit_ms,
         "committed_at_ms": step.committed_at_ms,
         "error_code": step.error_code,
@@ -224,7 +226,7 @@ def saga_to_envelope(record: SagaRecord, *, limit: int = values.DEFAULT_PAYLOAD_
         "steps": [_step_body(step) for step in record.steps],
         "error_code": record.error_code,
         "reason": record.reason,
-        "cancel_requested": record.cancel_requested,
+        "rolling_back": record.rolling_back,
     }
     return _envelope(SAGA, record.saga_id, record, body, limit)
 
@@ -343,6 +345,7 @@ def _step(raw: Any, fail: InvalidRecordError) -> StepRecord:
         next_attempt_at_ms=body.maybe("next_attempt_at_ms", int),
         started_at_ms=body.maybe("started_at_ms", int),
         claimed_by=body.maybe("claimed_by", str),
+        dispatched_at_ms=body.maybe("dispatched_at_ms", int),
         time_limit_ms=body.maybe("time_limit_ms", int),
         committed_at_ms=body.maybe("committed_at_ms", int),
         error_code=body.maybe("error_code", str),
@@ -371,7 +374,7 @@ def saga_from_envelope(envelope: Envelope | None, saga_id: str) -> SagaRecord:
         version=envelope.version,
         error_code=body.maybe("error_code", str),
         reason=body.maybe("reason", str),
-        cancel_requested=bool(body.maybe("cancel_requested", bool)),
+        rolling_back=bool(body.maybe("rolling_back", bool)),
     )
 
 

@@ -1,0 +1,357 @@
+"""The engine: load a saga, ask the protocol what to do, write it with one CAS, then dispatch.
+
+No Celery here and no concrete store: the engine talks to the ``Store``, ``Dispatcher`` and
+``Clock`` ports. Every write is a compare-and-set of the whole saga record; losing the race
+raises ``SagaConcurrencyError`` internally, and the engine reloads and decides again instead
+of overwriting. Work is dispatched only after the write that records its intent succeeded;
+if the process dies between the two, the sweep finds the intent and sends it again under the
+same effect id.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from functools import partial
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import values
+from .clock import Clock, SystemClock, now_ms
+from .context import replay
+from .definitions import Registry, SagaDefinition, Timing
+from .dispatch import Dispatcher
+from .errors import (
+    IllegalTransition,
+    SagaConcurrencyError,
+    SagaConflictError,
+    SagaNotFound,
+    SagaResolutionError,
+)
+from .events import EventBus, LifecycleEvent, Phase, Stage
+from .liveness import ActiveEffects, dead_effects
+from .protocol import codes
+from .protocol import saga as moves
+from .protocol.decide import decide
+from .protocol.decisions import (
+    Abandon,
+    Append,
+    BeginCompensation,
+    Complete,
+    Decision,
+    FinishCompensation,
+    Redispatch,
+    Review,
+    StartCompensation,
+    Vanished,
+    Wait,
+)
+from .protocol.resolution import resolve as resolve_outcome
+from .records import (
+    SAGA,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    saga_from_envelope,
+    saga_to_envelope,
+)
+from .stores.base import Fence, Store
+
+__all__ = ["Engine", "EngineSettings"]
+
+logger = logging.getLogger("celery_sagas.engine")
+
+
+def _new_effect_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """Limits the engine applies (sizes in bytes, durations in ms)."""
+
+    payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT
+    timing: Timing = field(default_factory=Timing)
+    max_races: int = 64
+
+
+class Engine:
+    """Drives sagas over a store; every public method validates before it writes."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        dispatcher: Dispatcher,
+        *,
+        clock: Clock | None = None,
+        events: EventBus | None = None,
+        new_id: Callable[[], str] = _new_effect_id,
+        settings: EngineSettings | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.clock: Clock = clock or SystemClock()
+        self.events = events or EventBus()
+        self.new_id = new_id
+        self.settings = settings or EngineSettings()
+        self.active = ActiveEffects()
+
+    # ------------------------------------------------------------ records
+
+    def now(self) -> int:
+        """The current time in ms, validated."""
+        return now_ms(self.clock)
+
+    def get(self, saga_id: str) -> SagaRecord | None:
+        """The saga record, or None when absent."""
+        values.saga_id(saga_id)
+        envelope = self.store.get(SAGA, saga_id)
+        return None if envelope is None else saga_from_envelope(envelope, saga_id)
+
+    def load(self, saga_id: str) -> SagaRecord:
+        """The saga record; SagaNotFound when absent."""
+        record = self.get(saga_id)
+        if record is None:
+            raise SagaNotFound(saga_id=saga_id)
+        return record
+
+    def write(self, before: SagaRecord, after: SagaRecord, fence: Fence | None = None) -> SagaRecord:
+        """Store ``after`` if the record is still at ``before.version`` (and the fence holds)."""
+        envelope = saga_to_envelope(after, limit=self.settings.payload_limit)
+        if not self.store.compare_and_set(envelope, before.version, fence=fence):
+            raise SagaConcurrencyError(f"saga {before.saga_id!r} changed under us")
+        return after
+
+    def definition_of(self, saga: SagaRecord) -> SagaDefinition:
+        """The definition a saga was started with (must be registered in this process)."""
+        return self.registry.definition(saga.definition)
+
+    # ------------------------------------------------------------ start
+
+    def start(self, definition: str, input: Any, saga_id: str) -> SagaRecord:
+        """Create the saga (idempotent for the same input) and ask a worker to advance it."""
+        values.saga_id(saga_id)
+        self.registry.definition(definition)
+        canonical = values.encode_json(input, field="saga input", limit=self.settings.payload_limit)
+        now = self.now()
+        record = SagaRecord(
+            saga_id, definition, SagaState.RUNNING, values.decode_json(canonical), now, now
+        )
+        if self.store.create(saga_to_envelope(record, limit=self.settings.payload_limit)):
+            self._send_advance(saga_id)
+            return record
+        existing = self.load(saga_id)
+        same_input = values.encode_json(existing.input, limit=2**53) == canonical
+        if existing.definition != definition or not same_input:
+            raise SagaConflictError(saga_id=saga_id)
+        if existing.state is SagaState.RUNNING and not existing.steps:
+            self._send_advance(saga_id)
+        return existing
+
+    # ------------------------------------------------------------ advance
+
+    def advance(
+        self, saga_id: str, known: SagaRecord | None = None, fence: Fence | None = None
+    ) -> SagaRecord:
+        """Apply decisions until the saga must wait for something outside this process."""
+        saga = known if known is not None else self.load(saga_id)
+        for _ in range(self.settings.max_races + 4 * len(saga.steps) + 8):
+            decision = self.decide(saga)
+            if isinstance(decision, Wait):
+                return saga
+            try:
+                saga = self.apply(saga, decision, fence)
+            except SagaConcurrencyError:
+                saga = self.load(saga_id)
+        logger.warning("saga %s: stopped advancing after many decisions", saga_id)
+        return saga
+
+    def decide(self, saga: SagaRecord) -> Decision:
+        """The protocol's next decision for this record, now."""
+        if saga.state.final or saga.state is SagaState.MANUAL_REVIEW:
+            return Wait()
+        definition = self.definition_of(saga)
+        policy = self.registry.policy(definition, self.settings.timing)
+        now = self.now()
+
+        def run_replay() -> Any:
+            return replay(definition, saga, self.registry, self.new_id, now, self.settings.payload_limit)
+
+        return decide(saga, run_replay, now, policy, dead_effects(saga.steps, self.active))
+
+    def apply(self, saga: SagaRecord, decision: Decision, fence: Fence | None = None) -> SagaRecord:
+        """Carry out one decision: one CAS, then the dispatch it calls for."""
+        now = self.now()
+        if isinstance(decision, Append):
+            after = self.write(saga, moves.append_steps(saga, decision.steps, now), fence)
+            for step in decision.steps:
+                self.emit(after, step, Stage.EXECUTION, Phase.INTENT)
+                self._send(partial(self.dispatcher.send_step, saga.saga_id, step))
+            return after
+        if isinstance(decision, Redispatch):
+            after = self.write(saga, moves.mark_redispatched(saga, decision.step.name, now), fence)
+            send = self.dispatcher.send_compensation if decision.compensation else self.dispatcher.send_step
+            self._send(partial(send, saga.saga_id, decision.step))
+            return after
+        if isinstance(decision, BeginCompensation):
+            after = self.write(saga, moves.begin_compensation(saga, decision.step.name, now), fence)
+            begun = after.step(decision.step.name)
+            assert begun is not None
+            self.emit(after, begun, Stage.COMPENSATION, Phase.INTENT)
+            self._send(partial(self.dispatcher.send_compensation, saga.saga_id, begun))
+            return after
+        if isinstance(decision, Vanished):
+            return self._vanished(saga, decision, now, fence)
+        return self.write(saga, self._saga_move(saga, decision, now), fence)
+
+    def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
+        if isinstance(decision, Abandon):
+            after = moves.abandon_step(saga, decision.step.name, decision.step.effect_id, now)
+            self.emit(after, decision.step, Stage.EXECUTION, Phase.FAILED, codes.NOT_STARTED)
+            return after
+        if isinstance(decision, Complete):
+            return moves.complete(saga, now)
+        if isinstance(decision, FinishCompensation):
+            return moves.finish_compensation(saga, now)
+        if isinstance(decision, StartCompensation):
+            return moves.start_compensation(saga, decision.error_code, decision.reason, now)
+        assert isinstance(decision, Review), decision
+        logger.warning("saga %s needs manual review: %s", saga.saga_id, decision.error_code)
+        return moves.to_manual_review(saga, decision.error_code, decision.reason, now)
+
+    def _vanished(
+        self, saga: SagaRecord, decision: Vanished, now: int, fence: Fence | None
+    ) -> SagaRecord:
+        step = decision.step
+        if decision.compensation:
+            effect, attempt = step.compensation_effect_id, step.compensation_attempts
+            if decision.retry:
+                after = moves.compensation_failed(saga, step.name, effect, attempt, now, now)
+            else:
+                after = moves.compensation_ambiguous(saga, step.name, effect, attempt, now)
+            stage = Stage.COMPENSATION
+        else:
+            effect, attempt = step.effect_id, step.attempts
+            if decision.retry:
+                after = moves.release_step(
+                    saga, step.name, effect, attempt, now, decision.error_code, now
+                )
+            else:
+                after = moves.step_ambiguous(saga, step.name, effect, attempt, decision.error_code, now)
+            stage = Stage.EXECUTION
+        phase = Phase.FAILED if decision.retry else Phase.AMBIGUOUS
+        written = self.write(saga, after, fence)
+        self.emit(written, step, stage, phase, decision.error_code)
+        return written
+
+    # ------------------------------------------------------------ operator actions
+
+    def cancel(self, saga_id: str) -> SagaRecord:
+        """Stop forward progress and compensate what committed; a final saga is left as is."""
+        for _ in range(self.settings.max_races):
+            saga = self.load(saga_id)
+            if saga.state.final or saga.state is SagaState.COMPENSATING:
+                return saga
+            try:
+                after = moves.cancel(saga, self.now())
+            except IllegalTransition as exc:
+                raise SagaResolutionError(
+                    f"saga {saga_id!r} has an unresolved step; resolve it before cancelling"
+                ) from exc
+            try:
+                return self.advance(saga_id, self.write(saga, after))
+            except SagaConcurrencyError:
+                continue
+        raise SagaConcurrencyError(f"saga {saga_id!r} kept changing; cancel not applied")
+
+    def resume(self, saga_id: str) -> SagaRecord:
+        """Lift manual review (once nothing is unresolved) and drive the saga on."""
+        for _ in range(self.settings.max_races):
+            saga = self.load(saga_id)
+            if saga.state is not SagaState.MANUAL_REVIEW:
+                return self.advance(saga_id, saga)
+            try:
+                after = moves.resume(saga, self.now())
+            except IllegalTransition as exc:
+                raise SagaResolutionError(
+                    f"saga {saga_id!r} has an unresolved step; resolve it before resuming"
+                ) from exc
+            try:
+                return self.advance(saga_id, self.write(saga, after))
+            except SagaConcurrencyError:
+                continue
+        raise SagaConcurrencyError(f"saga {saga_id!r} kept changing; resume not applied")
+
+    def resolve(
+        self,
+        saga_id: str,
+        step: str,
+        effect_id: str,
+        outcome: str,
+        *,
+        result: Any = None,
+        error_code: str | None = None,
+    ) -> SagaRecord:
+        """Record what an operator found out about an unknown outcome (no advance)."""
+        values.step_name(step)
+        values.effect_id(effect_id)
+        normalised = values.json_value(result, field="result")
+        saga = self.load(saga_id)
+        max_attempts = self.definition_of(saga).max_attempts
+        after = resolve_outcome(
+            saga, step, effect_id, outcome, now_ms=self.now(), max_attempts=max_attempts,
+            result=normalised, error_code=error_code,
+        )
+        written = self.write(saga, after)
+        changed = written.step(step)
+        assert changed is not None
+        self.emit(written, changed, Stage.RECONCILIATION, _resolution_phase(str(outcome)), error_code)
+        return written
+
+    # ------------------------------------------------------------ helpers
+
+    def emit(
+        self, saga: SagaRecord, step: StepRecord, stage: str, phase: str,
+        error_code: str | None = None, duration_ms: int | None = None,
+    ) -> None:
+        """Publish a lifecycle event for a step's effect (ids and codes only)."""
+        compensating = stage == Stage.COMPENSATION
+        options = self.registry.steps.get(step.task)
+        if compensating:
+            comp = self.registry.compensators.get(step.compensator or "")
+            capability = comp.capability if comp else "saga.compensate"
+        else:
+            capability = options.capability if options else "saga.execute"
+        self.events.emit(
+            LifecycleEvent(
+                effect_id=step.compensation_effect_id if compensating else step.effect_id,
+                capability=capability,
+                stage=stage,
+                phase=phase,
+                attempt=step.compensation_attempts if compensating else step.attempts,
+                saga_id=saga.saga_id,
+                definition=saga.definition,
+                step=step.name,
+                error_code=error_code,
+                duration_ms=duration_ms,
+            )
+        )
+
+    def _send_advance(self, saga_id: str) -> None:
+        self._send(partial(self.dispatcher.send_advance, saga_id))
+
+    def _send(self, send: Callable[[], None]) -> None:
+        """Dispatch after a recorded intent; a failure is left to the sweep to repair."""
+        try:
+            send()
+        except Exception:
+            logger.exception("dispatch failed; the sweep will send it again")
+
+
+def _resolution_phase(outcome: str) -> str:
+    if outcome in ("committed", "compensated"):
+        return Phase.COMMITTED
+    return Phase.FAILED

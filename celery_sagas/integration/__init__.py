@@ -1,0 +1,7 @@
+"""The Celery integration: the only package (with the CLI) that imports celery."""
+
+from __future__ import annotations
+
+from .facade import Saga, SagaHandle, Sagas
+
+__all__ = ["Saga", "SagaHandle", "Sagas"]

@@ -1,0 +1,299 @@
+"""``Sagas``: the public facade that wires the engine into a Celery app (DESIGN §1)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from .. import values
+from ..clock import Clock
+from ..definitions import (
+    Backoff,
+    CompensatorOptions,
+    Registry,
+    SagaDefinition,
+    StepOptions,
+)
+from ..engine import Engine, EngineSettings
+from ..errors import SagaConfigurationError
+from ..events import EventBus, Observer
+from ..liveness import claimer_id
+from ..protocol.compensation import default_backoff_ms
+from ..reconcile import SweepReport, sweep
+from ..records import SagaRecord, SagaState
+from ..stores import open_store
+from ..stores.base import Store
+from .dispatcher import ADVANCE_TASK, SWEEP_TASK, CeleryDispatcher
+from .settings import SagaSettings
+from .tasks import CompensatorTask, SagaStepTask
+
+__all__ = ["Saga", "SagaHandle", "Sagas"]
+
+logger = logging.getLogger("celery_sagas")
+
+_REQUIRED: Any = object()
+_REFUSED_OPTIONS = ("autoretry_for", "max_retries", "retry_backoff", "acks_late", "reject_on_worker_lost")
+_SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
+
+
+class SagaHandle:
+    """A started saga: its id, the record at start, and shortcuts to the facade."""
+
+    def __init__(self, sagas: Sagas, record: SagaRecord) -> None:
+        self.sagas = sagas
+        self.saga_id = record.saga_id
+        self.record = record
+
+    def get(self) -> SagaRecord | None:
+        """The current record."""
+        return self.sagas.get(self.saga_id)
+
+    def wait(self, timeout: float = 30.0) -> SagaRecord:
+        """Block until the saga is completed, compensated or in manual review."""
+        return self.sagas.wait(self.saga_id, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"SagaHandle({self.saga_id!r})"
+
+
+class Saga:
+    """A saga definition registered with ``@sagas.saga(name)``."""
+
+    def __init__(self, sagas: Sagas, definition: SagaDefinition) -> None:
+        self.sagas = sagas
+        self.definition = definition
+
+    @property
+    def name(self) -> str:
+        """The definition name."""
+        return self.definition.name
+
+    def start(self, input: Any, saga_id: str | None = None) -> SagaHandle:
+        """Create the saga and enqueue it; returns at once (safe to call from a web handler)."""
+        return self.sagas.start(self.name, input, saga_id=saga_id)
+
+    def __repr__(self) -> str:
+        return f"Saga({self.name!r})"
+
+
+def _name_of(task: Any) -> str | None:
+    if task is None:
+        return None
+    name = getattr(task, "name", task)
+    if not isinstance(name, str):
+        raise SagaConfigurationError("compensate= takes a compensator task or its name")
+    return name
+
+
+class Sagas:
+    """Durable sagas on a Celery app: steps, compensators, definitions and operator actions."""
+
+    def __init__(self, app: Celery, store: str | Store | None = None, *, clock: Clock | None = None,
+                 **options: Any) -> None:
+        self.app = app
+        self.settings = SagaSettings.load(app.conf, options)
+        _refuse_pickle(app.conf.get("task_serializer"))
+        chosen = store if store is not None else self.settings.store
+        if chosen is None:
+            raise SagaConfigurationError("Sagas needs store= (a URL or a Store) or sagas_store")
+        self._store_arg: str | Store = chosen
+        self.registry = Registry()
+        self.events = EventBus()
+        self.clock = clock
+        self.dispatcher = CeleryDispatcher(app, self.registry, self.settings.queue)
+        self._lock = threading.Lock()
+        self._engine: Engine | None = None
+        self._engine_pid = 0
+        self._step_base = type("SagaStep", (SagaStepTask,), {"sagas": self})
+        self._compensator_base = type("SagaCompensator", (CompensatorTask,), {"sagas": self})
+        self._register_internal_tasks()
+        worker_process_init.connect(self._forget_engine, weak=False)
+
+    # ------------------------------------------------------------ wiring
+
+    @property
+    def engine(self) -> Engine:
+        """This process's engine (opened lazily, and again after a fork)."""
+        pid = os.getpid()
+        with self._lock:
+            if self._engine is None or self._engine_pid != pid:
+                self._engine = Engine(
+                    self._open_store(), self.registry, self.dispatcher, clock=self.clock,
+                    events=self.events,
+                    settings=EngineSettings(self.settings.payload_limit, self.settings.timing),
+                )
+                self._engine_pid = pid
+            return self._engine
+
+    @property
+    def store(self) -> Store:
+        """The store of this process's engine."""
+        return self.engine.store
+
+    def _open_store(self) -> Store:
+        if not isinstance(self._store_arg, str):
+            return self._store_arg
+        scheme = self._store_arg.split("://", 1)[0].split("+", 1)[0].lower()
+        options: dict[str, Any] = {}
+        if scheme in ("redis", "rediss", "unix"):
+            options["prefix"] = self.settings.key_prefix
+        elif scheme in ("sqlite", "postgresql", "postgres", "mysql", "mariadb"):
+            options["table_prefix"] = self.settings.table_prefix
+        store = open_store(self._store_arg, **options)
+        if not store.durable and not self.settings.allow_non_durable:
+            logger.warning("saga store %s keeps nothing across restarts", scheme)
+        return store
+
+    def _forget_engine(self, **_: Any) -> None:
+        with self._lock:
+            self._engine = None
+
+    def _register_internal_tasks(self) -> None:
+        options = {"acks_late": True, "serializer": "json", "ignore_result": True, "shared": False}
+
+        @self.app.task(name=ADVANCE_TASK, **options)  # type: ignore[untyped-decorator]
+        def advance(saga_id: str) -> None:
+            record = self.engine.get(values.saga_id(saga_id))
+            if record is None:
+                logger.warning("advance: no saga %s", saga_id)
+                return
+            self.engine.advance(saga_id, record)
+
+        @self.app.task(name=SWEEP_TASK, **options)  # type: ignore[untyped-decorator]
+        def sweep_task() -> None:
+            self.sweep()
+
+        queue = {"queue": self.settings.queue} if self.settings.queue else {}
+        self.app.add_periodic_task(
+            self.settings.sweep_interval_s, self.app.signature(SWEEP_TASK, options=queue),
+            name=SWEEP_TASK,
+        )
+
+    def _task_options(self, fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+        for refused in _REFUSED_OPTIONS:
+            if refused in options:
+                raise SagaConfigurationError(
+                    f"{refused} is not allowed on saga tasks: use idempotent=/retries= (retries "
+                    "and acknowledgement are the saga's job)"
+                )
+        _refuse_pickle(options.get("serializer", "json"))
+        options = dict(options)
+        options.setdefault("name", self.app.gen_task_name(fn.__name__, fn.__module__))
+        options.setdefault("time_limit", self.settings.timing.default_time_limit_ms / 1000)
+        options["shared"] = False
+        return options
+
+    # ------------------------------------------------------------ decorators
+
+    def step(self, fn: Callable[..., Any] | None = None, *, compensate: Any = _REQUIRED,
+             idempotent: bool = False, not_committed_on: tuple[type[BaseException], ...] = (),
+             retries: int = 0, backoff: Backoff | None = None, capability: str | None = None,
+             **task_options: Any) -> Any:
+        """Make ``fn`` a saga step: a real Celery task plus the saga options."""
+        if compensate is _REQUIRED:
+            raise SagaConfigurationError(
+                "sagas.step needs compensate=<compensator task or name> "
+                "(or compensate=None for a step with nothing to undo)"
+            )
+
+        def decorate(func: Callable[..., Any]) -> Any:
+            opts = self._task_options(func, task_options)
+            task = self.app.task(base=self._step_base, **opts)(func)
+            self.registry.add_step(StepOptions(
+                task=opts["name"], compensator=_name_of(compensate), idempotent=idempotent,
+                not_committed_on=tuple(not_committed_on), retries=retries,
+                backoff=backoff or default_backoff_ms, time_limit_ms=int(opts["time_limit"] * 1000),
+                capability=values.capability(capability) if capability else "saga.execute",
+            ))
+            return task
+
+        return decorate(fn) if fn is not None else decorate
+
+    def compensator(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
+                    idempotent: bool = False, capability: str | None = None,
+                    **task_options: Any) -> Any:
+        """Make ``fn`` a compensator task (called with the step's args, ``result``, ``saga``)."""
+
+        def decorate(func: Callable[..., Any]) -> Any:
+            opts = self._task_options(func, {**task_options, **({"name": name} if name else {})})
+            task = self.app.task(base=self._compensator_base, **opts)(func)
+            self.registry.add_compensator(CompensatorOptions(
+                opts["name"], idempotent,
+                values.capability(capability) if capability else "saga.compensate",
+            ))
+            return task
+
+        return decorate(fn) if fn is not None else decorate
+
+    def saga(self, name: str, *, max_attempts: int = 3, backoff: Backoff | None = None,
+             capability: str | None = None) -> Callable[[Callable[..., Any]], Saga]:
+        """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect."""
+
+        def decorate(run: Callable[..., Any]) -> Saga:
+            definition = SagaDefinition(name, run, max_attempts, backoff or default_backoff_ms,
+                                        capability)
+            self.registry.add_definition(definition)
+            return Saga(self, definition)
+
+        return decorate
+
+    # ------------------------------------------------------------ operations
+
+    def start(self, definition: str, input: Any, saga_id: str | None = None) -> SagaHandle:
+        """Start ``definition`` with ``input`` (idempotent per saga id)."""
+        record = self.engine.start(definition, input, saga_id or str(uuid.uuid4()))
+        return SagaHandle(self, record)
+
+    def get(self, saga_id: str) -> SagaRecord | None:
+        """The saga record, or None."""
+        return self.engine.get(saga_id)
+
+    def wait(self, saga_id: str, timeout: float = 30.0, interval: float = 0.05) -> SagaRecord:
+        """Poll until completed, compensated or manual-review; TimeoutError past ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.engine.load(saga_id)
+            if record.state in _SETTLED:
+                return record
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"saga {saga_id!r} still {record.state} after {timeout}s")
+            time.sleep(interval)
+
+    def cancel(self, saga_id: str) -> SagaRecord:
+        """Stop forward progress and compensate what committed."""
+        return self.engine.cancel(saga_id)
+
+    def resume(self, saga_id: str) -> SagaRecord:
+        """Lift manual review (nothing unresolved) and drive the saga on."""
+        return self.engine.resume(saga_id)
+
+    def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
+                result: Any = None, error_code: str | None = None) -> SagaRecord:
+        """Settle an ambiguous step or compensation as an operator found it."""
+        return self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
+                                   error_code=error_code)
+
+    def sweep(self) -> SweepReport:
+        """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds)."""
+        return sweep(self.engine, owner=claimer_id(), lease_ms=self.settings.sweep_lease_ms,
+                     page_size=self.settings.sweep_page_size)
+
+    def subscribe(self, observer: Observer) -> Callable[[], None]:
+        """Receive every lifecycle event; returns an unsubscribe function."""
+        return self.events.subscribe(observer)
+
+
+def _refuse_pickle(serializer: object) -> None:
+    if isinstance(serializer, str) and serializer.lower() in ("pickle", "application/x-python-serialize"):
+        raise SagaConfigurationError(
+            "celery_sagas refuses the pickle serializer: anyone who can write to the broker "
+            "could run code in your workers. Use task_serializer='json'."
+        )

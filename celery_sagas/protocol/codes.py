@@ -1,0 +1,24 @@
+"""Error codes the library itself writes into records (SPEC §1 error-code syntax)."""
+
+from __future__ import annotations
+
+AMBIGUOUS_STEP = "ambiguous_step"
+AMBIGUOUS_COMPENSATION = "ambiguous_compensation"
+COMPENSATION_FAILED = "compensation_failed"
+COMPENSATION_EXHAUSTED = "compensation_exhausted"
+INVALID_RETRY_POLICY = "invalid_retry_policy"
+NONDETERMINISTIC = "nondeterministic"
+RUN_FAILED = "run_failed"
+INVALID_STEP_CALL = "invalid_step_call"
+CANCELLED = "cancelled"
+NOT_STARTED = "not_started"
+NOT_COMMITTED = "not_committed"
+STEP_ERROR = "step_error"
+WORKER_LOST = "worker_lost"
+TIME_LIMIT = "time_limit"
+RETRIES_EXHAUSTED = "retries_exhausted"
+APPROVAL_DENIED = "approval_denied"
+APPROVAL_EXPIRED = "approval_expired"
+
+# Manual review caused only by an unknown outcome lifts itself once that outcome is known.
+AUTO_LIFTED = frozenset({AMBIGUOUS_STEP, AMBIGUOUS_COMPENSATION})

@@ -1,0 +1,167 @@
+"""The reconciliation sweep (SPEC §5): paged passes over open sagas under a fenced lease.
+
+One sweeper at a time holds the lease ``celery_sagas.sweep``. It walks, page by page:
+
+1. ``running`` sagas not updated for ``stale_ms``: re-drive them (lost messages are sent again
+   under the same effect id; started-but-silent steps past their time limit become ambiguous);
+2. every ``compensating`` saga: run compensation retries that are due;
+3. every ``manual-review`` saga: report it;
+4. extra passes registered by other features (approval expiry, effect findings).
+
+After each page it renews the lease and checkpoints its cursor; when either fails it stops at
+once, and the next holder continues from the checkpoint. Every write it makes carries the
+lease's fencing number, so a sweeper paused past its lease (GC, SIGSTOP) cannot write after a
+newer grant. Running twice at once is safe anyway: every action is a compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .engine import Engine
+from .errors import FencedWriteRefused, LeaseLost, SagaError
+from .leases import Leases
+from .protocol.findings import Finding, FindingKind, saga_finding
+from .records import SagaRecord, SagaState
+from .scans import CorruptRecord, RecordPage, scan_sagas
+from .stores.base import Fence, Lease
+
+__all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "sweep"]
+
+logger = logging.getLogger("celery_sagas.sweep")
+
+SWEEP_LEASE = "celery_sagas.sweep"
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did; findings carry ids and codes only."""
+
+    acquired: bool = False
+    fence: int | None = None
+    complete: bool = False
+    lease_lost: bool = False
+    examined: int = 0
+    acted: int = 0
+    errors: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    corrupt: list[CorruptRecord] = field(default_factory=list)
+    pages: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One paged walk: fetch a page at a cursor, then act on each record of it."""
+
+    name: str
+    fetch: Callable[[str | None, int], RecordPage[object]]
+    act: Callable[[object, Fence, SweepReport], None]
+
+
+def _saga_pass(engine: Engine, state: SagaState, stale_ms: int | None, act: bool) -> Pass:
+    now = engine.now()
+    before = None if stale_ms is None else now - stale_ms
+
+    def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
+        page = scan_sagas(engine.store, [state], updated_before_ms=before, cursor=cursor, limit=limit)
+        return RecordPage(tuple(page.records), page.corrupt, page.cursor)
+
+    def handle(record: object, fence: Fence, report: SweepReport) -> None:
+        assert isinstance(record, SagaRecord)
+        after = engine.advance(record.saga_id, record, fence) if act else record
+        if after.version != record.version:
+            report.acted += 1
+        finding = saga_finding(after, now - engine.settings.timing.stale_ms)
+        if finding is not None and finding.kind is not FindingKind.STALE:
+            report.findings.append(finding)
+
+    return Pass(f"sagas:{state}", fetch, handle)
+
+
+def default_passes(engine: Engine) -> list[Pass]:
+    """The saga passes every sweep makes."""
+    stale = engine.settings.timing.stale_ms
+    return [
+        _saga_pass(engine, SagaState.RUNNING, stale, act=True),
+        _saga_pass(engine, SagaState.COMPENSATING, None, act=True),
+        _saga_pass(engine, SagaState.MANUAL_REVIEW, None, act=False),
+    ]
+
+
+def _position(cursor: str | None, passes: list[Pass]) -> tuple[int, str | None]:
+    """Decode ``<pass index>:<store cursor>``; anything unreadable starts from the top."""
+    if not cursor or ":" not in cursor:
+        return 0, None
+    index, _, inner = cursor.partition(":")
+    if not index.isdigit() or int(index) >= len(passes):
+        return 0, None
+    return int(index), inner or None
+
+
+def sweep(
+    engine: Engine,
+    *,
+    owner: str,
+    lease_ms: int,
+    page_size: int = 100,
+    extra_passes: list[Pass] | None = None,
+    on_page: Callable[[Lease, SweepReport], None] | None = None,
+) -> SweepReport:
+    """One reconciliation pass under the sweep lease; returns at once if another holds it."""
+    report = SweepReport()
+    leases = Leases(engine.store, engine.clock, owner=owner)
+    lease = leases.acquire(SWEEP_LEASE, lease_ms)
+    if lease is None:
+        return report
+    report.acquired, report.fence = True, lease.fence
+    passes = default_passes(engine) + list(extra_passes or [])
+    try:
+        _walk(engine, leases, lease, passes, lease_ms, page_size, report, on_page)
+    except (LeaseLost, FencedWriteRefused) as exc:
+        report.lease_lost = True
+        logger.warning("sweep stopped: %s", exc)
+        return report
+    leases.release(lease)
+    return report
+
+
+def _walk(
+    engine: Engine, leases: Leases, lease: Lease, passes: list[Pass], lease_ms: int,
+    page_size: int, report: SweepReport, on_page: Callable[[Lease, SweepReport], None] | None,
+) -> None:
+    index, cursor = _position(lease.cursor, passes)
+    while index < len(passes):
+        current = passes[index]
+        page = current.fetch(cursor, page_size)
+        report.pages += 1
+        report.corrupt.extend(page.corrupt)
+        for corrupt in page.corrupt:
+            logger.error("sweep found a corrupt %s record %r", corrupt.kind, corrupt.id)
+        for record in page.records:
+            report.examined += 1
+            _act(current, record, Fence.of(lease), report)
+        lease = leases.renew(lease, lease_ms)
+        if page.cursor is None:
+            index, cursor = index + 1, None
+        else:
+            cursor = page.cursor
+        leases.checkpoint(lease, None if index >= len(passes) else f"{index}:{cursor or ''}")
+        if on_page is not None:
+            on_page(lease, report)
+    report.complete = True
+
+
+def _act(current: Pass, record: object, fence: Fence, report: SweepReport) -> None:
+    try:
+        current.act(record, fence, report)
+    except FencedWriteRefused:
+        raise
+    except SagaError as exc:
+        report.errors += 1
+        logger.warning("sweep %s: %s", current.name, type(exc).__name__)
+    except Exception:
+        report.errors += 1
+        logger.exception("sweep %s: unexpected error", current.name)
