@@ -1,0 +1,58 @@
+"""The Lua scripts of the Redis store: one ``.lua`` file per mutating primitive (package data).
+
+Each script is registered once per client with redis-py's ``register_script``: calls go by
+EVALSHA and reload the text on NOSCRIPT (after a restart, failover or ``SCRIPT FLUSH``).
+The contract of each script (its KEYS, ARGV and replies) is the header of its file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.commands.core import Script
+
+__all__ = ["SCRIPT_NAMES", "Scripts", "script_text"]
+
+SCRIPT_NAMES = (
+    "create",
+    "compare_and_set",
+    "acquire_lease",
+    "renew_lease",
+    "checkpoint_lease",
+    "release_lease",
+)
+
+
+@cache
+def script_text(name: str) -> str:
+    """The Lua source of one primitive, read from the package's ``lua/`` folder."""
+    if name not in SCRIPT_NAMES:
+        raise KeyError(name)
+    return (
+        resources.files("celery_sagas.stores.redis")
+        .joinpath("lua")
+        .joinpath(f"{name}.lua")
+        .read_text("utf-8")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """The six primitives' scripts registered on one client."""
+
+    create: Script
+    compare_and_set: Script
+    acquire_lease: Script
+    renew_lease: Script
+    checkpoint_lease: Script
+    release_lease: Script
+
+    @classmethod
+    def register(cls, client: Redis) -> Scripts:
+        """Register every script on ``client`` (no round trip: loading is lazy, by SHA)."""
+        return cls(*(client.register_script(script_text(name)) for name in SCRIPT_NAMES))
