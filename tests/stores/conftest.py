@@ -3,14 +3,14 @@
 Memory always runs. Redis, SQLite, PostgreSQL and MariaDB run once their store module exists
 (until then that parameter is skipped); a service that does not answer skips on a laptop and
 fails in CI through the ``redis_url`` / ``postgres_url`` / ``mysql_url`` fixtures. Each test
-gets a fresh key prefix or table prefix, and everything it wrote is removed afterwards.
+gets a fresh key prefix or table prefix, and everything it wrote is removed afterwards. The
+SQL backends share one engine per session (opening one costs more than most tests).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -34,9 +34,38 @@ def store_class(module: str, name: str) -> Any:
     return getattr(found, name)
 
 
+class SqlEngines:
+    """One engine-owning SqlStore per backend for the session; tests borrow its engine."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, Any] = {}
+
+    def engine(self, backend: str, url: Callable[[], str]) -> Any:
+        if backend not in self._owners:
+            sql_store = store_class("celery_sagas.stores.sql", "SqlStore")
+            self._owners[backend] = sql_store.from_url(
+                url(), table_prefix="conformance_", create_schema=False
+            )
+        return self._owners[backend].engine
+
+    def close(self) -> None:
+        for owner in self._owners.values():
+            owner.close()
+
+
+@pytest.fixture(scope="session")
+def sql_engines() -> Iterator[SqlEngines]:
+    """Session-wide SQL engines, disposed of at the end."""
+    engines = SqlEngines()
+    yield engines
+    engines.close()
+
+
 def _redis(request: pytest.FixtureRequest, prefix: str) -> Iterator[Store]:
     redis_url: str = request.getfixturevalue("redis_url")
-    store = store_class("celery_sagas.stores.redis", "RedisStore").from_url(redis_url, prefix=prefix)
+    store = store_class("celery_sagas.stores.redis", "RedisStore").from_url(
+        redis_url, prefix=prefix
+    )
     try:
         yield store
     finally:
@@ -47,8 +76,14 @@ def _redis(request: pytest.FixtureRequest, prefix: str) -> Iterator[Store]:
         store.close()
 
 
-def _sql(url: str, prefix: str) -> Iterator[Store]:
-    store = store_class("celery_sagas.stores.sql", "SqlStore").from_url(url, table_prefix=prefix)
+def _sql(request: pytest.FixtureRequest, backend: str, prefix: str) -> Iterator[Store]:
+    engines: SqlEngines = request.getfixturevalue("sql_engines")
+    if backend == "sqlite":
+        path = request.getfixturevalue("tmp_path_factory").getbasetemp() / "conformance.db"
+        engine = engines.engine(backend, lambda: f"sqlite:///{path}")
+    else:
+        engine = engines.engine(backend, lambda: request.getfixturevalue(f"{backend}_url"))
+    store = store_class("celery_sagas.stores.sql", "SqlStore")(engine, table_prefix=prefix)
     try:
         yield store
     finally:
@@ -57,16 +92,12 @@ def _sql(url: str, prefix: str) -> Iterator[Store]:
 
 
 @pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, unique_prefix: str, tmp_path: Path) -> Iterator[Store]:
+def store(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[Store]:
     """A fresh, empty store of each kind, cleaned up after the test."""
-    kind = request.param
-    if kind == "memory":
+    backend = request.param
+    if backend == "memory":
         yield MemoryStore()
-    elif kind == "redis":
+    elif backend == "redis":
         yield from _redis(request, unique_prefix)
-    elif kind == "sqlite":
-        yield from _sql(f"sqlite:///{tmp_path / 'sagas.db'}", unique_prefix + "_")
-    elif kind == "postgres":
-        yield from _sql(request.getfixturevalue("postgres_url"), unique_prefix + "_")
     else:
-        yield from _sql(request.getfixturevalue("mysql_url"), unique_prefix + "_")
+        yield from _sql(request, backend, unique_prefix + "_")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sqlalchemy import text
 
 from celery_sagas.stores.base import Store
 from celery_sagas.stores.memory import MemoryStore
@@ -33,5 +34,10 @@ class TestBuiltinStores(StoreConformance):
                 store._records[key] = replace(store._records[key], body=GARBAGE)
         elif type(store).__name__ == "RedisStore":
             store._client.hset(store.layout.record(kind, record_id), "body", GARBAGE)
+        elif type(store).__name__ == "SqlStore":
+            table = f"{store.table_prefix}envelopes"
+            statement = text(f"UPDATE {table} SET body = :body WHERE kind = :kind AND id = :id")
+            with store.engine.begin() as connection:
+                connection.execute(statement, {"body": GARBAGE, "kind": kind, "id": record_id})
         else:
-            pytest.skip(f"no corrupt() hook for {type(store).__name__} yet")
+            pytest.skip(f"no corrupt() hook for {type(store).__name__}")
