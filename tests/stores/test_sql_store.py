@@ -1,0 +1,468 @@
+"""SqlStore on SQLite, PostgreSQL and MariaDB: atomic primitives, fencing, paging, index use.
+
+The shared contract is also checked by tests/stores/test_conformance.py; these tests pin what
+is particular to SQL: single-statement CAS and grants under real thread races, the schema and
+its scan index, the table prefix, and errors that must not leak through the driver.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, event, insert, text, update
+
+from celery_sagas.errors import (
+    FencedWriteRefused,
+    InvalidRecordError,
+    SagaValidationError,
+    StoreError,
+    StoreUnavailable,
+)
+from celery_sagas.stores import open_store
+from celery_sagas.stores.base import Envelope, Fence, Lease
+from celery_sagas.stores.memory import MemoryStore
+from celery_sagas.stores.sql import SqlStore
+from celery_sagas.stores.sql.schema import Tables, build_tables
+
+T0 = 1_700_000_000_000
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, the test PostgreSQL or the test MariaDB."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sagas.db'}"
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
+@pytest.fixture
+def store(db_url: str, unique_prefix: str) -> Iterator[SqlStore]:
+    """A store on fresh tables, dropped after the test."""
+    opened = SqlStore.from_url(db_url, table_prefix=unique_prefix + "_")
+    try:
+        yield opened
+    finally:
+        opened.drop_schema()
+        opened.close()
+
+
+def tables_of(store: SqlStore) -> Tables:
+    """The store's tables, for writing rows by hand."""
+    return build_tables(store.table_prefix)
+
+
+def envelope(
+    record_id: str,
+    *,
+    version: int = 1,
+    state: str = "running",
+    at: int = T0,
+    body: str = "{}",
+    kind: str = "saga",
+) -> Envelope:
+    """An envelope with test defaults."""
+    return Envelope(kind, record_id, version, state, at, body)
+
+
+def race(call: Callable[[int], Any], threads: int) -> list[Any]:
+    """Run ``call(i)`` on ``threads`` threads released together by a barrier."""
+    barrier = threading.Barrier(threads, timeout=30)
+    results: list[Any] = [None] * threads
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = call(i)
+        except Exception as exc:
+            results[i] = exc
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert not worker.is_alive(), "a racing thread did not finish"
+    return results
+
+
+class StatementCounter:
+    """Counts the statements an engine sends to the database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.statements: list[tuple[str, Any]] = []
+        self._engine = engine
+        event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        self.statements.append((statement, parameters))
+
+    def close(self) -> None:
+        event.remove(self._engine, "before_cursor_execute", self._seen)
+
+
+# ------------------------------------------------------------------ records
+
+
+def test_duplicate_create_is_refused(store: SqlStore) -> None:
+    first = envelope("order-1", body='{"n":1}')
+    assert store.create(first) is True
+    assert store.create(envelope("order-1", body='{"n":2}', state="completed")) is False
+    assert store.get("saga", "order-1") == first
+
+
+def test_ids_that_differ_only_in_case_are_different_records(store: SqlStore) -> None:
+    assert store.create(envelope("Order-1", body='{"upper":true}')) is True
+    assert store.create(envelope("order-1", body='{"upper":false}')) is True
+    stored = store.get("saga", "Order-1")
+    assert stored is not None and stored.body == '{"upper":true}'
+
+
+def test_a_large_unicode_body_round_trips(store: SqlStore) -> None:
+    body = '{"blob":"' + "caf\u00e9 \U0001f600 \u65e5\u672c " * 120_000 + '"}'
+    assert len(body.encode()) > 2 * 1024 * 1024
+    big = envelope("big", body=body)
+    assert store.create(big) is True
+    assert store.get("saga", "big") == big
+
+
+def test_stale_cas_is_refused(store: SqlStore) -> None:
+    store.create(envelope("s"))
+    second = envelope("s", version=2, at=T0 + 1, body='{"n":2}')
+    assert store.compare_and_set(second, 1) is True
+    assert store.compare_and_set(envelope("s", version=2, at=T0 + 2, body='{"stale":1}'), 1) is False
+    assert store.get("saga", "s") == second
+
+
+def test_a_retried_cas_that_was_applied_reports_true(store: SqlStore) -> None:
+    store.create(envelope("r"))
+    second = envelope("r", version=2, state="compensating", at=T0 + 1)
+    assert store.compare_and_set(second, 1) is True
+    assert store.compare_and_set(second, 1) is True
+    assert store.get("saga", "r") == second
+
+
+def test_one_of_sixteen_racing_cas_writers_wins(store: SqlStore) -> None:
+    store.create(envelope("raced"))
+    writes = [envelope("raced", version=2, at=T0 + 1, body=f'{{"writer":{i}}}') for i in range(16)]
+    results = race(lambda i: store.compare_and_set(writes[i], 1), 16)
+    assert results.count(True) == 1 and results.count(False) == 15, results
+    assert store.get("saga", "raced") == writes[results.index(True)]
+
+
+def test_a_fenced_cas_is_refused_after_a_newer_grant(store: SqlStore) -> None:
+    store.create(envelope("f"))
+    old = store.acquire_lease("sweep", "alice", "tok-a", T0, 1000)
+    assert old is not None
+    new = store.acquire_lease("sweep", "bob", "tok-b", T0 + 1000, 1000)
+    assert new is not None and new.fence > old.fence
+    with pytest.raises(FencedWriteRefused) as refused:
+        store.compare_and_set(envelope("f", version=2, body='{"by":"old"}'), 1, fence=Fence.of(old))
+    assert (refused.value.lease, refused.value.fence) == ("sweep", old.fence)
+    assert store.get("saga", "f") == envelope("f")
+    by_new = envelope("f", version=2, body='{"by":"new"}')
+    assert store.compare_and_set(by_new, 1, fence=Fence.of(new)) is True
+    assert store.get("saga", "f") == by_new
+
+
+def test_a_corrupt_row_raises_invalid_record_on_get(store: SqlStore) -> None:
+    store.create(envelope("bad"))
+    table = tables_of(store).envelopes
+    for version in (0, -3):
+        with store.engine.begin() as conn:
+            conn.execute(update(table).where(table.c.id == "bad").values(version=version))
+        with pytest.raises(InvalidRecordError) as raised:
+            store.get("saga", "bad")
+        assert (raised.value.kind, raised.value.record_id) == ("saga", "bad")
+
+
+def test_a_scan_hands_a_corrupt_row_on_instead_of_stopping(store: SqlStore) -> None:
+    for i in range(3):
+        store.create(envelope(f"c{i}", at=T0 + i))
+    table = tables_of(store).envelopes
+    with store.engine.begin() as conn:
+        conn.execute(update(table).where(table.c.id == "c1").values(version=0))
+    page = store.scan("saga", ["running"], limit=10)
+    assert [(item.id, item.version) for item in page.items] == [("c0", 1), ("c1", 0), ("c2", 1)]
+
+
+# ------------------------------------------------------------------ leases
+
+
+def test_lease_acquire_steal_renew_and_release(store: SqlStore) -> None:
+    lease = store.acquire_lease("sweep", "alice", "tok-a", T0, 1000)
+    assert lease == Lease("sweep", "alice", "tok-a", T0 + 1000, 1, None)
+    assert store.acquire_lease("sweep", "bob", "tok-b", T0 + 999, 1000) is None
+    renewed = store.renew_lease(lease, T0 + 500, 1000)
+    assert renewed == Lease("sweep", "alice", "tok-a", T0 + 1500, 1, None)
+    assert store.renew_lease(Lease("sweep", "alice", "forged", T0, 1), T0 + 600, 1000) is None
+    assert store.acquire_lease("sweep", "bob", "tok-b", T0 + 1200, 1000) is None
+    assert store.release_lease(lease) is True
+    assert store.release_lease(lease) is False
+    taken = store.acquire_lease("sweep", "bob", "tok-b", T0 + 1201, 1000)
+    assert taken is not None and taken.fence == 2
+
+
+def test_lease_cursor_survives_expiry_and_release(store: SqlStore) -> None:
+    alice = store.acquire_lease("sweep", "alice", "tok-a", T0, 1000)
+    assert alice is not None
+    assert store.checkpoint_lease(alice, "page-3", T0 + 10) is True
+    assert store.checkpoint_lease(alice, "page-3", T0 + 11) is True  # same value: still a match
+    assert store.checkpoint_lease(Lease("sweep", "alice", "forged", 0, 1), "x", T0 + 12) is False
+    renewed = store.renew_lease(alice, T0 + 20, 1000)
+    assert renewed is not None and renewed.cursor == "page-3"
+    assert store.checkpoint_lease(alice, "too-late", T0 + 1020) is False
+    bob = store.acquire_lease("sweep", "bob", "tok-b", T0 + 1020, 1000)
+    assert bob is not None and (bob.fence, bob.cursor) == (2, "page-3")
+    assert store.renew_lease(alice, T0 + 1021, 1000) is None
+    assert store.release_lease(alice) is False
+    assert store.checkpoint_lease(bob, "page-9", T0 + 1030) is True
+    assert store.release_lease(bob) is True
+    carol = store.acquire_lease("sweep", "carol", "tok-c", T0 + 1031, 1000)
+    assert carol is not None and (carol.fence, carol.cursor) == (3, "page-9")
+
+
+def test_fences_strictly_increase_while_eight_threads_race_each_grant(store: SqlStore) -> None:
+    fences: list[int] = []
+    for round_no in range(5):
+        now = T0 + round_no * 10_000  # every earlier grant has expired
+        results = race(
+            lambda i, now=now: store.acquire_lease("race", f"o{i}", f"tok-{now}-{i}", now, 5_000), 8
+        )
+        winners = [r for r in results if isinstance(r, Lease)]
+        assert len(winners) == 1 and results.count(None) == 7, results
+        fences.append(winners[0].fence)
+    assert fences == sorted(set(fences)) and fences[0] >= 1, fences
+
+
+# ------------------------------------------------------------------ scans
+
+
+def _seed(stores: list[Any], rng: random.Random) -> None:
+    ids = [f"{rng.choice(['A', 'a', 'B', 'b'])}{rng.randrange(10_000):04d}" for _ in range(90)]
+    for record_id in dict.fromkeys(ids):
+        kind = rng.choice(["saga", "saga", "saga", "effect"])
+        state = rng.choice(["running", "compensating", "completed"])
+        at = T0 + rng.randrange(12)  # many ties on updated_at_ms
+        for target in stores:
+            assert target.create(envelope(record_id, kind=kind, state=state, at=at)) is True
+
+
+def test_scan_pages_match_the_reference_store_exactly(store: SqlStore) -> None:
+    reference = MemoryStore()
+    _seed([store, reference], random.Random(7))
+    states = ["compensating", "running"]
+    for limit in (1, 4, 1000):
+        for before in (None, T0 + 6):
+            pages: list[tuple[Any, ...]] = []
+            cursor: str | None = None
+            while True:
+                ours = store.scan("saga", states, updated_before_ms=before, cursor=cursor, limit=limit)
+                theirs = reference.scan("saga", states, updated_before_ms=before, cursor=cursor, limit=limit)
+                assert ours == theirs
+                pages.append(ours.items)
+                if ours.cursor is None:
+                    break
+                cursor = ours.cursor
+            ids = [item.id for page in pages for item in page]
+            assert len(ids) == len(set(ids))
+            assert all(item.state in states for page in pages for item in page)
+
+
+@pytest.mark.parametrize("limit", [0, 1001, -5, True, 2.0])
+def test_scan_limits_outside_1_to_1000_raise(store: SqlStore, limit: Any) -> None:
+    with pytest.raises(SagaValidationError):
+        store.scan("saga", ["running"], limit=limit)
+
+
+def _plan(store: SqlStore, statement: str, parameters: Any) -> list[str]:
+    dialect = store.engine.dialect.name
+    with store.engine.connect() as conn:
+        if dialect == "sqlite":
+            rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()
+            return [str(row[-1]) for row in rows]
+        if dialect == "postgresql":
+            return [str(row[0]) for row in conn.exec_driver_sql("EXPLAIN " + statement, parameters)]
+        rows = conn.exec_driver_sql("EXPLAIN " + statement, parameters).mappings().all()
+        return [f"table={row['table']} key={row['key']}" for row in rows]
+
+
+def _fill_for_planner(store: SqlStore) -> None:
+    table = tables_of(store).envelopes
+    done = [envelope(f"done-{i:05d}", state="completed", at=T0 + i) for i in range(3000)]
+    live = [envelope(f"live-{i:02d}", state=("running", "compensating")[i % 2], at=T0 + i) for i in range(30)]
+    rows = [{column.name: getattr(e, column.name) for column in table.c} for e in done + live]
+    # one transaction: the store's engine autocommits, which would commit row by row
+    with store.engine.execution_options(isolation_level="SERIALIZABLE").begin() as conn:
+        conn.execute(insert(table), rows)
+    analyze = {"sqlite": "ANALYZE", "postgresql": f"ANALYZE {table.name}"}
+    with store.engine.begin() as conn:
+        conn.execute(text(analyze.get(store.engine.dialect.name, f"ANALYZE TABLE {table.name}")))
+
+
+@pytest.mark.parametrize("states", [["running"], ["running", "compensating"]], ids=len)
+def test_the_scan_query_uses_the_scan_index(store: SqlStore, states: list[str]) -> None:
+    _fill_for_planner(store)
+    first = store.scan("saga", states, limit=5)
+    assert first.cursor is not None
+    counter = StatementCounter(store.engine)
+    try:
+        store.scan("saga", states, cursor=first.cursor, updated_before_ms=T0 + 25, limit=5)
+    finally:
+        counter.close()
+    [(statement, parameters)] = counter.statements
+    plan = _plan(store, statement, parameters)
+    envelopes, index = tables_of(store).envelopes.name, f"ix_{store.table_prefix}envelopes_scan"
+    dialect = store.engine.dialect.name
+    if dialect == "sqlite":
+        assert any(f"INDEX {index} (kind=? AND state=?" in line for line in plan), plan
+        assert not any(line.startswith(f"SCAN {envelopes}") for line in plan), plan
+    elif dialect == "postgresql":
+        assert any(index in line for line in plan), plan
+        assert not any(f"Seq Scan on {envelopes}" in line for line in plan), plan
+    else:
+        touched = [line for line in plan if line.startswith(f"table={envelopes} ")]
+        assert touched and all(line.endswith(f"key={index}") for line in touched), plan
+
+
+def test_stores_racing_to_create_the_schema_all_open(db_url: str, unique_prefix: str) -> None:
+    prefix = unique_prefix + "_"
+    results = race(lambda _: SqlStore.from_url(db_url, table_prefix=prefix), 6)
+    opened = [r for r in results if isinstance(r, SqlStore)]
+    try:
+        assert len(opened) == 6, results
+        assert opened[0].create(envelope("after-race")) is True
+    finally:
+        if opened:
+            opened[0].drop_schema()
+        for each in opened:
+            each.close()
+
+
+# ------------------------------------------------------------------ validation before SQL
+
+
+@pytest.mark.parametrize("prefix", ["x; DROP TABLE y", "a-b", "p" * 40, "", "1abc", "t\u00e9"])
+def test_a_table_prefix_that_is_not_an_identifier_is_refused(prefix: str, tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'prefix.db'}")
+    counter = StatementCounter(engine)
+    try:
+        with pytest.raises(SagaValidationError):
+            SqlStore(engine, table_prefix=prefix)
+        with pytest.raises(SagaValidationError):
+            SqlStore.from_url(f"sqlite:///{tmp_path / 'other.db'}", table_prefix=prefix)
+        assert counter.statements == []
+        assert not (tmp_path / "other.db").exists()
+    finally:
+        counter.close()
+        engine.dispose()
+
+
+BAD_IDS = ["", "has space", "x" * 256, "{tag}", "quote'; DROP TABLE t; --", "nul\x00", "caf\u00e9"]
+
+
+@pytest.mark.parametrize("bad_id", BAD_IDS, ids=lambda v: repr(v[:10]))
+def test_bad_ids_are_refused_before_any_sql(store: SqlStore, bad_id: str) -> None:
+    counter = StatementCounter(store.engine)
+    try:
+        with pytest.raises(SagaValidationError):
+            store.create(envelope(bad_id))
+        with pytest.raises(SagaValidationError):
+            store.get("saga", bad_id)
+        with pytest.raises(SagaValidationError):
+            store.compare_and_set(envelope(bad_id, version=2), 1)
+        with pytest.raises(SagaValidationError):
+            store.scan("saga", [bad_id])
+        with pytest.raises(SagaValidationError):
+            store.acquire_lease(bad_id, "owner", "tok", T0, 1000)
+        with pytest.raises(SagaValidationError):
+            store.release_lease(Lease(bad_id, "owner", "tok", T0, 1))
+        with pytest.raises(SagaValidationError):
+            store.compare_and_set(envelope("ok", version=2), 1, fence=Fence(bad_id, 1))
+        assert counter.statements == []
+    finally:
+        counter.close()
+
+
+# ------------------------------------------------------------------ engines and errors
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://sagas:hunter2-secret@127.0.0.1:1/test",
+        "mysql+pymysql://sagas:hunter2-secret@127.0.0.1:1/test",
+    ],
+    ids=["postgres", "mysql"],
+)
+def test_driver_errors_become_store_errors_without_the_password(url: str) -> None:
+    with pytest.raises(StoreError) as raised:
+        SqlStore.from_url(url)
+    assert "hunter2-secret" not in str(raised.value) and "hunter2-secret" not in repr(raised.value)
+    assert raised.value.__cause__ is not None
+    store = SqlStore.from_url(url, create_schema=False)
+    try:
+        assert "hunter2-secret" not in repr(store)
+        with pytest.raises(StoreError) as again:
+            store.get("saga", "x")
+        assert "hunter2-secret" not in str(again.value)
+    finally:
+        store.close()
+
+
+def test_an_unknown_dialect_is_refused() -> None:
+    with pytest.raises(StoreUnavailable):
+        SqlStore.from_url("oracle+nodriver://u:p@127.0.0.1/x")
+
+
+def test_durability_follows_where_sqlite_keeps_its_data(tmp_path: Path) -> None:
+    memory = SqlStore.from_url("sqlite://")
+    on_disk = SqlStore.from_url(f"sqlite:///{tmp_path / 'd.db'}")
+    try:
+        assert memory.durable is False and on_disk.durable is True
+    finally:
+        memory.close()
+        on_disk.close()
+
+
+def test_sqlite_files_run_in_wal_mode_with_a_busy_timeout(tmp_path: Path) -> None:
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 'w.db'}")
+    try:
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
+    finally:
+        store.close()
+
+
+def test_in_memory_sqlite_is_one_database_shared_by_threads() -> None:
+    store = SqlStore.from_url("sqlite://")
+    try:
+        results = race(lambda i: store.create(envelope(f"m{i}", at=T0 + i)), 8)
+        assert results == [True] * 8
+        assert len(store.scan("saga", ["running"], limit=100).items) == 8
+    finally:
+        store.close()
+
+
+def test_open_store_builds_a_sql_store_and_close_leaves_a_callers_engine(tmp_path: Path) -> None:
+    opened = open_store(f"sqlite:///{tmp_path / 'o.db'}", table_prefix="shop_")
+    assert isinstance(opened, SqlStore) and opened.table_prefix == "shop_"
+    opened.close()
+    engine = create_engine(f"sqlite:///{tmp_path / 'o.db'}")
+    mine = SqlStore(engine, table_prefix="shop_")
+    assert mine.create(envelope("e")) is True
+    mine.close()
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM shop_envelopes").scalar() == 1
+    engine.dispose()
