@@ -44,6 +44,7 @@ StepBody = Callable[[StepContext, tuple[Any, ...], Mapping[str, Any]], Any]
 CompensationBody = Callable[[StepContext, tuple[Any, ...], Mapping[str, Any], Any], Any]
 
 _STORE_RETRY_S = 30.0
+_INLINE_RETRY_MAX_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,8 @@ def _settle_vanished(engine: Engine, saga: SagaRecord, step: StepRecord) -> bool
     return False
 
 
-def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str) -> SagaRecord | None:
+def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str, *, retrying: bool = False
+                ) -> SagaRecord | None:
     for _ in range(engine.settings.max_races):
         found = _lookup(engine, saga_id, name, effect_id, compensation=False)
         if found is None:
@@ -110,7 +112,7 @@ def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str) -> Saga
                     return None
                 continue
             now = engine.now()
-            if step.next_attempt_at_ms is not None and now < step.next_attempt_at_ms:
+            if not retrying and step.next_attempt_at_ms is not None and now < step.next_attempt_at_ms:
                 return None
             claimed = engine.write(saga, moves.claim_step(saga, name, effect_id, claimer_id(), now))
         except SagaConcurrencyError:
@@ -189,23 +191,44 @@ _PHASES = {"committed": Phase.COMMITTED, "failed": Phase.FAILED, "errored": Phas
 def execute_step(engine: Engine, saga_id: str, name: str, effect_id: str, body: StepBody) -> None:
     """Handle one delivery of a step task whose task id is ``effect_id``."""
     claimed = _claim_step(engine, saga_id, name, effect_id)
-    if claimed is None:
-        return
+    while claimed is not None:
+        written = _attempt(engine, claimed, name, effect_id, body)
+        if written is None:
+            return
+        delay = _inline_retry_delay(engine, written, name)
+        if delay is None:
+            engine.advance(saga_id, written)
+            return
+        time.sleep(delay / 1000)
+        claimed = _claim_step(engine, saga_id, name, effect_id, retrying=True)
+
+
+def _attempt(engine: Engine, claimed: SagaRecord, name: str, effect_id: str, body: StepBody
+             ) -> SagaRecord | None:
+    """Run the body once and record its outcome; None when it could not be recorded."""
     step = _step(claimed, name)
     options = engine.registry.step(step.task)
-    ctx = StepContext(saga_id, name, effect_id, step.attempts, Stage.EXECUTION)
+    ctx = StepContext(claimed.saga_id, name, effect_id, step.attempts, Stage.EXECUTION)
     started = time.monotonic()
     with engine.active.running(effect_id):
         outcome = _run_step_body(body, ctx, step, options)
-    move = _forward_move(engine, options, step, outcome)
-    written = _record(engine, claimed, move)
-    if written is None:
-        return
-    after = _step(written, name)
-    phase = _PHASES[outcome.kind] if after.state is not StepState.EXECUTING else Phase.FAILED
-    duration = int((time.monotonic() - started) * 1000)
-    engine.emit(written, after, Stage.EXECUTION, phase, outcome.error_code, duration)
-    engine.advance(saga_id, written)
+    written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
+    if written is not None:
+        after = _step(written, name)
+        phase = _PHASES[outcome.kind] if after.state is not StepState.EXECUTING else Phase.FAILED
+        duration = int((time.monotonic() - started) * 1000)
+        engine.emit(written, after, Stage.EXECUTION, phase, outcome.error_code, duration)
+    return written
+
+
+def _inline_retry_delay(engine: Engine, saga: SagaRecord, name: str) -> int | None:
+    """A retry due soon is run in this delivery (no broker hop); later ones go to the sweep."""
+    step = _step(saga, name)
+    due = step.next_attempt_at_ms
+    if step.state is not StepState.EXECUTING or step.started_at_ms is not None or due is None:
+        return None
+    delay = max(0, due - engine.now())
+    return delay if delay <= _INLINE_RETRY_MAX_MS else None
 
 
 # ------------------------------------------------------------ compensation

@@ -22,6 +22,7 @@ from ..definitions import (
     SagaDefinition,
     StepOptions,
 )
+from ..dispatch import Dispatcher
 from ..engine import Engine, EngineSettings
 from ..errors import SagaConfigurationError
 from ..events import EventBus, Observer
@@ -108,7 +109,7 @@ class Sagas:
         self.registry = Registry()
         self.events = EventBus()
         self.clock = clock
-        self.dispatcher = CeleryDispatcher(app, self.registry, self.settings.queue)
+        self.dispatcher: Dispatcher = CeleryDispatcher(app, self.registry, self.settings.queue)
         self._lock = threading.Lock()
         self._engine: Engine | None = None
         self._engine_pid = 0

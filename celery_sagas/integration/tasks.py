@@ -46,6 +46,9 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
     reject_on_worker_lost = True
     serializer = "json"
     ignore_result = True
+    # The reserved ``_saga`` keyword is not in the function's signature; apply_async's
+    # argument check would refuse it.
+    typing = False
     sagas: ClassVar[Sagas | None] = None
 
     def _sagas(self) -> Sagas:

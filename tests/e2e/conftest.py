@@ -1,0 +1,206 @@
+"""Real ``celery worker`` and ``celery beat`` processes for end-to-end tests.
+
+Every test gets its own queue, store prefix, ledger file and control directory, so tests
+never see each other's messages or records. Workers run prefork with 2 processes, exactly as
+in production; nothing here uses eager mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.app import Config, Shop, build
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_BROKER = "redis://127.0.0.1:6379/14"
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Process:
+    """A celery worker or beat subprocess in its own process group."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        """The main process id."""
+        return self.proc.pid
+
+    def text(self) -> str:
+        """Everything the process logged so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (main process and pool children)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Ask for a warm shutdown; kill if it does not stop in time."""
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@dataclass
+class Stack:
+    """One test's configuration, its client-side app, and the processes it started."""
+
+    config: Config
+    shop: Shop
+    tmp: Path
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def sagas(self) -> Any:
+        """The test process's Sagas (same store and broker as the workers)."""
+        return self.shop.sagas
+
+    def _spawn(self, args: list[str], name: str) -> Process:
+        log = self.tmp / f"{name}-{len(self.processes)}.log"
+        env = {**os.environ, **self.config.environ(), "PYTHONPATH": str(ROOT)}
+        handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", *args],
+            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        process = Process(proc, log)
+        self.processes.append(process)
+        return process
+
+    def worker(self, concurrency: int = 2) -> Process:
+        """Start a prefork worker on this test's queue and wait until it is ready."""
+        name = f"w{uuid.uuid4().hex[:8]}@%h"
+        process = self._spawn(
+            ["worker", "--pool", "prefork", "-c", str(concurrency), "-Q", self.config.queue,
+             "-n", name, "-l", "INFO", "--without-gossip", "--without-mingle",
+             "--without-heartbeat"],
+            "worker",
+        )
+        wait_until(lambda: "ready." in process.text() or process.proc.poll() is not None,
+                   timeout=60, what="worker ready")
+        assert process.proc.poll() is None, process.text()[-3000:]
+        return process
+
+    def beat(self) -> Process:
+        """Start celery beat (it sends the sweep every sweep_interval seconds)."""
+        schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
+        process = self._spawn(["beat", "-s", str(schedule), "-l", "INFO"], "beat")
+        wait_until(lambda: "beat: Starting" in process.text() or process.proc.poll() is not None,
+                   timeout=60, what="beat started")
+        assert process.proc.poll() is None, process.text()[-3000:]
+        return process
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """Every line the fake provider recorded."""
+        if not self.config.ledger.exists():
+            return []
+        return [json.loads(line) for line in self.config.ledger.read_text().splitlines() if line]
+
+    def ops(self, op: str, saga_id: str | None = None) -> list[dict[str, Any]]:
+        """Ledger lines of one op (optionally of one saga)."""
+        return [e for e in self.ledger() if e["op"] == op and saga_id in (None, e.get("saga_id"))]
+
+    def release(self, name: str) -> None:
+        """Unblock steps waiting for ``name``."""
+        (self.config.control / name).touch()
+
+    def wait_settled(self, saga_id: str, timeout: float = 60.0) -> Any:
+        """The record once completed, compensated or in manual review."""
+        try:
+            return self.sagas.wait(saga_id, timeout=timeout)
+        except TimeoutError:
+            logs = "\n".join(p.text()[-4000:] for p in self.processes)
+            raise AssertionError(f"saga {saga_id} did not settle; logs:\n{logs}") from None
+
+    def close(self) -> None:
+        """Stop every process and remove what this test wrote to the services."""
+        for process in self.processes:
+            process.kill()
+        _cleanup(self)
+
+
+def _cleanup(stack: Stack) -> None:
+    store = stack.sagas.store
+    if hasattr(store, "drop_tables"):
+        store.drop_tables()
+    elif hasattr(store, "layout"):
+        client = store._client
+        keys = list(client.scan_iter(match=store.layout.pattern(), count=1000))
+        if keys:
+            client.delete(*keys)
+    store.close()
+    with stack.shop.app.connection_for_write() as connection:
+        try:
+            connection.default_channel.queue_delete(stack.config.queue)
+        except Exception:  # the queue may not exist on this broker
+            pass
+
+
+def _make_stack(tmp_path: Path, broker: str, store: str, **overrides: Any) -> Iterator[Stack]:
+    tag = "e" + uuid.uuid4().hex[:10]
+    control = tmp_path / "control"
+    control.mkdir()
+    config = Config(broker=broker, store=store, prefix=tag, queue=f"q-{tag}",
+                    ledger=tmp_path / "ledger.jsonl", control=control, **overrides)
+    stack = Stack(config, build(config), tmp_path)
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture
+def redis_stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
+    """Redis broker + Redis store."""
+    yield from _make_stack(tmp_path, REDIS_BROKER, redis_url)
+
+
+@pytest.fixture
+def rabbit_pg_stack(tmp_path: Path, rabbitmq_url: str, postgres_url: str) -> Iterator[Stack]:
+    """RabbitMQ broker + PostgreSQL store."""
+    yield from _make_stack(tmp_path, rabbitmq_url, postgres_url)
+
+
+@pytest.fixture(params=["redis", "rabbitmq+postgres"])
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """Both production stacks: Redis/Redis and RabbitMQ/PostgreSQL."""
+    if request.param == "redis":
+        yield from _make_stack(tmp_path, REDIS_BROKER, request.getfixturevalue("redis_url"))
+    else:
+        yield from _make_stack(
+            tmp_path, request.getfixturevalue("rabbitmq_url"),
+            request.getfixturevalue("postgres_url"),
+        )
