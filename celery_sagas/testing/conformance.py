@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -49,10 +49,18 @@ from ..errors import (
     InvalidRecordError,
     SagaValidationError,
 )
-from ..records import ApprovalState, SagaRecord, SagaState, saga_from_envelope, saga_to_envelope
+from ..records import (
+    ApprovalRecord,
+    ApprovalState,
+    SagaRecord,
+    SagaState,
+    saga_from_envelope,
+    saga_to_envelope,
+)
 from ..scans import scan_sagas
 from ..stores.base import Envelope, Fence, Lease, Store
 from .clock import FrozenClock
+from .racing import ReadTogether, race
 
 __all__ = ["StoreConformance"]
 
@@ -93,27 +101,6 @@ def _next(envelope: Envelope, **changes: Any) -> Envelope:
     return replace(envelope, version=envelope.version + 1, **changes)
 
 
-def _race(call: Callable[[int], Any], threads: int = THREADS) -> list[Any]:
-    """Run ``call(i)`` in ``threads`` threads released together; results or raised errors."""
-    barrier = threading.Barrier(threads)
-    results: list[Any] = [None] * threads
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except Exception as exc:
-            results[i] = exc
-
-    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(JOIN_TIMEOUT_S)
-        assert not worker.is_alive(), "a racing thread did not finish"
-    return results
-
-
 def _page_ids(
     store: Store,
     kind: str,
@@ -134,37 +121,6 @@ def _page_ids(
             return seen
         cursor = page.cursor
     raise AssertionError("scan did not finish within 10,000 pages")
-
-
-class _ReadTogether:
-    """Delegates to a store; each thread's first ``get`` waits until every racer has read.
-
-    This forces the interleaving where all racers judge the same version before anyone
-    writes, so a race test cannot pass merely because the threads happened to run in turn.
-    """
-
-    def __init__(self, store: Store, parties: int) -> None:
-        self.durable = store.durable
-        self._store = store
-        self._barrier = threading.Barrier(parties, timeout=JOIN_TIMEOUT_S)
-        self._passed = threading.local()
-
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        found = self._store.get(kind, record_id)
-        if not getattr(self._passed, "done", False):
-            self._passed.done = True
-            self._barrier.wait()
-        return found
-
-    def compare_and_set(
-        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
-        return self._store.compare_and_set(envelope, expected_version, fence=fence)
-
-
-def _read_together(store: Store, parties: int = THREADS) -> Store:
-    """The store as the ledger sees it in a race (only get and compare_and_set are used)."""
-    return cast(Store, _ReadTogether(store, parties))
 
 
 class StoreConformance:
@@ -286,14 +242,14 @@ class StoreConformance:
     def test_concurrent_cas_writers_exactly_one_wins(self) -> None:
         first = self._created(_envelope(_fresh("r"), "running", T0))
         writes = [_next(first, updated_at_ms=T0 + 1, body=f'{{"writer":{i}}}') for i in range(THREADS)]
-        results = _race(lambda i: self._store().compare_and_set(writes[i], 1))
+        results = race(lambda i: self._store().compare_and_set(writes[i], 1))
         assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
         assert self._store().get("saga", first.id) == writes[results.index(True)]
 
     def test_concurrent_creators_exactly_one_wins(self) -> None:
         record_id = _fresh("r")
         bodies = [_envelope(record_id, "running", T0, body=f'{{"creator":{i}}}') for i in range(THREADS)]
-        results = _race(lambda i: self._store().create(bodies[i]))
+        results = race(lambda i: self._store().create(bodies[i]))
         assert results.count(True) == 1 and results.count(False) == THREADS - 1, results
         assert self._store().get("saga", record_id) == bodies[results.index(True)]
 
@@ -513,7 +469,7 @@ class StoreConformance:
 
     def test_concurrent_acquirers_exactly_one_wins(self) -> None:
         name = _fresh("lease")
-        results = _race(lambda i: self._acquire(name, f"owner{i}", T0))
+        results = race(lambda i: self._acquire(name, f"owner{i}", T0))
         winners = [r for r in results if isinstance(r, Lease)]
         assert len(winners) == 1 and results.count(None) == THREADS - 1, results
 
@@ -658,7 +614,7 @@ class StoreConformance:
         clock = FrozenClock(T0)
         approval_id, token_hash = self._approval(clock)
         decide(self._store(), clock, approval_id, tenant_id="t1", decision="approved", decided_by="bob")
-        racing = _read_together(self._store())
+        racing = ReadTogether(self._store(), THREADS)
 
         def attempt(_: int) -> Any:
             return consume(
@@ -671,8 +627,8 @@ class StoreConformance:
                 capability="payments.refund",
             )
 
-        results = _race(attempt)
-        consumed = [r for r in results if not isinstance(r, Exception)]
+        results = race(attempt)
+        consumed = [r for r in results if isinstance(r, ApprovalRecord)]
         replays = [r for r in results if isinstance(r, ApprovalTokenReplay)]
         assert len(consumed) == 1 and len(replays) == THREADS - 1, results
         assert consumed[0].state is ApprovalState.CONSUMED
@@ -681,7 +637,7 @@ class StoreConformance:
         clock = FrozenClock(T0)
         approval_id, _ = self._approval(clock)
         choices = ["approved" if i % 2 else "denied" for i in range(THREADS)]
-        racing = _read_together(self._store())
+        racing = ReadTogether(self._store(), THREADS)
 
         def attempt(i: int) -> Any:
             return decide(
@@ -693,9 +649,9 @@ class StoreConformance:
                 decided_by=f"op{i}",
             )
 
-        results = _race(attempt)
-        winners = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
+        results = race(attempt)
+        winners = [(i, r) for i, r in enumerate(results) if isinstance(r, ApprovalRecord)]
         losers = [r for r in results if isinstance(r, ApprovalDecisionError)]
         assert len(winners) == 1 and len(losers) == THREADS - 1, results
-        assert results[winners[0]].state == choices[winners[0]]
-        assert results[winners[0]].decided_by == f"op{winners[0]}"
+        i, winner = winners[0]
+        assert (winner.state, winner.decided_by) == (choices[i], f"op{i}")

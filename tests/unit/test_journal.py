@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -19,10 +18,10 @@ from celery_sagas.errors import (
     SagaValidationError,
 )
 from celery_sagas.journal import EffectJournal
-from celery_sagas.records import EffectState
+from celery_sagas.records import EffectRecord, EffectState
 from celery_sagas.stores.base import Envelope
 from celery_sagas.stores.memory import MemoryStore
-from celery_sagas.testing import FrozenClock
+from celery_sagas.testing import FrozenClock, ReadTogether, race
 from celery_sagas.values import decode_json
 
 T0 = 1_700_000_000_000
@@ -48,22 +47,6 @@ class HookedStore(MemoryStore):
         hook, self.after_get = self.after_get, None
         if hook is not None:
             hook()
-        return found
-
-
-class ReadTogether(MemoryStore):
-    """Each thread's first read waits for every thread: all racers judge the same version."""
-
-    def __init__(self, parties: int) -> None:
-        super().__init__()
-        self.barrier = threading.Barrier(parties, timeout=30)
-        self.passed = threading.local()
-
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        found = super().get(kind, record_id)
-        if getattr(self.passed, "armed", False):
-            self.passed.armed = False
-            self.barrier.wait()
         return found
 
 
@@ -300,27 +283,11 @@ def test_a_writer_that_lost_the_race_gets_a_concurrency_error(
     assert current is not None and current.state is EffectState.FAILED
 
 
-def test_concurrent_begins_exactly_one_wins(clock: FrozenClock) -> None:
-    store = ReadTogether(THREADS)
-    journal = EffectJournal(store, clock, allow_non_durable=True)
-    journal.admit("e1", "orders.charge")
-    results: list[Any] = [None] * THREADS
-    start = threading.Barrier(THREADS)
-
-    def run(i: int) -> None:
-        store.passed.armed = True
-        start.wait()
-        try:
-            results[i] = journal.begin("e1")
-        except Exception as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    winners = [r for r in results if not isinstance(r, Exception)]
+def test_concurrent_begins_exactly_one_wins(store: MemoryStore, clock: FrozenClock) -> None:
+    EffectJournal(store, clock, allow_non_durable=True).admit("e1", "orders.charge")
+    journal = EffectJournal(ReadTogether(store, THREADS), clock, allow_non_durable=True)
+    results = race(lambda i: journal.begin("e1"), THREADS)
+    winners = [r for r in results if isinstance(r, EffectRecord)]
     losers = [r for r in results if isinstance(r, SagaConcurrencyError)]
     assert len(winners) == 1 and len(losers) == THREADS - 1, results
 

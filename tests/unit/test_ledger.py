@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import replace
 from typing import Any
 
@@ -28,9 +27,9 @@ from celery_sagas.errors import (
     SagaValidationError,
 )
 from celery_sagas.records import ApprovalRecord, ApprovalState
-from celery_sagas.stores.base import Envelope
+from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.memory import MemoryStore
-from celery_sagas.testing import FrozenClock
+from celery_sagas.testing import FrozenClock, ReadTogether, race
 from celery_sagas.values import decode_json
 
 T0 = 1_700_000_000_000
@@ -49,22 +48,6 @@ BINDING: dict[str, Any] = {
 }
 
 
-class ReadTogether(MemoryStore):
-    """Each armed thread's first read waits for every thread: all racers see one version."""
-
-    def __init__(self, parties: int) -> None:
-        super().__init__()
-        self.barrier = threading.Barrier(parties, timeout=30)
-        self.local = threading.local()
-
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        found = super().get(kind, record_id)
-        if getattr(self.local, "armed", False):
-            self.local.armed = False
-            self.barrier.wait()
-        return found
-
-
 @pytest.fixture
 def clock() -> FrozenClock:
     return FrozenClock(T0)
@@ -75,7 +58,7 @@ def store() -> MemoryStore:
     return MemoryStore()
 
 
-def create(store: MemoryStore, clock: FrozenClock, approval_id: str = "a1", **kw: Any) -> ApprovalRecord:
+def create(store: Store, clock: FrozenClock, approval_id: str = "a1", **kw: Any) -> ApprovalRecord:
     args: dict[str, Any] = {
         "approval_id": approval_id,
         "effect_id": "e1",
@@ -87,33 +70,13 @@ def create(store: MemoryStore, clock: FrozenClock, approval_id: str = "a1", **kw
     return create_approval(store, clock, **args)
 
 
-def approve(store: MemoryStore, clock: FrozenClock, approval_id: str = "a1") -> ApprovalRecord:
+def approve(store: Store, clock: FrozenClock, approval_id: str = "a1") -> ApprovalRecord:
     return decide(store, clock, approval_id, tenant_id="t1", decision="approved", decided_by="bob")
 
 
-def use(store: MemoryStore, clock: FrozenClock, **overrides: Any) -> ApprovalRecord:
+def use(store: Store, clock: FrozenClock, **overrides: Any) -> ApprovalRecord:
     args = {"token_hash": TOKEN_HASH, **BINDING, **overrides}
     return consume(store, clock, "a1", **args)
-
-
-def race(call: Any, arm: ReadTogether) -> list[Any]:
-    results: list[Any] = [None] * THREADS
-    start = threading.Barrier(THREADS)
-
-    def run(i: int) -> None:
-        arm.local.armed = True
-        start.wait()
-        try:
-            results[i] = call(i)
-        except Exception as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return results
 
 
 def raw(store: MemoryStore, approval_id: str = "a1") -> Envelope | None:
@@ -248,13 +211,14 @@ def test_invalid_decide_input_writes_nothing(
     assert raw(store) == before
 
 
-def test_concurrent_deciders_exactly_one_decides(clock: FrozenClock) -> None:
-    store = ReadTogether(THREADS)
+def test_concurrent_deciders_exactly_one_decides(store: MemoryStore, clock: FrozenClock) -> None:
     create(store, clock)
-    results = race(
-        lambda i: decide(store, clock, "a1", tenant_id="t1", decision="approved", decided_by="bob"),
-        store,
-    )
+    racing = ReadTogether(store, THREADS)
+
+    def attempt(_: int) -> ApprovalRecord:
+        return decide(racing, clock, "a1", tenant_id="t1", decision="approved", decided_by="bob")
+
+    results = race(attempt, THREADS)
     winners = [r for r in results if isinstance(r, ApprovalRecord)]
     losers = [r for r in results if isinstance(r, ApprovalDecisionError)]
     assert len(winners) == 1 and len(losers) == THREADS - 1, results
@@ -379,11 +343,11 @@ def test_invalid_consume_input_raises_validation_and_writes_nothing(
     assert raw(store) == before
 
 
-def test_concurrent_consumers_exactly_one_consumes(clock: FrozenClock) -> None:
-    store = ReadTogether(THREADS)
+def test_concurrent_consumers_exactly_one_consumes(store: MemoryStore, clock: FrozenClock) -> None:
     create(store, clock)
     approve(store, clock)
-    results = race(lambda i: use(store, clock), store)
+    racing = ReadTogether(store, THREADS)
+    results = race(lambda i: use(racing, clock), THREADS)
     consumed = [r for r in results if isinstance(r, ApprovalRecord)]
     replays = [r for r in results if isinstance(r, ApprovalTokenReplay)]
     assert len(consumed) == 1 and len(replays) == THREADS - 1, results
