@@ -146,7 +146,8 @@ class FencedWriteRefused(StoreError):
         super().__init__(message, lease=lease, fence=fence)
 
     def render(self) -> str:
-        return f"write under lease {self._fields['lease']!r} fence {self._fields['fence']} refused: a newer grant exists"
+        lease, fence = self._fields["lease"], self._fields["fence"]
+        return f"write under lease {lease!r} fence {fence} refused: a newer grant exists"
 
 
 class SagaConcurrencyError(SagaError):

@@ -11,6 +11,7 @@ next step costs no extra broker round trip.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from .errors import (
     StoreError,
 )
 from .events import Phase, Stage
-from .liveness import claimer_id, dead_effects
+from .liveness import claim_tag, dead_effects
 from .protocol import codes
 from .protocol import saga as moves
 from .protocol.compensation import check_backoff
@@ -57,7 +58,12 @@ class _Outcome:
 
 
 def _error_code(exc: BaseException, default: str) -> str:
-    code = getattr(exc, "code", None) if isinstance(exc, StepNotCommitted) else None
+    """StepNotCommitted's code, or the exception's class in snake case (CardDeclined →
+    card_declined)."""
+    if isinstance(exc, StepNotCommitted):
+        code = getattr(exc, "code", None)
+    else:
+        code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
     try:
         return values.error_code(code) if code is not None else default
     except SagaValidationError:
@@ -114,7 +120,7 @@ def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str, *, retr
             now = engine.now()
             if not retrying and step.next_attempt_at_ms is not None and now < step.next_attempt_at_ms:
                 return None
-            claimed = engine.write(saga, moves.claim_step(saga, name, effect_id, claimer_id(), now))
+            claimed = engine.write(saga, moves.claim_step(saga, name, effect_id, claim_tag(), now))
         except SagaConcurrencyError:
             continue
         engine.emit(claimed, _step(claimed, name), Stage.EXECUTION, Phase.EXECUTING)
@@ -248,7 +254,7 @@ def _claim_compensation(engine: Engine, saga_id: str, name: str, effect_id: str)
                 return None
             now = engine.now()
             claimed = engine.write(
-                saga, moves.claim_compensation(saga, name, effect_id, claimer_id(), now)
+                saga, moves.claim_compensation(saga, name, effect_id, claim_tag(), now)
             )
         except SagaConcurrencyError:
             continue

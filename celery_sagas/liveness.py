@@ -9,6 +9,7 @@ grace decides.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Iterable, Iterator
@@ -16,14 +17,23 @@ from contextlib import contextmanager
 
 from .records import StepRecord, StepState
 
-__all__ = ["ActiveEffects", "claimer_id", "dead_effects"]
+__all__ = ["ActiveEffects", "claim_tag", "claimer_id", "dead_effects"]
 
 _HOST = socket.gethostname().replace(" ", "_")[:200] or "host"
 
 
 def claimer_id() -> str:
-    """This process as a claimer: ``host:pid``."""
+    """This process: ``host:pid``."""
     return f"{_HOST}:{os.getpid()}"
+
+
+def claim_tag() -> str:
+    """A claim by this process, unique per claim: ``host:pid/nonce``.
+
+    The nonce makes two claims written in the same millisecond by two threads of one process
+    differ, so a compare-and-set can never report both as the winner.
+    """
+    return f"{claimer_id()}/{secrets.token_hex(4)}"
 
 
 class ActiveEffects:
@@ -60,7 +70,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _gone(claimer: str, effect_id: str, active: ActiveEffects) -> bool:
-    host, _, pid_text = claimer.rpartition(":")
+    host, _, pid_text = claimer.split("/", 1)[0].rpartition(":")
     if host != _HOST or not pid_text.isdigit():
         return False
     pid = int(pid_text)

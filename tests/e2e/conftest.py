@@ -7,6 +7,7 @@ in production; nothing here uses eager mode.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -162,11 +163,9 @@ def _cleanup(stack: Stack) -> None:
         if keys:
             client.delete(*keys)
     store.close()
-    with stack.shop.app.connection_for_write() as connection:
-        try:
-            connection.default_channel.queue_delete(stack.config.queue)
-        except Exception:  # the queue may not exist on this broker
-            pass
+    # The queue may not exist on this broker.
+    with stack.shop.app.connection_for_write() as connection, contextlib.suppress(Exception):
+        connection.default_channel.queue_delete(stack.config.queue)
 
 
 def _make_stack(tmp_path: Path, broker: str, store: str, **overrides: Any) -> Iterator[Stack]:
