@@ -25,11 +25,12 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_sagas import MemoryStore, Sagas
+from celery_sagas import MemoryStore, Sagas, StepNotCommitted
 from celery_sagas.dispatch import Sent
 from celery_sagas.events import LifecycleEvent
 from celery_sagas.liveness import claimer_id
 from celery_sagas.protocol import saga as moves
+from celery_sagas.reconcile import SweepReport
 from celery_sagas.records import SagaRecord, SagaState, StepRecord
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
@@ -130,6 +131,31 @@ class Shop:
         for message in taken:
             self.driver.deliver(message)
         return taken
+
+    def sweep_when_stale(self) -> SweepReport:
+        """Move time just past the staleness limit, then run one sweep."""
+        self.clock.advance(self.sagas.settings.timing.stale_ms + 1)
+        return self.sagas.sweep()
+
+    def refund_pending(self) -> Sent:
+        """Run an order whose ship is declined; return refund's undelivered message."""
+        self.script.then("ship", StepNotCommitted("out_of_stock"))
+        self.start_order()
+        for _ in range(4):  # advance, reserve, charge, ship
+            self.deliver_next()
+        [message] = self.driver.take()
+        assert (message.kind, message.step) == ("compensation", "shop.charge")
+        return message
+
+    def define_refusing(self, name: str, **policy: Any) -> Any:
+        """A definition that reserves, then refuses to go on (run() raises StepNotCommitted)."""
+        reserve = self.tasks["reserve"]
+
+        def run(ctx: Any, _: Any) -> Any:
+            ctx.step(reserve, "sku-1", 1)
+            raise StepNotCommitted("over_budget")
+
+        return self.sagas.saga(name, **policy)(run)
 
     def claim_as(self, claimer: str, step: str, saga_id: str = "o-1", compensation: bool = False) -> None:
         """Write a start claim by ``claimer`` with a CAS, as if its task had begun the body."""

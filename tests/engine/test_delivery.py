@@ -276,8 +276,7 @@ def test_the_sweep_resends_a_lost_step_message_under_the_same_effect_id(shop: Sh
     lost = _step_message_pending(shop)
 
     # when
-    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
-    shop.sagas.sweep()
+    shop.sweep_when_stale()
     sent = shop.driver.take()
 
     # then
@@ -302,8 +301,7 @@ def test_a_saga_whose_step_message_was_lost_completes_after_the_sweep(shop: Shop
     _step_message_pending(shop)
 
     # when
-    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
-    shop.sagas.sweep()
+    shop.sweep_when_stale()
     shop.driver.run_until_idle()
 
     # then
@@ -314,8 +312,7 @@ def test_a_saga_whose_step_message_was_lost_completes_after_the_sweep(shop: Shop
 def test_a_late_original_after_the_resend_runs_the_body_only_once(shop: Shop) -> None:
     # given: the "lost" message was only late; the sweep re-sent it
     late = _step_message_pending(shop)
-    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
-    shop.sagas.sweep()
+    shop.sweep_when_stale()
     [resent] = shop.driver.take()
 
     # when
@@ -330,8 +327,7 @@ def test_a_late_original_after_the_resend_runs_the_body_only_once(shop: Shop) ->
 def test_a_resent_step_is_not_resent_again_until_stale_once_more(shop: Shop) -> None:
     # given
     _step_message_pending(shop)
-    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
-    shop.sagas.sweep()
+    shop.sweep_when_stale()
     shop.driver.take()
 
     # when
@@ -348,8 +344,7 @@ def test_the_sweep_resends_a_lost_advance_of_a_fresh_saga(shop: Shop) -> None:
     shop.driver.take()
 
     # when
-    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
-    shop.sagas.sweep()
+    shop.sweep_when_stale()
     shop.driver.run_until_idle()
 
     # then
@@ -358,16 +353,10 @@ def test_the_sweep_resends_a_lost_advance_of_a_fresh_saga(shop: Shop) -> None:
 
 def test_the_sweep_resends_a_lost_compensation_message_under_the_same_effect_id(shop: Shop) -> None:
     # given: ship was declined and refund's message was lost
-    shop.script.then("ship", StepNotCommitted("out_of_stock"))
-    shop.start_order()
-    for _ in range(4):
-        shop.deliver_next()
-    [lost] = shop.driver.take()
-    assert lost.kind == "compensation"
+    lost = shop.refund_pending()
 
     # when
-    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
-    shop.sagas.sweep()
+    shop.sweep_when_stale()
     sent = shop.driver.take()
 
     # then
@@ -378,20 +367,9 @@ def test_the_sweep_resends_a_lost_compensation_message_under_the_same_effect_id(
 # ------------------------------------------------------------ vanished compensators
 
 
-def _refund_message_pending(shop: Shop) -> Sent:
-    """ship declined; return refund's (undelivered) compensation message."""
-    shop.script.then("ship", StepNotCommitted("out_of_stock"))
-    shop.start_order()
-    for _ in range(4):
-        shop.deliver_next()
-    [message] = shop.driver.take()
-    assert (message.kind, message.step) == ("compensation", "shop.charge")
-    return message
-
-
 def test_a_compensator_whose_claimer_died_is_an_ambiguous_compensation(shop: Shop, dead_pid: int) -> None:
     # given
-    message = _refund_message_pending(shop)
+    message = shop.refund_pending()
     shop.claim_as(f"{HOST}:{dead_pid}", "shop.charge", compensation=True)
 
     # when
@@ -442,7 +420,7 @@ def test_an_idempotent_compensator_whose_claimer_died_is_retried_under_the_same_
 
 def test_the_sweep_marks_a_compensator_silent_past_its_time_limit_and_grace_ambiguous(shop: Shop) -> None:
     # given: refund (charge's default time limit) claimed on another host, never reported
-    _refund_message_pending(shop)
+    shop.refund_pending()
     shop.claim_as("other-host:4242", "shop.charge", compensation=True)
     timing = shop.sagas.settings.timing
     deadline = timing.default_time_limit_ms + timing.grace_ms

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from celery_sagas import StepNotCommitted
 from celery_sagas.errors import SagaResolutionError
 from celery_sagas.records import SagaState, StepState
 from tests.engine.conftest import HOST, Shop, kinds
@@ -27,11 +26,7 @@ def ambiguous_charge(shop: Shop) -> str:
 @pytest.fixture
 def ambiguous_refund(shop: Shop, dead_pid: int) -> str:
     """An order whose refund was claimed by a worker that died; returns its compensation effect id."""
-    shop.script.then("ship", StepNotCommitted("out_of_stock"))
-    shop.start_order()
-    for _ in range(4):
-        shop.deliver_next()
-    [message] = shop.driver.take()
+    message = shop.refund_pending()
     shop.claim_as(f"{HOST}:{dead_pid}", "shop.charge", compensation=True)
     shop.driver.deliver(message)
     record = shop.record()
@@ -256,13 +251,7 @@ def test_resume_after_not_compensated_runs_the_compensator_again_under_the_same_
 
 def test_not_compensated_on_an_exhausted_budget_goes_to_manual_review(shop: Shop, dead_pid: int) -> None:
     # given: a definition that allows one compensation attempt; its only attempt vanished
-    tasks = shop.tasks
-
-    @shop.sagas.saga("one-try", max_attempts=1)
-    def run(ctx: Any, _: Any) -> Any:
-        ctx.step(tasks["reserve"], "sku-1", 1)
-        raise StepNotCommitted("over_budget")
-
+    run = shop.define_refusing("one-try", max_attempts=1)
     run.start({}, saga_id="x-1")
     shop.deliver_next()
     shop.deliver_next()
@@ -281,13 +270,7 @@ def test_not_compensated_on_an_exhausted_budget_goes_to_manual_review(shop: Shop
 
 def test_an_exhausted_compensation_resolved_as_compensated_can_be_resumed_to_the_end(shop: Shop) -> None:
     # given: release failed on its only allowed attempt and the saga is in manual review
-    tasks = shop.tasks
-
-    @shop.sagas.saga("one-try", max_attempts=1)
-    def run(ctx: Any, _: Any) -> Any:
-        ctx.step(tasks["reserve"], "sku-1", 1)
-        raise StepNotCommitted("over_budget")
-
+    run = shop.define_refusing("one-try", max_attempts=1)
     shop.script.then("release", RuntimeError("inventory down"))
     run.start({}, saga_id="x-1")
     shop.driver.run_until_idle()
