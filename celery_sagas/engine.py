@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from . import values

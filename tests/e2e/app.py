@@ -23,7 +23,6 @@ from celery import Celery
 from celery_sagas import Sagas, StepNotCommitted
 
 
-
 @dataclass(frozen=True)
 class Config:
     """Where one test's worker, store, queue and ledger live."""
