@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,13 +37,15 @@ from .dispatcher import ADVANCE_TASK, SWEEP_TASK, CeleryDispatcher
 from .settings import SagaSettings
 from .tasks import CompensatorTask, SagaStepTask
 
-__all__ = ["Saga", "SagaHandle", "Sagas"]
+__all__ = ["Saga", "SagaHandle", "Sagas", "sagas_of"]
 
 logger = logging.getLogger("celery_sagas")
 
 _REQUIRED: Any = object()
 _REFUSED_OPTIONS = ("autoretry_for", "max_retries", "retry_backoff", "acks_late", "reject_on_worker_lost")
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
+# The Sagas created on each app, held weakly both ways (the CLI finds it through sagas_of).
+_BY_APP: weakref.WeakKeyDictionary[Celery, weakref.ref[Sagas]] = weakref.WeakKeyDictionary()
 
 
 class SagaHandle:
@@ -117,6 +120,7 @@ class Sagas:
         self._compensator_base = type("SagaCompensator", (CompensatorTask,), {"sagas": self})
         self._register_internal_tasks()
         worker_process_init.connect(self._forget_engine, weak=False)
+        _BY_APP[app] = weakref.ref(self)
 
     # ------------------------------------------------------------ wiring
 
@@ -290,6 +294,15 @@ class Sagas:
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Receive every lifecycle event; returns an unsubscribe function."""
         return self.events.subscribe(observer)
+
+
+def sagas_of(app: Celery) -> Sagas:
+    """The Sagas created on ``app`` (the latest one); SagaConfigurationError when there is none."""
+    ref = _BY_APP.get(app)
+    found = ref() if ref is not None else None
+    if found is None:
+        raise SagaConfigurationError(f"no Sagas(app, ...) was created on the Celery app {app.main!r}")
+    return found
 
 
 def _refuse_pickle(serializer: object) -> None:
