@@ -117,13 +117,19 @@ def sweep(
     if lease is None:
         return report
     report.acquired, report.fence = True, lease.fence
+    # Start and end lines bracket the time the lease is held: their fences prove who swept when.
+    logger.info("sweep start fence=%d owner=%s", lease.fence, owner, extra={"fence": lease.fence})
     passes = default_passes(engine) + list(extra_passes or [])
     try:
         _walk(engine, leases, lease, passes, lease_ms, page_size, report, on_page)
     except (LeaseLost, FencedWriteRefused) as exc:
         report.lease_lost = True
-        logger.warning("sweep stopped: %s", exc)
+        logger.warning("sweep stopped fence=%d: %s", lease.fence, exc, extra={"fence": lease.fence})
         return report
+    logger.info(
+        "sweep end fence=%d examined=%d acted=%d pages=%d",
+        lease.fence, report.examined, report.acted, report.pages, extra={"fence": lease.fence},
+    )
     leases.release(lease)
     return report
 
