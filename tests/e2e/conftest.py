@@ -83,6 +83,7 @@ class Stack:
     shop: Shop
     tmp: Path
     processes: list[Process] = field(default_factory=list)
+    app_module: str = "tests.e2e.app"  # what ``celery -A`` loads in the spawned processes
 
     @property
     def sagas(self) -> Any:
@@ -94,7 +95,7 @@ class Stack:
         env = {**os.environ, **self.config.environ(), "PYTHONPATH": str(ROOT)}
         handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", *args],
+            [sys.executable, "-m", "celery", "-A", self.app_module, *args],
             cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
         )
         process = Process(proc, log)
