@@ -1,0 +1,420 @@
+"""Operator commands: ``celery -A proj sagas …`` (a Celery CLI plugin) and ``celery-sagas --app proj …``.
+
+Both run the same commands against the ``Sagas`` created on the app (``sagas_of(app)``):
+``list``, ``show``, ``findings``, ``resolve``, ``approve``, ``deny``, ``cancel``, ``resume`` and
+``sweep``. Output is a table for people, or JSON with ``--json``. Exit codes:
+
+    0  done                      3  no such saga or approval
+    1  refused (nothing changed) 4  the store or the broker failed
+    2  usage error (bad option, bad id, no Sagas on the app)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar
+
+import click
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from . import cli_format as fmt
+from .approvals import ledger
+from .errors import (
+    InvalidRecordError,
+    SagaConfigurationError,
+    SagaError,
+    SagaNotFound,
+    SagaValidationError,
+    StoreError,
+)
+from .integration.facade import Sagas, sagas_of
+from .protocol.findings import Finding, saga_finding
+from .records import SagaRecord, SagaState
+from .scans import CorruptRecord, scan_sagas
+from .stores.base import MAX_SCAN_LIMIT
+
+__all__ = [
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "Session",
+    "main",
+    "sagas",
+]
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 4
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Session:
+    """The app a command runs against (given, or loaded lazily from ``--app``) and its Sagas."""
+
+    app: Celery | None = None
+    app_path: str | None = None
+    _sagas: Sagas | None = field(default=None, repr=False)
+
+    @property
+    def sagas(self) -> Sagas:
+        """The Sagas created on the app; importing the app's task modules if need be."""
+        if self._sagas is None:
+            app = self._load()
+            try:
+                self._sagas = sagas_of(app)
+            except SagaConfigurationError:
+                app.loader.import_default_modules()
+                self._sagas = sagas_of(app)
+        return self._sagas
+
+    def _load(self) -> Celery:
+        if self.app is None:
+            if not self.app_path:
+                raise click.UsageError("name the app: --app proj (or CELERY_SAGAS_APP=proj)")
+            from celery.app.utils import find_app
+
+            try:
+                self.app = find_app(self.app_path)
+            except Exception as exc:
+                raise click.UsageError(f"cannot load app {self.app_path!r}: {exc}") from exc
+        return self.app
+
+
+def _session(ctx: click.Context) -> Session:
+    session = ctx.find_object(Session)
+    if session is None:
+        raise click.UsageError("no app: run as `celery -A proj sagas …` or `celery-sagas --app proj …`")
+    return session
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code an error maps to, or None for one the CLI does not translate."""
+    if isinstance(exc, SagaNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, (SagaValidationError, SagaConfigurationError)):
+        return EXIT_USAGE
+    if isinstance(exc, (StoreError, InvalidRecordError, OperationalError, ConnectionError)):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, SagaError):
+        return EXIT_REFUSED
+    return None
+
+
+def _operation(func: F) -> F:
+    """Turn library errors into one line on stderr and a meaningful exit code."""
+
+    @functools.wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            code = exit_code(exc)
+            if code is None:
+                raise
+            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, code)
+
+    return guarded  # type: ignore[return-value]
+
+
+def _emit(as_json: bool, data: Any, text: str) -> None:
+    click.echo(fmt.dumps(data) if as_json else text)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+# ---------------------------------------------------------------- reading
+
+
+@click.command("list")
+@click.option("--state", type=click.Choice([str(s) for s in SagaState]),
+              help="Only sagas in this state (default: every state).")
+@click.option("--definition", help="Only sagas of this definition.")
+@click.option("--limit", type=click.IntRange(1, MAX_SCAN_LIMIT), default=50, show_default=True,
+              help="At most this many sagas.")
+@click.option("--cursor", help="Continue where a previous page stopped (its `cursor`).")
+@json_option
+@click.pass_context
+@_operation
+def list_sagas(ctx: click.Context, state: str | None, definition: str | None, limit: int,
+               cursor: str | None, as_json: bool) -> None:
+    """List sagas (ids, states, error codes; never payloads)."""
+    store = _session(ctx).sagas.store
+    states = [state] if state else [str(s) for s in SagaState]
+    found: list[SagaRecord] = []
+    corrupt: list[CorruptRecord] = []
+    while len(found) < limit:
+        # Ask only for what is still wanted, so no page is cut and its cursor stays exact.
+        page = scan_sagas(store, states, cursor=cursor, limit=limit - len(found))
+        found += [r for r in page.records if definition in (None, r.definition)]
+        corrupt += page.corrupt
+        cursor = page.cursor
+        if cursor is None:
+            break
+    data = {"sagas": [fmt.saga_summary(r) for r in found], "cursor": cursor,
+            "corrupt": [fmt.corrupt_view(c) for c in corrupt]}
+    text = fmt.saga_table(found) if found else "no sagas"
+    text += "".join(f"\ncorrupt saga record {c.id!r}: {c.reason}" for c in corrupt)
+    if cursor is not None:
+        text += f"\nmore: --cursor {cursor}"
+    _emit(as_json, data, text)
+
+
+@click.command("show")
+@click.argument("saga_id")
+@click.option("--payload", is_flag=True,
+              help="Also print the saga input, step arguments and (in the table) step results.")
+@json_option
+@click.pass_context
+@_operation
+def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None:
+    """Show a saga's steps as a timeline.
+
+    Each step shows its state, attempts, effect id, compensation effect id, error code and
+    start/commit times. --json includes each step's result (operators need them to
+    resolve); the saga input and step arguments appear only with --payload.
+    """
+    record = _session(ctx).sagas.get(saga_id)
+    if record is None:
+        raise SagaNotFound(saga_id=saga_id)
+    _emit(as_json, fmt.saga_view(record, payload=payload), fmt.saga_text(record, payload=payload))
+
+
+def collect_findings(sagas: Sagas, limit: int) -> tuple[list[Finding], list[CorruptRecord]]:
+    """Findings over open sagas: running/compensating ones idle past stale_after, every review."""
+    engine = sagas.engine
+    stale_before = engine.now() - engine.settings.timing.stale_ms
+    found: list[Finding] = []
+    corrupt: list[CorruptRecord] = []
+    for states, before in (([SagaState.MANUAL_REVIEW], None),
+                           ([SagaState.RUNNING, SagaState.COMPENSATING], stale_before)):
+        cursor: str | None = None
+        while len(found) < limit:
+            page = scan_sagas(engine.store, states, updated_before_ms=before, cursor=cursor,
+                              limit=MAX_SCAN_LIMIT)
+            corrupt += page.corrupt
+            found += [f for r in page.records if (f := saga_finding(r, stale_before)) is not None]
+            cursor = page.cursor
+            if cursor is None:
+                break
+    return found[:limit], corrupt
+
+
+@click.command("findings")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="At most this many findings.")
+@json_option
+@click.pass_context
+@_operation
+def findings(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Report sagas that need an operator.
+
+    Manual review, ambiguous steps and compensations, sagas idle past stale_after, and
+    corrupt records, each with the next thing to do.
+    """
+    found, corrupt = collect_findings(_session(ctx).sagas, limit)
+    data = {"findings": [fmt.finding_view(f) for f in found],
+            "corrupt": [fmt.corrupt_view(c) for c in corrupt]}
+    _emit(as_json, data, fmt.findings_text(found, corrupt))
+
+
+# ---------------------------------------------------------------- acting
+
+
+def _outcome(committed: bool, not_committed: bool, compensated: bool, not_compensated: bool) -> str:
+    chosen = [name for name, flag in (("committed", committed), ("not-committed", not_committed),
+                                      ("compensated", compensated),
+                                      ("not-compensated", not_compensated)) if flag]
+    if len(chosen) != 1:
+        raise click.UsageError(
+            "give exactly one of --committed, --not-committed, --compensated, --not-compensated"
+        )
+    return chosen[0]
+
+
+def _json_result(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from None
+
+
+def _changed(as_json: bool, record: SagaRecord, did: str) -> None:
+    text = f"saga {record.saga_id} {did}: now {record.state}"
+    if record.error_code:
+        text += f" ({record.error_code})"
+    _emit(as_json, fmt.saga_summary(record), text)
+
+
+@click.command("resolve")
+@click.argument("saga_id")
+@click.option("--step", required=True, help="The step's name (see `show`).")
+@click.option("--effect-id", required=True,
+              help="The effect id you checked with the provider (compensation effect id for "
+                   "--compensated/--not-compensated).")
+@click.option("--committed", is_flag=True, help="The step's effect happened (give --result).")
+@click.option("--not-committed", is_flag=True, help="The step's effect provably did not happen.")
+@click.option("--compensated", is_flag=True, help="The compensator's effect happened.")
+@click.option("--not-compensated", is_flag=True, help="The compensator's effect did not happen.")
+@click.option("--result", "result_json", metavar="JSON",
+              help="With --committed: the step's result as the provider confirmed it.")
+@click.option("--error-code", help="With --not-committed: why (default not_committed).")
+@json_option
+@click.pass_context
+@_operation
+def resolve(ctx: click.Context, saga_id: str, step: str, effect_id: str, committed: bool,
+            not_committed: bool, compensated: bool, not_compensated: bool,
+            result_json: str | None, error_code: str | None, as_json: bool) -> None:
+    """Settle an ambiguous step or compensation.
+
+    Ask the provider about the effect id first (it is the idempotency key the step used).
+    A stale effect id, a step that is not ambiguous, or a final saga is refused (exit 1).
+    """
+    outcome = _outcome(committed, not_committed, compensated, not_compensated)
+    if result_json is not None and outcome != "committed":
+        raise click.UsageError("--result goes with --committed only")
+    if error_code is not None and outcome != "not-committed":
+        raise click.UsageError("--error-code goes with --not-committed only")
+    if outcome == "not-committed" and error_code is None:
+        error_code = "not_committed"
+    record = _session(ctx).sagas.resolve(saga_id, step, effect_id, outcome,
+                                         result=_json_result(result_json), error_code=error_code)
+    _changed(as_json, record, f"step {step} resolved {outcome}")
+    if not as_json and record.state is not SagaState.MANUAL_REVIEW and not record.state.final:
+        click.echo(f"the sweep drives it on; to do it now: resume {saga_id}")
+
+
+def _decide(ctx: click.Context, approval_id: str, tenant: str, by: str, decision: str,
+            as_json: bool) -> None:
+    facade = _session(ctx).sagas
+    facade_approvals = getattr(facade, "approvals", None)
+    if facade_approvals is not None and hasattr(facade_approvals, "decide"):
+        record = facade_approvals.decide(approval_id, tenant_id=tenant, decision=decision,
+                                         decided_by=by)
+    else:
+        if ledger.get_approval(facade.store, approval_id) is None:
+            _fail(f"no approval {approval_id!r}", EXIT_NOT_FOUND)
+        record = ledger.decide(facade.store, facade.engine.clock, approval_id, tenant_id=tenant,
+                               decision=decision, decided_by=by)
+    _emit(as_json, fmt.approval_view(record), f"approval {record.approval_id} {record.state} by {by}")
+
+
+def _approval_command(name: str, decision: str, summary: str) -> click.Command:
+    @click.command(name, help=summary)
+    @click.argument("approval_id")
+    @click.option("--tenant", required=True, help="The tenant the approval belongs to.")
+    @click.option("--by", "decided_by", required=True, help="Who decides (recorded).")
+    @json_option
+    @click.pass_context
+    @_operation
+    def command(ctx: click.Context, approval_id: str, tenant: str, decided_by: str,
+                as_json: bool) -> None:
+        _decide(ctx, approval_id, tenant, decided_by, decision, as_json)
+
+    return command
+
+
+approve = _approval_command(
+    "approve", "approved", "Approve a pending approval.\n\nOnly once, and only before it expires."
+)
+deny = _approval_command(
+    "deny", "denied", "Deny a pending approval.\n\nThe gated step counts as not committed."
+)
+
+
+@click.command("cancel")
+@click.argument("saga_id")
+@json_option
+@click.pass_context
+@_operation
+def cancel(ctx: click.Context, saga_id: str, as_json: bool) -> None:
+    """Stop a saga and compensate what committed.
+
+    Forward progress stops at the next step boundary; a final saga is left as it is.
+    """
+    _changed(as_json, _session(ctx).sagas.cancel(saga_id), "cancelled")
+
+
+@click.command("resume")
+@click.argument("saga_id")
+@json_option
+@click.pass_context
+@_operation
+def resume(ctx: click.Context, saga_id: str, as_json: bool) -> None:
+    """Resume a saga after manual review.
+
+    Refused (exit 1) while a step's outcome is still unknown: resolve it first.
+    """
+    _changed(as_json, _session(ctx).sagas.resume(saga_id), "resumed")
+
+
+@click.command("sweep")
+@json_option
+@click.pass_context
+@_operation
+def sweep(ctx: click.Context, as_json: bool) -> None:
+    """Run one reconciliation pass now.
+
+    Beat runs the same pass every sagas_sweep_interval seconds. Exit 1 when another
+    sweeper holds the lease.
+    """
+    report = _session(ctx).sagas.sweep()
+    _emit(as_json, fmt.sweep_view(report), fmt.sweep_text(report))
+    if not report.acquired:
+        raise click.exceptions.Exit(EXIT_REFUSED)
+
+
+COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, sweep)
+
+
+# ---------------------------------------------------------------- the two entry points
+
+
+@click.group("sagas")
+@click.pass_context
+def sagas(ctx: click.Context) -> None:
+    """Inspect and operate sagas.
+
+    Exit codes: 0 ok, 1 refused (nothing changed), 2 usage error, 3 not found,
+    4 store or broker error.
+    """
+    if not isinstance(ctx.obj, Session):
+        ctx.obj = Session(app=getattr(ctx.obj, "app", None))
+
+
+@click.group("celery-sagas")
+@click.option("-A", "--app", "app_path", envvar="CELERY_SAGAS_APP", metavar="MODULE[:APP]",
+              help="The Celery app that creates Sagas, e.g. proj.celery:app (or CELERY_SAGAS_APP).")
+@click.version_option(package_name="celery-sagas")
+@click.pass_context
+def main(ctx: click.Context, app_path: str | None) -> None:
+    """Inspect and operate the sagas of a Celery app.
+
+    Exit codes: 0 ok, 1 refused (nothing changed), 2 usage error, 3 not found,
+    4 store or broker error.
+    """
+    ctx.obj = Session(app_path=app_path)
+
+
+for _command in COMMANDS:
+    sagas.add_command(_command)
+    main.add_command(_command)
