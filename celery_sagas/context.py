@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import values
@@ -34,7 +34,10 @@ from .protocol.replay import (
 )
 from .records import SagaRecord, StepRecord, StepState
 
-__all__ = ["Call", "SagaContext", "StepContext", "replay", "step_accepts"]
+__all__ = ["APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "step_accepts"]
+
+# The task name recorded for approval gates: they are steps no task runs.
+APPROVAL_TASK = "celery_sagas.approval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class SagaContext:
         self._limit = payload_limit
         self._position = 0
         self._names: dict[str, int] = {}
+        self._used: set[str] = set()
 
     @property
     def saga_id(self) -> str:
@@ -136,6 +140,46 @@ class SagaContext:
             return [s.result for s in recorded]
         raise _Suspend()
 
+    def approval(
+        self,
+        name: str,
+        *,
+        capability: str,
+        tenant_id: str,
+        principal_id: str,
+        target: str | None = None,
+        digest: str | None = None,
+    ) -> Any:
+        """Stop until a human approves (then return the decision) or denies (then roll back).
+
+        The gate is a step named ``name`` that holds no worker while it waits. The token goes
+        to whoever started the saga (``sagas.approvals.pending(saga_id)``); approving and then
+        ``sagas.approvals.resume(saga_id, token, ...)`` lets the saga go on. A denial or the
+        approval's expiry counts as not committed: what came before is compensated.
+        """
+        binding = {"capability": capability, "tenant_id": tenant_id,
+                   "principal_id": principal_id, "target": target, "digest": digest}
+        try:
+            values.capability(capability)
+            values.tenant_id(tenant_id)
+            values.principal_id(principal_id)
+            _ = target is None or values.target(target)
+            _ = digest is None or values.digest(digest)
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
+        call = StepCall(self._name(name, APPROVAL_TASK), APPROVAL_TASK, (), binding, None)
+        match = match_call(self._saga, self._position, call)
+        self._position += 1
+        if isinstance(match, Mismatch):
+            raise _Stop(Diverged(match.reason))
+        if isinstance(match, New):
+            gate = replace(self._new_step(call), state=StepState.AWAITING_APPROVAL,
+                           approval_id=self._new_id(), dispatched_at_ms=None)
+            raise _Suspend((gate,))
+        if match.step.state is StepState.COMMITTED:
+            return match.step.result
+        raise _Suspend()
+
     def _misuse(self, reason: str) -> None:
         raise _Stop(Crashed(codes.INVALID_STEP_CALL, reason))
 
@@ -154,13 +198,18 @@ class SagaContext:
 
     def _name(self, explicit: str | None, task: str) -> str:
         base = explicit if explicit is not None else task
-        try:
-            values.step_name(base)
-        except SagaValidationError as exc:
-            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
         count = self._names.get(base, 0) + 1
         self._names[base] = count
-        return base if count == 1 else f"{base}#{count}"
+        name = base if count == 1 else f"{base}#{count}"
+        try:
+            values.step_name(name)
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
+        if name in self._used:
+            # An explicit name can take the "#n" a later default name would get.
+            self._misuse(f"step name {name!r} is used twice in this saga; pass step_name=")
+        self._used.add(name)
+        return name
 
     def _new_step(self, call: StepCall) -> StepRecord:
         return StepRecord(

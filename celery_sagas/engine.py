@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from . import values
+from .approvals.gate import ApprovalGate
 from .clock import Clock, SystemClock, now_ms
 from .context import replay
 from .definitions import Registry, SagaDefinition, Timing
@@ -53,6 +54,7 @@ from .records import (
     SagaRecord,
     SagaState,
     StepRecord,
+    StepState,
     saga_from_envelope,
     saga_to_envelope,
 )
@@ -98,6 +100,9 @@ class Engine:
         self.new_id = new_id
         self.settings = settings or EngineSettings()
         self.active = ActiveEffects()
+        self.approvals: ApprovalGate | None = None
+        # Set when approvals are configured: aligns gate steps with their approval records.
+        self.reconcile_gates: Callable[[SagaRecord, Fence | None], SagaRecord] | None = None
 
     # ------------------------------------------------------------ records
 
@@ -186,10 +191,15 @@ class Engine:
         """Carry out one decision: one CAS, then the dispatch it calls for."""
         now = self.now()
         if isinstance(decision, Append):
+            if not self._open_gates(saga, decision.steps):
+                reason = "ctx.approval needs approval secrets (sagas_approval_secrets)"
+                return self.write(saga, moves.to_manual_review(
+                    saga, codes.INVALID_STEP_CALL, reason, now), fence)
             after = self.write(saga, moves.append_steps(saga, decision.steps, now), fence)
             for step in decision.steps:
                 self.emit(after, step, Stage.EXECUTION, Phase.INTENT)
-                self._send(partial(self.dispatcher.send_step, saga.saga_id, step))
+                if step.state is StepState.EXECUTING:
+                    self._send(partial(self.dispatcher.send_step, saga.saga_id, step))
             return after
         if isinstance(decision, Redispatch):
             after = self.write(saga, moves.mark_redispatched(saga, decision.step.name, now), fence)
@@ -206,6 +216,22 @@ class Engine:
         if isinstance(decision, Vanished):
             return self._vanished(saga, decision, now, fence)
         return self.write(saga, self._saga_move(saga, decision, now), fence)
+
+    def _open_gates(self, saga: SagaRecord, steps: tuple[StepRecord, ...]) -> bool:
+        """Create the pending approval of each new gate before its step is recorded."""
+        gates = [s for s in steps if s.state is StepState.AWAITING_APPROVAL]
+        if gates and self.approvals is None:
+            return False
+        for gate in gates:
+            assert self.approvals is not None and gate.approval_id is not None
+            binding = gate.kwargs
+            self.approvals.open(
+                effect_id=gate.effect_id, approval_id=gate.approval_id,
+                capability=binding["capability"], tenant_id=binding["tenant_id"],
+                principal_id=binding["principal_id"], target=binding.get("target"),
+                digest=binding.get("digest"), saga_id=saga.saga_id, step=gate.name,
+            )
+        return True
 
     def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
         if isinstance(decision, Abandon):

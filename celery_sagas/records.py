@@ -181,6 +181,7 @@ class ApprovalRecord:
     decided_by: str | None = None
     saga_id: str | None = None
     step: str | None = None
+    nonce: str | None = field(default=None, repr=False)
 
 
 # ---------------------------------------------------------------- encoding
@@ -263,6 +264,7 @@ def approval_to_envelope(record: ApprovalRecord) -> Envelope:
         "decided_by": record.decided_by,
         "saga_id": record.saga_id,
         "step": record.step,
+        "nonce": record.nonce,
     }
     return _envelope(APPROVAL, record.approval_id, record, body, values.DEFAULT_PAYLOAD_LIMIT)
 
@@ -431,4 +433,5 @@ def approval_from_envelope(envelope: Envelope | None, approval_id: str) -> Appro
         decided_by=body.maybe("decided_by", str),
         saga_id=body.maybe("saga_id", str),
         step=body.maybe("step", str),
+        nonce=body.maybe("nonce", str),
     )

@@ -43,7 +43,7 @@ from ..records import (
 from ..scans import scan_approvals
 from ..stores.base import MAX_SCAN_LIMIT, Store
 
-__all__ = ["consume", "create_approval", "decide", "expire_due", "get_approval"]
+__all__ = ["consume", "create_approval", "decide", "expire", "expire_due", "get_approval"]
 
 # A CAS is lost only when another writer succeeded, so this bounds a pathological livelock only.
 MAX_ATTEMPTS = 64
@@ -101,8 +101,13 @@ def create_approval(
     digest: str | None = None,
     saga_id: str | None = None,
     step: str | None = None,
+    nonce: str | None = None,
 ) -> ApprovalRecord:
-    """Store a ``pending`` approval expiring ``ttl_ms`` from now; the same call again returns it."""
+    """Store a ``pending`` approval expiring ``ttl_ms`` from now; the same call again returns it.
+
+    ``nonce`` is the token's nonce: with the coordinator's secret (never stored) it lets the
+    coordinator show the token again to whoever started the saga.
+    """
     ttl = values.duration_ms(ttl_ms, field="ttl_ms")
     now = now_ms(clock)
     record = ApprovalRecord(
@@ -120,6 +125,7 @@ def create_approval(
         digest=_maybe(values.digest, digest),
         saga_id=_maybe(values.saga_id, saga_id),
         step=_maybe(values.step_name, step),
+        nonce=nonce,
     )
     if store.create(approval_to_envelope(record)):
         return record
@@ -251,6 +257,11 @@ def expire_due(store: Store, clock: Clock, *, limit: int = 100) -> list[Approval
             break
         cursor = page.cursor
     return expired
+
+
+def expire(store: Store, clock: Clock, approval_id: str) -> ApprovalRecord | None:
+    """Mark one pending approval past its expiry as expired; None if it is not (or no longer)."""
+    return _expire(store, values.approval_id(approval_id), now_ms(clock))
 
 
 def _expire(store: Store, approval_id: str, now: int) -> ApprovalRecord | None:

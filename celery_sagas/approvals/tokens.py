@@ -79,6 +79,10 @@ class TokenSigner:
 
     def mint(self, *, approval_id: str, nonce: str, expires_at_ms: int) -> str:
         """Sign the claims of one approval; show the token once and store only its hash."""
+        return self.remint(approval_id=approval_id, nonce=nonce, expires_at_ms=expires_at_ms)[0]
+
+    def remint(self, *, approval_id: str, nonce: str, expires_at_ms: int) -> list[str]:
+        """The token for these claims under every secret, newest first (to show it again)."""
         claims = Claims(
             version=TOKEN_VERSION,
             approval_id=values.approval_id(approval_id),
@@ -86,7 +90,7 @@ class TokenSigner:
             expires_at_ms=values.timestamp_ms(expires_at_ms, field="expires at"),
         )
         signed = _PREFIX + _b64encode(_canonical(claims))
-        return (signed + b"." + _signature(self._keys[0], signed)).decode("ascii")
+        return [(signed + b"." + _signature(key, signed)).decode("ascii") for key in self._keys]
 
     def verify(self, token: object, *, now_ms: int) -> Claims:
         """Return the claims of an authentic, unexpired token; raise an approval token error."""

@@ -15,6 +15,9 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from .. import values
+from ..approvals.gate import ApprovalGate
+from ..approvals.sagas import SagaApprovals, approval_expiry_pass
+from ..approvals.tokens import TokenSigner
 from ..clock import Clock
 from ..definitions import (
     Backoff,
@@ -25,7 +28,7 @@ from ..definitions import (
 )
 from ..dispatch import Dispatcher
 from ..engine import Engine, EngineSettings
-from ..errors import SagaConfigurationError
+from ..errors import SagaConfigurationError, SagaValidationError
 from ..events import EventBus, Observer
 from ..liveness import claimer_id
 from ..protocol.compensation import default_backoff_ms
@@ -118,6 +121,8 @@ class Sagas:
         self._engine_pid = 0
         self._step_base = type("SagaStep", (SagaStepTask,), {"sagas": self})
         self._compensator_base = type("SagaCompensator", (CompensatorTask,), {"sagas": self})
+        self._secrets = _checked_secrets(self.settings.approval_secrets)
+        self.approvals = SagaApprovals(lambda: self.engine, self._approval_gate)
         self._register_internal_tasks()
         worker_process_init.connect(self._forget_engine, weak=False)
         _BY_APP[app] = weakref.ref(self)
@@ -130,13 +135,25 @@ class Sagas:
         pid = os.getpid()
         with self._lock:
             if self._engine is None or self._engine_pid != pid:
-                self._engine = Engine(
+                engine = Engine(
                     self._open_store(), self.registry, self.dispatcher, clock=self.clock,
                     events=self.events,
                     settings=EngineSettings(self.settings.payload_limit, self.settings.timing),
                 )
-                self._engine_pid = pid
+                if self._secrets:
+                    engine.approvals = ApprovalGate(engine.store, engine.clock, self._secrets,
+                                                    ttl_ms=self.settings.approval_ttl_ms)
+                    engine.reconcile_gates = self.approvals.reconcile
+                self._engine, self._engine_pid = engine, pid
             return self._engine
+
+    def _approval_gate(self) -> ApprovalGate:
+        gate = self.engine.approvals
+        if gate is None:
+            raise SagaConfigurationError(
+                "approvals need sagas_approval_secrets (32+ random bytes each, newest first)"
+            )
+        return gate
 
     @property
     def store(self) -> Store:
@@ -288,8 +305,10 @@ class Sagas:
 
     def sweep(self) -> SweepReport:
         """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds)."""
-        return sweep(self.engine, owner=claimer_id(), lease_ms=self.settings.sweep_lease_ms,
-                     page_size=self.settings.sweep_page_size)
+        engine = self.engine
+        passes = [approval_expiry_pass(engine, self.approvals)] if engine.approvals else []
+        return sweep(engine, owner=claimer_id(), lease_ms=self.settings.sweep_lease_ms,
+                     page_size=self.settings.sweep_page_size, extra_passes=passes)
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Receive every lifecycle event; returns an unsubscribe function."""
@@ -303,6 +322,16 @@ def sagas_of(app: Celery) -> Sagas:
     if found is None:
         raise SagaConfigurationError(f"no Sagas(app, ...) was created on the Celery app {app.main!r}")
     return found
+
+
+def _checked_secrets(secrets: tuple[bytes | str, ...]) -> tuple[bytes | str, ...]:
+    if not secrets:
+        return ()
+    try:
+        TokenSigner(secrets)
+    except SagaValidationError as exc:
+        raise SagaConfigurationError(f"sagas_approval_secrets: {exc}") from None
+    return secrets
 
 
 def _refuse_pickle(serializer: object) -> None:

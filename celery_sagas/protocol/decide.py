@@ -84,6 +84,8 @@ def _in_flight(
     """The first in-flight step needing action, or the earliest wait, or None if none."""
     waits: list[Wait] = []
     for step in saga.steps:
+        if saga.rolling_back and step.state is StepState.AWAITING_APPROVAL:
+            return Abandon(step)
         live = step.state is StepState.EXECUTING or (
             step.state is StepState.COMPENSATING and step.error_code != codes.AMBIGUOUS_COMPENSATION
         )

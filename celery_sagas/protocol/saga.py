@@ -49,10 +49,12 @@ __all__ = [
     "compensation_succeeded",
     "complete",
     "direction",
+    "fail_gate",
     "fail_step",
     "finish_compensation",
     "mark_redispatched",
     "one_write",
+    "pass_gate",
     "release_step",
     "resume",
     "start_compensation",
@@ -286,6 +288,30 @@ def mark_redispatched(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
     _need(saga, step, "mark_redispatched", (StepState.EXECUTING, StepState.COMPENSATING),
           started=False)
     return _write(saga, now_ms, steps=_swap(saga, step, dispatched_at_ms=now_ms))
+
+
+def _gate(saga: SagaRecord, name: str, approval_id: str, event: str) -> StepRecord:
+    step = saga.step(name)
+    if step is None or step.approval_id != approval_id:
+        raise _illegal(saga, event)
+    _need(saga, step, event, (StepState.AWAITING_APPROVAL,), _ANY_OPEN)
+    return step
+
+
+def pass_gate(saga: SagaRecord, name: str, approval_id: str, result: Any, now_ms: int) -> SagaRecord:
+    """An approval gate was approved and its token consumed: the gate step commits."""
+    step = _gate(saga, name, approval_id, "pass_gate")
+    if saga.rolling_back or saga.state is not SagaState.RUNNING:
+        raise _illegal(saga, "pass_gate while not going forward", step)
+    return _step_move(saga, step, now_ms, state=StepState.COMMITTED, result=result,
+                      committed_at_ms=now_ms, attempts=1)
+
+
+def fail_gate(saga: SagaRecord, name: str, approval_id: str, error_code: str,
+              now_ms: int) -> SagaRecord:
+    """An approval gate was denied or expired: it counts as not committed; the saga rolls back."""
+    step = _gate(saga, name, approval_id, "fail_gate")
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=error_code)
 
 
 # ---------------------------------------------------------------- compensation
