@@ -2,6 +2,7 @@
 
     SHOP_BROKER   broker URL   (default redis://127.0.0.1:6379/0)
     SHOP_STORE    store URL    (default redis://127.0.0.1:6379/1)
+    SHOP_APPROVAL_SECRET       secret that signs approval tokens (32+ bytes)
 
 Run a worker and beat with ``celery -A examples.shop.app worker -B -l INFO``.
 """
@@ -21,10 +22,15 @@ app.conf.update(
     broker_transport_options={"visibility_timeout": 3600, "confirm_publish": True},
     broker_connection_retry_on_startup=True,
 )
+# Approval tokens are signed with this secret; every worker and web process needs the same
+# one. The fallback is for local runs only: set SHOP_APPROVAL_SECRET (32+ random bytes).
+APPROVAL_SECRET = os.environ.get("SHOP_APPROVAL_SECRET", "dev-only-approval-secret-change-me-0000")
+
 sagas = Sagas(
     app,
     store=os.environ.get("SHOP_STORE", "redis://127.0.0.1:6379/1"),
     sweep_interval=float(os.environ.get("SHOP_SWEEP_INTERVAL", "5")),
+    approval_secrets=[APPROVAL_SECRET],
     allow_non_durable=True,
 )
 

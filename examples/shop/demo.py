@@ -6,7 +6,8 @@
 
 With no URLs it embeds everything: the in-memory broker, a SQLite saga store in a temporary
 directory, a worker thread pool in this process and a sweeper standing in for beat. One order
-completes; the other's card is declined, so its stock reservation is released.
+completes; the next one's card is declined, so its stock reservation is released; the third is
+large enough to need a manager's approval, which the demo grants before the order goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import os
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +54,23 @@ def _embedded_worker(app: Any, sagas: Any) -> Iterator[None]:
             thread.join()
 
 
+def _approve(sagas: Any, order: dict[str, Any]) -> None:
+    """Wait for the large order to park at its gate, approve it, resume it with the token."""
+    deadline = time.monotonic() + 60
+    while not (pending := sagas.approvals.pending(order["id"])):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the large order never reached its approval gate")
+        time.sleep(0.05)
+    approval = pending[0]
+    print(f"saga {order['id']}: awaiting approval {approval.approval_id} "
+          f"({approval.capability} for {approval.target})")
+    sagas.approvals.decide(approval.approval_id, tenant_id="shop", decision="approved",
+                           decided_by="manager-mia")
+    print(f"  approved by manager-mia; resuming with the token for {order['customer']}")
+    sagas.approvals.resume(order["id"], approval.token, tenant_id="shop",
+                           principal_id=order["customer"])
+
+
 def _show(record: Any) -> None:
     print(f"saga {record.saga_id}: {record.state}"
           + (f" ({record.error_code})" if record.error_code else ""))
@@ -76,18 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     orders = [
         {"id": f"order-{run}-1", "sku": "BOOK-42", "qty": 1, "card": "4242", "total": 30},
         {"id": f"order-{run}-2", "sku": "LAMP-7", "qty": 2, "card": "declined-0002", "total": 80},
+        {"id": f"order-{run}-3", "sku": "SOFA-1", "qty": 1, "card": "4242", "total": 900,
+         "customer": "carol"},
     ]
     worker = _embedded_worker(app, sagas) if not args.no_worker else contextmanager(
         lambda: iter([None]))()
     with worker:
         handles = [place_order.start(order, saga_id=order["id"]) for order in orders]
+        _approve(sagas, orders[2])
         records = [handle.wait(timeout=60) for handle in handles]
     for record in records:
         _show(record)
     print("provider effects (service, action):")
     for service, action, _key in provider().effects():
         print(f"  {service:<10} {action}")
-    expected = ["completed", "compensated"]
+    expected = ["completed", "compensated", "completed"]
     return 0 if [str(r.state) for r in records] == expected else 1
 
 

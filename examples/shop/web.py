@@ -2,8 +2,14 @@
 
     flask --app examples.shop.web run
 
-    POST /orders        {"sku": ..., "qty": ..., "card": ..., "total": ...} → 202 {"saga_id": ...}
-    GET  /orders/<id>   → the saga's state and steps as JSON (404 if unknown)
+    POST /orders                    {"sku", "qty", "card", "total", ...} → 202 {"saga_id"}
+    GET  /orders/<id>               → the saga's state and steps as JSON (404 if unknown)
+    GET  /orders/<id>/approval      → the pending approval of a large order, with its token
+    POST /approvals/<id>/decision   {"decision": "approved"|"denied", "decided_by", "tenant_id"}
+    POST /orders/<id>/resume        {"token", "principal_id", "tenant_id"} → continue the order
+
+Authentication is left out: a real shop shows the token only to the customer who placed the
+order and lets only managers decide.
 
 The handler only records the saga and enqueues it, so it returns at once; workers do the rest.
 """
@@ -15,7 +21,14 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from celery_sagas import SagaConflictError, SagaRecord, SagaValidationError
+from celery_sagas import (
+    ApprovalError,
+    SagaConflictError,
+    SagaError,
+    SagaNotFound,
+    SagaRecord,
+    SagaValidationError,
+)
 
 from .app import sagas
 from .orders import place_order
@@ -71,4 +84,52 @@ def show_order(saga_id: str) -> Any:
         return jsonify(error=str(exc)), 400
     if record is None:
         return jsonify(error="no such order"), 404
+    return jsonify(saga_json(record))
+
+
+@web.get("/orders/<saga_id>/approval")
+def show_approval(saga_id: str) -> Any:
+    """The order's pending approval and its resume token (for the customer who placed it)."""
+    try:
+        pending = sagas.approvals.pending(saga_id)
+    except SagaNotFound:
+        return jsonify(error="no such order"), 404
+    except SagaValidationError as exc:
+        return jsonify(error=str(exc)), 400
+    if not pending:
+        return jsonify(error="no approval is pending"), 404
+    approval = pending[0]
+    return jsonify(approval_id=approval.approval_id, state=approval.state,
+                   expires_at_ms=approval.expires_at_ms, token=approval.token)
+
+
+@web.post("/approvals/<approval_id>/decision")
+def decide_approval(approval_id: str) -> Any:
+    """A manager approves or denies; a denial rolls the order back at once."""
+    body = request.get_json(silent=True) or {}
+    try:
+        record = sagas.approvals.decide(
+            approval_id, tenant_id=body.get("tenant_id", "shop"),
+            decision=body.get("decision", ""), decided_by=body.get("decided_by", ""),
+        )
+    except SagaValidationError as exc:
+        return jsonify(error=str(exc)), 400
+    except ApprovalError as exc:
+        return jsonify(error=type(exc).__name__, detail=str(exc)), 409
+    return jsonify(approval_id=record.approval_id, state=str(record.state))
+
+
+@web.post("/orders/<saga_id>/resume")
+def resume_order(saga_id: str) -> Any:
+    """The customer comes back with the token of an approved order."""
+    body = request.get_json(silent=True) or {}
+    try:
+        record = sagas.approvals.resume(
+            saga_id, body.get("token"), tenant_id=body.get("tenant_id", "shop"),
+            principal_id=body.get("principal_id", "customer"),
+        )
+    except (ApprovalError, SagaValidationError) as exc:
+        return jsonify(error=type(exc).__name__), 409
+    except SagaError as exc:
+        return jsonify(error=type(exc).__name__, detail=str(exc)), 400
     return jsonify(saga_json(record))

@@ -1,0 +1,91 @@
+"""The shop example: its web handlers and the README's demo command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The example's Flask app over a memory store, driven in-process."""
+    os.environ["SHOP_STORE"] = "memory://"
+    os.environ["SHOP_BROKER"] = "memory://localhost/"
+    os.environ["SHOP_PROVIDER_DB"] = str(tmp_path_factory.mktemp("shop") / "provider.db")
+    from celery_sagas.testing.driver import SagaDriver
+    from examples.shop import web
+
+    driver = SagaDriver(web.sagas)
+    yield web.app.test_client(), driver
+
+
+def test_post_order_returns_at_once_and_get_shows_the_completed_saga(shop: Any) -> None:
+    client, driver = shop
+    order = {"id": "web-1", "sku": "A", "qty": 1, "card": "4242", "total": 10}
+    response = client.post("/orders", json=order)
+    assert response.status_code == 202
+    assert response.get_json() == {"saga_id": "web-1", "state": "running"}
+    assert client.get("/orders/web-1").get_json()["steps"] == []
+    driver.run_until_idle()
+    body = client.get("/orders/web-1").get_json()
+    assert body["state"] == "completed"
+    assert [s["state"] for s in body["steps"]] == ["committed"] * 3
+    assert "4242" not in str(body)
+
+
+def test_a_declined_card_is_compensated_and_a_bad_order_is_refused(shop: Any) -> None:
+    client, driver = shop
+    client.post("/orders", json={"id": "web-2", "sku": "B", "qty": 1, "card": "declined-1",
+                                 "total": 10})
+    driver.run_until_idle()
+    body = client.get("/orders/web-2").get_json()
+    assert (body["state"], body["error_code"]) == ("compensated", "card_declined")
+    assert client.post("/orders", json=["not", "an", "object"]).status_code == 400
+    assert client.post("/orders", json={"id": "has space", "total": 1}).status_code == 400
+    assert client.get("/orders/nope").status_code == 404
+
+
+def test_a_large_order_waits_for_a_manager_then_resumes_with_its_token(shop: Any) -> None:
+    client, driver = shop
+    client.post("/orders", json={"id": "web-3", "sku": "C", "qty": 1, "card": "4242",
+                                 "total": 900, "customer": "carol"})
+    driver.run_until_idle()
+    assert client.get("/orders/web-3").get_json()["steps"][1]["state"] == "awaiting-approval"
+    approval = client.get("/orders/web-3/approval").get_json()
+    wrong = client.post(f"/approvals/{approval['approval_id']}/decision",
+                        json={"decision": "approved", "decided_by": "mia", "tenant_id": "other"})
+    assert wrong.status_code == 409
+    decided = client.post(f"/approvals/{approval['approval_id']}/decision",
+                          json={"decision": "approved", "decided_by": "mia", "tenant_id": "shop"})
+    assert decided.get_json()["state"] == "approved"
+    stolen = client.post("/orders/web-3/resume",
+                         json={"token": approval["token"], "principal_id": "mallory"})
+    assert stolen.status_code == 409
+    resumed = client.post("/orders/web-3/resume",
+                          json={"token": approval["token"], "principal_id": "carol"})
+    assert resumed.status_code == 200
+    driver.run_until_idle()
+    assert client.get("/orders/web-3").get_json()["state"] == "completed"
+    replay = client.post("/orders/web-3/resume",
+                         json={"token": approval["token"], "principal_id": "carol"})
+    assert replay.get_json() == {"error": "ApprovalTokenReplay"}
+
+
+def test_the_readme_demo_runs_without_services(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOP_")}
+    env["SHOP_PROVIDER_DB"] = str(tmp_path / "provider.db")
+    done = subprocess.run([sys.executable, "-m", "examples.shop.demo"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert out.count(": completed") == 2 and ": compensated (card_declined)" in out
+    assert "approved by manager-mia" in out
+    assert "shop.charge_card     failed" in out
