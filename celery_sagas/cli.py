@@ -22,7 +22,6 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from . import cli_format as fmt
-from .approvals import ledger
 from .errors import (
     InvalidRecordError,
     SagaConfigurationError,
@@ -305,16 +304,10 @@ def resolve(ctx: click.Context, saga_id: str, step: str, effect_id: str, committ
 
 def _decide(ctx: click.Context, approval_id: str, tenant: str, by: str, decision: str,
             as_json: bool) -> None:
-    facade = _session(ctx).sagas
-    facade_approvals = getattr(facade, "approvals", None)
-    if facade_approvals is not None and hasattr(facade_approvals, "decide"):
-        record = facade_approvals.decide(approval_id, tenant_id=tenant, decision=decision,
-                                         decided_by=by)
-    else:
-        if ledger.get_approval(facade.store, approval_id) is None:
-            _fail(f"no approval {approval_id!r}", EXIT_NOT_FOUND)
-        record = ledger.decide(facade.store, facade.engine.clock, approval_id, tenant_id=tenant,
-                               decision=decision, decided_by=by)
+    approvals = _session(ctx).sagas.approvals
+    if approvals.get(approval_id) is None:
+        _fail(f"no approval {approval_id!r}", EXIT_NOT_FOUND)
+    record = approvals.decide(approval_id, tenant_id=tenant, decision=decision, decided_by=by)
     _emit(as_json, fmt.approval_view(record), f"approval {record.approval_id} {record.state} by {by}")
 
 
@@ -337,7 +330,8 @@ approve = _approval_command(
     "approve", "approved", "Approve a pending approval.\n\nOnly once, and only before it expires."
 )
 deny = _approval_command(
-    "deny", "denied", "Deny a pending approval.\n\nThe gated step counts as not committed."
+    "deny", "denied",
+    "Deny a pending approval.\n\nThe gated step counts as not committed: the saga compensates.",
 )
 
 

@@ -1,0 +1,669 @@
+"""The operator CLI (`celery sagas …` and `celery-sagas --app …`) against a Sagas on MemoryStore.
+
+Sagas are put into states with the engine tests' shop and a SagaDriver; every command is run
+through click's CliRunner, as the Celery plugin (with Celery's CLIContext) or as the console
+script (loading the app by import path from ``CURRENT_APP`` below).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import click
+import pytest
+from celery import Celery
+from celery.bin.base import CLIContext
+from celery.bin.celery import celery as celery_root
+from click.testing import CliRunner, Result
+
+from celery_sagas import MemoryStore, Sagas, SagaState, StepState
+from celery_sagas.approvals import ledger
+from celery_sagas.cli import (
+    COMMANDS,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    exit_code,
+    main,
+    sagas,
+)
+from celery_sagas.errors import (
+    ApprovalDecisionError,
+    InvalidRecordError,
+    SagaConfigurationError,
+    SagaNotFound,
+    SagaResolutionError,
+    SagaValidationError,
+    StoreError,
+)
+from celery_sagas.integration.facade import sagas_of
+from celery_sagas.leases import Leases
+from celery_sagas.reconcile import SWEEP_LEASE
+from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.driver import SagaDriver
+from tests.engine.conftest import ORDER, Script, Shop, register_shop
+
+# The console-script tests load the app by import path: tests.unit.test_cli:CURRENT_APP.
+CURRENT_APP: Celery | None = None
+APP_PATH = f"{__name__}:CURRENT_APP"
+STALE_MS = 30_000
+SECRET = b"cli-test-secret-of-at-least-32-bytes!"
+
+
+class BrokenStore(MemoryStore):
+    """A store whose reads fail as a lost Redis connection would (translated to StoreError)."""
+
+    def get(self, kind: str, record_id: str) -> Any:
+        raise StoreError("redis get failed: ConnectionError: connection refused")
+
+
+@pytest.fixture
+def shop() -> Iterator[Shop]:
+    """The engine tests' shop on a fresh app, published as CURRENT_APP for --app."""
+    global CURRENT_APP
+    app = Celery(f"cli-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    clock = FrozenClock()
+    facade = Sagas(app, store=MemoryStore(), allow_non_durable=True, clock=clock,
+                   approval_secrets=[SECRET])
+    driver = SagaDriver(facade)
+    script = Script()
+    tasks, definitions = register_shop(facade, script)
+
+    @facade.saga("gated-order")
+    def gated_order(ctx: Any, order: dict[str, Any]) -> Any:
+        ctx.step(tasks["reserve"], order["sku"], order["qty"])
+        ctx.approval("manager-ok", capability="orders.approve", tenant_id="t1", principal_id="p1")
+        return ctx.step(tasks["charge"], order["card"], order["total"])
+
+    definitions["gated-order"] = gated_order
+    CURRENT_APP = app
+    yield Shop(facade, driver, clock, script, tasks, definitions)
+    CURRENT_APP = None
+
+
+def plugin(shop: Shop, *args: str) -> Result:
+    """Run `celery sagas ARGS` as Celery would: with its CLIContext holding the app."""
+    obj = CLIContext(app=shop.sagas.app, no_color=True, workdir=None)
+    return CliRunner().invoke(sagas, list(args), obj=obj)
+
+
+def script_cli(*args: str) -> Result:
+    """Run the `celery-sagas` console script."""
+    return CliRunner().invoke(main, list(args))
+
+
+def as_json(result: Result) -> Any:
+    """The command's JSON output (it must have succeeded)."""
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def completed(shop: Shop, saga_id: str) -> None:
+    shop.start_order(saga_id, id=saga_id)
+    shop.driver.run_until_idle()
+
+
+def ambiguous_charge(shop: Shop, saga_id: str = "o-1") -> str:
+    """An order in manual review: charge's connection dropped after the request left."""
+    shop.script.then("charge", ConnectionError("reset after the request left"))
+    shop.start_order(saga_id, id=saga_id)
+    shop.driver.run_until_idle()
+    assert shop.record(saga_id).state == SagaState.MANUAL_REVIEW
+    return shop.step("shop.charge", saga_id).effect_id
+
+
+def running(shop: Shop, saga_id: str) -> None:
+    """An order whose reserve step is dispatched but not delivered."""
+    shop.start_order(saga_id, id=saga_id)
+    shop.deliver_next()  # the advance: reserve is recorded and sent
+    assert shop.record(saga_id).state == SagaState.RUNNING
+
+
+# ------------------------------------------------------------ list
+
+
+def test_list_shows_every_saga_with_its_state(shop: Shop) -> None:
+    # given
+    completed(shop, "o-done")
+    ambiguous_charge(shop, "o-review")
+
+    # when
+    result = plugin(shop, "list")
+
+    # then
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line.split()[2] for line in result.stdout.splitlines()[1:]}
+    assert lines == {"o-done": "completed", "o-review": "manual-review"}
+
+
+def test_list_json_carries_no_input_or_results(shop: Shop) -> None:
+    # given
+    completed(shop, "o-done")
+
+    # when
+    data = as_json(plugin(shop, "list", "--json"))
+
+    # then
+    [saga] = data["sagas"]
+    assert (saga["saga_id"], saga["state"], saga["steps"]) == ("o-done", "completed", 3)
+    assert "input" not in saga and "result" not in json.dumps(data)
+    assert ORDER["card"] not in json.dumps(data)
+
+
+def test_list_filters_by_state_and_definition(shop: Shop) -> None:
+    # given
+    completed(shop, "o-done")
+    ambiguous_charge(shop, "o-review")
+    shop.notify_user.start({"user": "u-1"}, saga_id="n-1")
+    shop.driver.run_until_idle()
+
+    # when
+    by_state = as_json(plugin(shop, "list", "--state", "manual-review", "--json"))
+    by_definition = as_json(plugin(shop, "list", "--definition", "notify-user", "--json"))
+
+    # then
+    assert [s["saga_id"] for s in by_state["sagas"]] == ["o-review"]
+    assert [s["saga_id"] for s in by_definition["sagas"]] == ["n-1"]
+
+
+def test_list_pages_with_limit_and_cursor(shop: Shop) -> None:
+    # given
+    for n in range(5):
+        completed(shop, f"o-{n}")
+
+    # when
+    first = as_json(plugin(shop, "list", "--limit", "3", "--json"))
+    rest = as_json(plugin(shop, "list", "--limit", "3", "--cursor", first["cursor"], "--json"))
+
+    # then
+    seen = [s["saga_id"] for s in first["sagas"] + rest["sagas"]]
+    assert sorted(seen) == [f"o-{n}" for n in range(5)]
+    assert len(first["sagas"]) == 3 and rest["cursor"] is None
+
+
+def test_list_rejects_an_unknown_state_as_a_usage_error(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "list", "--state", "sleeping")
+
+    # then
+    assert result.exit_code == EXIT_USAGE
+
+
+# ------------------------------------------------------------ show
+
+
+def test_show_prints_the_steps_as_a_timeline_with_effect_ids(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+
+    # when
+    result = plugin(shop, "show", "o-1")
+
+    # then
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "manual-review (ambiguous_step)" in text
+    assert " 1. shop.reserve  committed" in text and " 2. shop.charge  ambiguous" in text
+    assert effect_id in text
+    assert shop.step("shop.reserve").compensation_effect_id in text
+    assert ORDER["card"] not in text  # no payloads without --payload
+
+
+def test_show_payload_adds_the_input_and_arguments(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    result = plugin(shop, "show", "o-1", "--payload")
+
+    # then
+    assert result.exit_code == 0
+    assert ORDER["card"] in result.stdout and '"reservation":"r-sku-1"' in result.stdout
+
+
+def test_show_json_has_step_results_but_no_input_unless_asked(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    plain = as_json(plugin(shop, "show", "o-1", "--json"))
+    full = as_json(plugin(shop, "show", "o-1", "--json", "--payload"))
+
+    # then
+    assert plain["steps"][0]["result"] == {"reservation": "r-sku-1"}
+    assert "input" not in plain and "args" not in plain["steps"][0]
+    assert full["input"]["card"] == ORDER["card"]
+    assert full["steps"][1]["args"] == [ORDER["card"], ORDER["total"]]
+    assert [s["state"] for s in plain["steps"]] == ["committed"] * 3
+
+
+def test_show_an_unknown_saga_exits_3_with_one_line(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "show", "nope")
+
+    # then
+    assert result.exit_code == EXIT_NOT_FOUND
+    assert result.stderr == "error: no saga 'nope'\n"
+    assert result.stdout == ""
+
+
+def test_show_an_invalid_saga_id_is_a_usage_error(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "show", "has space")
+
+    # then
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.startswith("error: saga id")
+
+
+# ------------------------------------------------------------ findings
+
+
+def test_findings_name_the_ambiguous_step_and_how_to_resolve_it(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+    completed(shop, "o-done")
+
+    # when
+    data = as_json(plugin(shop, "findings", "--json"))
+    text = plugin(shop, "findings").stdout
+
+    # then
+    [finding] = data["findings"]
+    assert (finding["kind"], finding["record_id"], finding["step"], finding["effect_id"]) == (
+        "ambiguous-execution", "o-1", "shop.charge", effect_id)
+    assert f"resolve o-1 --step shop.charge --effect-id {effect_id}" in finding["hint"]
+    assert "o-done" not in text and effect_id in text
+
+
+def test_findings_report_a_running_saga_only_once_it_is_stale(shop: Shop) -> None:
+    # given
+    running(shop, "o-slow")
+    fresh = as_json(plugin(shop, "findings", "--json"))
+
+    # when
+    shop.clock.advance(STALE_MS + 1)
+    stale = as_json(plugin(shop, "findings", "--json"))
+
+    # then
+    assert fresh["findings"] == []
+    assert [(f["record_id"], f["kind"]) for f in stale["findings"]] == [
+        ("o-slow", "ambiguous-execution")]
+    assert "sweep" in stale["findings"][0]["hint"]
+
+
+def test_findings_say_so_when_nothing_needs_an_operator(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    result = plugin(shop, "findings")
+
+    # then
+    assert (result.exit_code, result.stdout) == (0, "no findings: nothing needs an operator\n")
+
+
+# ------------------------------------------------------------ resolve, resume, cancel
+
+
+def test_resolve_committed_then_resume_completes_the_saga(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+
+    # when
+    resolved = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", effect_id,
+                      "--committed", "--result", '{"charge": "ch-op"}')
+    resumed = plugin(shop, "resume", "o-1")
+    shop.driver.run_until_idle()
+
+    # then
+    assert resolved.exit_code == 0, resolved.output
+    assert "now running" in resolved.stdout
+    assert resumed.exit_code == 0, resumed.output
+    assert shop.step("shop.charge").result == {"charge": "ch-op"}
+    assert shop.record().state == SagaState.COMPLETED
+
+
+def test_resolve_not_committed_records_the_error_code_and_compensates(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+
+    # when
+    data = as_json(plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id",
+                          effect_id, "--not-committed", "--error-code", "card_declined", "--json"))
+    shop.sagas.resume("o-1")
+    shop.driver.run_until_idle()
+
+    # then
+    assert data["state"] == "compensating"
+    charge = shop.step("shop.charge")
+    assert (charge.state, charge.error_code) == (StepState.FAILED, "card_declined")
+    assert shop.record().state == SagaState.COMPENSATED
+
+
+def test_resolve_with_a_stale_effect_id_is_refused_and_changes_nothing(shop: Shop) -> None:
+    # given
+    ambiguous_charge(shop)
+    before = shop.record()
+
+    # when
+    result = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", "old-effect",
+                    "--committed", "--result", "{}")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert shop.record() == before
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--committed", "--not-committed"], ["--committed", "--result", "{nope"],
+     ["--not-committed", "--result", "{}"], ["--compensated", "--error-code", "x"]],
+    ids=["no-outcome", "two-outcomes", "bad-json", "result-without-committed",
+         "code-without-not-committed"],
+)
+def test_resolve_usage_errors_exit_2_and_change_nothing(shop: Shop, flags: list[str]) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+    before = shop.record()
+
+    # when
+    result = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", effect_id, *flags)
+
+    # then
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert shop.record() == before
+
+
+def test_resolve_an_unknown_saga_exits_3(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "resolve", "nope", "--step", "s", "--effect-id", "e", "--compensated")
+
+    # then
+    assert (result.exit_code, result.stderr) == (EXIT_NOT_FOUND, "error: no saga 'nope'\n")
+
+
+def test_resume_is_refused_while_an_outcome_is_unknown(shop: Shop) -> None:
+    # given
+    ambiguous_charge(shop)
+
+    # when
+    result = plugin(shop, "resume", "o-1")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED
+    assert "resolve it before resuming" in result.stderr
+
+
+def test_cancel_compensates_what_committed(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+    shop.deliver_next()  # reserve commits, charge is sent
+
+    # when
+    data = as_json(plugin(shop, "cancel", "o-1", "--json"))
+    shop.driver.run_until_idle()
+
+    # then
+    assert data["saga_id"] == "o-1"
+    assert shop.record().state == SagaState.COMPENSATED
+    assert "release" in shop.script.names()
+
+
+@pytest.mark.parametrize("command", ["cancel", "resume"])
+def test_cancel_and_resume_of_an_unknown_saga_exit_3(shop: Shop, command: str) -> None:
+    # when
+    result = plugin(shop, command, "nope")
+
+    # then
+    assert (result.exit_code, result.stderr) == (EXIT_NOT_FOUND, "error: no saga 'nope'\n")
+
+
+# ------------------------------------------------------------ approvals
+
+
+def pending_approval(shop: Shop, approval_id: str = "ap-1") -> None:
+    ledger.create_approval(
+        shop.sagas.store, shop.clock, approval_id=approval_id, effect_id="eff-1",
+        capability="payments.refund", tenant_id="t1", principal_id="p1",
+        token_hash="0" * 64, ttl_ms=60_000,
+    )
+
+
+@pytest.mark.parametrize(("command", "state"), [("approve", "approved"), ("deny", "denied")])
+def test_approve_and_deny_decide_a_pending_approval_once(shop: Shop, command: str, state: str) -> None:
+    # given
+    pending_approval(shop)
+
+    # when
+    first = as_json(plugin(shop, command, "ap-1", "--tenant", "t1", "--by", "alice", "--json"))
+    again = plugin(shop, command, "ap-1", "--tenant", "t1", "--by", "bob")
+
+    # then
+    assert (first["state"], first["decided_by"]) == (state, "alice")
+    assert "token_hash" not in first
+    assert again.exit_code == EXIT_REFUSED
+    stored = ledger.get_approval(shop.sagas.store, "ap-1")
+    assert stored is not None and stored.decided_by == "alice"
+
+
+def test_an_approval_of_another_tenant_is_refused(shop: Shop) -> None:
+    # given
+    pending_approval(shop)
+
+    # when
+    result = plugin(shop, "approve", "ap-1", "--tenant", "t2", "--by", "alice")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED
+    stored = ledger.get_approval(shop.sagas.store, "ap-1")
+    assert stored is not None and str(stored.state) == "pending"
+
+
+def test_denying_a_saga_gate_compensates_what_came_before(shop: Shop) -> None:
+    # given
+    shop.definitions["gated-order"].start(ORDER, saga_id="g-1")
+    shop.driver.run_until_idle()
+    gate = shop.step("manager-ok", "g-1")
+    assert gate.state == StepState.AWAITING_APPROVAL and gate.approval_id is not None
+    assert gate.approval_id in plugin(shop, "show", "g-1").stdout
+
+    # when
+    result = plugin(shop, "deny", gate.approval_id, "--tenant", "t1", "--by", "carol")
+    shop.driver.run_until_idle()
+
+    # then
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"approval {gate.approval_id} denied by carol\n"
+    assert shop.record("g-1").state == SagaState.COMPENSATED
+    assert shop.script.names() == ["reserve", "release"]
+
+
+def test_approving_an_unknown_approval_exits_3(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "approve", "nope", "--tenant", "t1", "--by", "alice")
+
+    # then
+    assert result.exit_code == EXIT_NOT_FOUND
+    assert result.stderr == "error: no approval 'nope'\n"
+
+
+# ------------------------------------------------------------ sweep
+
+
+def test_sweep_prints_its_report_and_drives_stale_sagas(shop: Shop) -> None:
+    # given: reserve was sent but the message was lost
+    running(shop, "o-1")
+    shop.driver.take()
+    shop.clock.advance(STALE_MS + 1)
+
+    # when
+    data = as_json(plugin(shop, "sweep", "--json"))
+    shop.driver.run_until_idle()
+
+    # then
+    assert (data["acquired"], data["complete"], data["examined"], data["acted"]) == (True, True, 1, 1)
+    assert shop.record().state == SagaState.COMPLETED
+
+
+def test_sweep_text_reports_manual_review_findings(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+
+    # when
+    result = plugin(shop, "sweep")
+
+    # then
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("sweep complete under fence")
+    assert effect_id in result.stdout
+
+
+def test_sweep_is_refused_while_another_sweeper_holds_the_lease(shop: Shop) -> None:
+    # given
+    held = Leases(shop.sagas.store, shop.clock, owner="other-host:1").acquire(SWEEP_LEASE, 60_000)
+    assert held is not None
+
+    # when
+    result = plugin(shop, "sweep")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED
+    assert "another sweeper holds the lease" in result.stdout
+
+
+# ------------------------------------------------------------ errors and entry points
+
+
+def test_a_store_failure_exits_4_with_one_line() -> None:
+    # given
+    app = Celery(f"cli-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    Sagas(app, store=BrokenStore(), allow_non_durable=True)
+
+    # when
+    result = CliRunner().invoke(sagas, ["show", "o-1"], obj=CLIContext(app, True, None))
+
+    # then
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert result.stderr == "error: redis get failed: ConnectionError: connection refused\n"
+
+
+def test_an_app_without_sagas_is_a_usage_error() -> None:
+    # given
+    app = Celery(f"bare-{uuid.uuid4().hex[:8]}", set_as_current=False)
+
+    # when
+    result = CliRunner().invoke(sagas, ["list"], obj=CLIContext(app, True, None))
+
+    # then
+    assert result.exit_code == EXIT_USAGE
+    assert "no Sagas(app, ...) was created" in result.stderr
+
+
+def test_sagas_of_finds_the_sagas_created_on_an_app(shop: Shop) -> None:
+    # then
+    assert sagas_of(shop.sagas.app) is shop.sagas
+    with pytest.raises(SagaConfigurationError):
+        sagas_of(Celery("other", set_as_current=False))
+
+
+def test_the_console_script_loads_the_app_by_import_path(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    data = as_json(script_cli("--app", APP_PATH, "show", "o-1", "--json"))
+
+    # then
+    assert data["state"] == "completed"
+
+
+def test_the_console_script_reads_the_app_from_the_environment(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    result = CliRunner().invoke(main, ["list"], env={"CELERY_SAGAS_APP": APP_PATH})
+
+    # then
+    assert result.exit_code == 0, result.output
+    assert "o-1" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["list"], "--app"), (["--app", "no_such_module_xyz", "list"], "cannot load app")],
+    ids=["no-app", "unknown-module"],
+)
+def test_the_console_script_needs_a_loadable_app(args: list[str], message: str) -> None:
+    # when
+    result = script_cli(*args)
+
+    # then
+    assert result.exit_code == EXIT_USAGE
+    assert message in result.stderr
+
+
+def test_celery_finds_the_plugin_through_its_entry_point(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    result = CliRunner().invoke(celery_root, ["-A", APP_PATH, "sagas", "list", "--json"])
+
+    # then
+    assert [s["saga_id"] for s in as_json(result)["sagas"]] == ["o-1"]
+
+
+def test_every_command_takes_json_and_is_on_both_entry_points() -> None:
+    # then
+    for command in COMMANDS:
+        assert "as_json" in [p.name for p in command.params], command.name
+        assert sagas.commands[command.name or ""] is command
+        assert main.commands[command.name or ""] is command
+    assert set(sagas.commands) == {"list", "show", "findings", "resolve", "approve", "deny",
+                                   "cancel", "resume", "sweep"}
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [(SagaNotFound(saga_id="x"), 3), (SagaValidationError("bad"), 2),
+     (SagaConfigurationError("no"), 2), (StoreError("down"), 4),
+     (InvalidRecordError(kind="saga", record_id="x"), 4), (SagaResolutionError("no"), 1),
+     (ApprovalDecisionError("no"), 1), (RuntimeError("bug"), None)],
+)
+def test_errors_map_to_exit_codes(error: Exception, code: int | None) -> None:
+    # then
+    assert exit_code(error) == code
+
+
+def test_an_unexpected_error_is_not_hidden(shop: Shop, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given
+    def explode(saga_id: str) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(shop.sagas, "get", explode)
+
+    # when
+    result = plugin(shop, "show", "o-1")
+
+    # then
+    assert isinstance(result.exception, RuntimeError)
+    assert result.exit_code == 1
+
+
+def test_help_lists_every_command() -> None:
+    # when
+    result = CliRunner().invoke(sagas, ["--help"])
+
+    # then
+    assert result.exit_code == 0
+    for name in ("list", "show", "findings", "resolve", "approve", "deny", "cancel", "resume",
+                 "sweep"):
+        assert f"  {name} " in result.stdout
+    assert isinstance(sagas, click.Group)
