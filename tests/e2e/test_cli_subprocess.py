@@ -1,0 +1,83 @@
+"""The operator CLI as an operator runs it: real processes, real Redis broker and store.
+
+`celery -A tests.e2e.app sagas …` goes through Celery's `celery.commands` entry point and
+`celery-sagas --app tests.e2e.app …` through the console script; both find the test's store
+and queue from the E2E_* environment, exactly like the workers they sit beside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import ROOT, Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis]
+
+BIN = Path(sys.executable).parent
+
+
+def run(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a command with the test's E2E_* configuration; never waits more than a minute."""
+    env = {**os.environ, **stack.config.environ(), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(list(args), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def celery_sagas(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """`celery -A tests.e2e.app sagas ARGS`."""
+    return run(stack, str(BIN / "celery"), "-A", "tests.e2e.app", "sagas", *args)
+
+
+def console(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """`celery-sagas --app tests.e2e.app ARGS`."""
+    return run(stack, str(BIN / "celery-sagas"), "--app", "tests.e2e.app", *args)
+
+
+def test_an_operator_lists_shows_and_resolves_a_saga_from_the_shell(redis_stack: Stack) -> None:
+    # given: one order completed and one in manual review on a real worker
+    redis_stack.worker()
+    order = redis_stack.shop.order
+    order.start({"sku": "A", "amount": 3, "id": "a1"}, saga_id="cli-ok")
+    order.start({"sku": "B", "amount": 5, "id": "b1", "plan": {"crash": "charge"}},
+                saga_id="cli-review")
+    assert redis_stack.wait_settled("cli-ok").state == "completed"
+    review = redis_stack.wait_settled("cli-review")
+    assert review.state == "manual-review"
+    charge = review.steps[1]
+
+    # when
+    listed = celery_sagas(redis_stack, "list", "--json")
+    shown = console(redis_stack, "show", "cli-review")
+    missing = console(redis_stack, "show", "no-such-saga")
+    found = celery_sagas(redis_stack, "findings", "--json")
+    resolved = console(redis_stack, "resolve", "cli-review", "--step", charge.name,
+                       "--effect-id", charge.effect_id, "--committed", "--result",
+                       '{"charged": 5}')
+    resumed = celery_sagas(redis_stack, "resume", "cli-review")
+
+    # then
+    assert listed.returncode == 0, listed.stderr
+    states = {s["saga_id"]: s["state"] for s in json.loads(listed.stdout)["sagas"]}
+    assert states == {"cli-ok": "completed", "cli-review": "manual-review"}
+
+    assert shown.returncode == 0, shown.stderr
+    assert "manual-review" in shown.stdout and charge.effect_id in shown.stdout
+
+    assert (missing.returncode, missing.stderr) == (3, "error: no saga 'no-such-saga'\n")
+
+    assert found.returncode == 0, found.stderr
+    [finding] = json.loads(found.stdout)["findings"]
+    assert (finding["record_id"], finding["effect_id"]) == ("cli-review", charge.effect_id)
+
+    assert resolved.returncode == 0, resolved.stderr
+    assert resumed.returncode == 0, resumed.stderr
+    record = redis_stack.wait_settled("cli-review")
+    assert record.state == "completed"
+    assert record.steps[1].result == {"charged": 5}
+    assert len(redis_stack.ops("charge.start", "cli-review")) == 1
