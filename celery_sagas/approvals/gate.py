@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .. import values
 from ..clock import Clock, now_ms
-from ..errors import ApprovalRequired
+from ..errors import ApprovalRequired, SagaConflictError
 from ..records import ApprovalRecord
 from ..stores.base import Store
 from . import ledger
@@ -85,17 +85,34 @@ class ApprovalGate:
         now = now_ms(self.clock)
         nonce = random_secrets.token_urlsafe(24)
         token = self.signer.mint(approval_id=name, nonce=nonce, expires_at_ms=now + self.ttl_ms)
-        record = ledger.create_approval(
-            self.store, _Pinned(now), approval_id=name, effect_id=effect_id,
-            capability=capability, tenant_id=tenant_id, principal_id=principal_id,
-            token_hash=token_hash(token), ttl_ms=self.ttl_ms, target=target, digest=digest,
-            saga_id=saga_id, step=step, nonce=nonce,
-        )
+        try:
+            record = ledger.create_approval(
+                self.store, _Pinned(now), approval_id=name, effect_id=effect_id,
+                capability=capability, tenant_id=tenant_id, principal_id=principal_id,
+                token_hash=token_hash(token), ttl_ms=self.ttl_ms, target=target, digest=digest,
+                saga_id=saga_id, step=step, nonce=nonce,
+            )
+        except SagaConflictError:
+            # The id exists: a fresh nonce made a fresh hash, so judge the request without it.
+            record = self._reopened(name, {
+                "effect_id": effect_id, "capability": capability, "tenant_id": tenant_id,
+                "principal_id": principal_id, "target": target, "digest": digest,
+                "saga_id": saga_id, "step": step,
+            })
         shown = self.token_of(record) or token
         return ApprovalRequired(
             approval_id=record.approval_id, effect_id=record.effect_id,
             expires_at_ms=record.expires_at_ms, token=shown,
         )
+
+    def _reopened(self, approval_id: str, request: dict[str, str | None]) -> ApprovalRecord:
+        existing = self.get(approval_id)
+        same = existing is not None and all(
+            getattr(existing, name) == value for name, value in request.items()
+        )
+        if existing is None or not same or self.token_of(existing) is None:
+            raise SagaConflictError(f"approval {approval_id!r} exists for another request")
+        return existing
 
     def token_of(self, record: ApprovalRecord) -> str | None:
         """Re-derive a stored approval's token with the secrets (None if none matches)."""
