@@ -36,6 +36,7 @@ from .protocol.compensation import check_backoff
 from .protocol.decide import judge_in_flight
 from .protocol.decisions import Vanished
 from .records import SagaRecord, SagaState, StepRecord, StepState
+from .wakeups import schedule
 
 __all__ = ["execute_compensation", "execute_step"]
 
@@ -203,6 +204,7 @@ def execute_step(engine: Engine, saga_id: str, name: str, effect_id: str, body: 
             return
         delay = _inline_retry_delay(engine, written, name)
         if delay is None:
+            _schedule_later_retry(engine, written, name)
             engine.advance(saga_id, written)
             return
         time.sleep(delay / 1000)
@@ -225,6 +227,14 @@ def _attempt(engine: Engine, claimed: SagaRecord, name: str, effect_id: str, bod
         duration = int((time.monotonic() - started) * 1000)
         engine.emit(written, after, Stage.EXECUTION, phase, outcome.error_code, duration)
     return written
+
+
+def _schedule_later_retry(engine: Engine, saga: SagaRecord, name: str) -> None:
+    """A released step due later than a delivery waits gets a wake-up for the sweep."""
+    step = _step(saga, name)
+    due = step.next_attempt_at_ms
+    if step.state is StepState.EXECUTING and step.started_at_ms is None and due is not None:
+        schedule(engine.store, saga.saga_id, f"retry:{name}:{step.attempts}", due, engine.now())
 
 
 def _inline_retry_delay(engine: Engine, saga: SagaRecord, name: str) -> int | None:

@@ -26,7 +26,8 @@ from .leases import Leases
 from .protocol.findings import Finding, FindingKind, saga_finding
 from .records import SagaRecord, SagaState
 from .scans import CorruptRecord, RecordPage, scan_sagas
-from .stores.base import Fence, Lease
+from .stores.base import Envelope, Fence, Lease
+from .wakeups import DUE, WAKEUP, fired, wakeup_from_envelope
 
 __all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "sweep"]
 
@@ -83,10 +84,32 @@ def _saga_pass(engine: Engine, state: SagaState, stale_ms: int | None, act: bool
     return Pass(f"sagas:{state}", fetch, handle)
 
 
+def _wakeup_pass(engine: Engine) -> Pass:
+    """Sagas whose wake-up (a retry due later than a delivery could wait) is due now."""
+    now = engine.now()
+
+    def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
+        page = engine.store.scan(WAKEUP, [DUE], updated_before_ms=now + 1, cursor=cursor,
+                                 limit=limit)
+        return RecordPage(tuple(page.items), (), page.cursor)
+
+    def handle(record: object, fence: Fence, report: SweepReport) -> None:
+        assert isinstance(record, Envelope)
+        wakeup = wakeup_from_envelope(record)
+        saga = engine.get(wakeup.saga_id)
+        if saga is not None:
+            after = engine.advance(saga.saga_id, saga, fence)
+            report.acted += after.version != saga.version
+        fired(engine.store, wakeup, now)
+
+    return Pass("wakeups", fetch, handle)
+
+
 def default_passes(engine: Engine) -> list[Pass]:
     """The saga passes every sweep makes."""
     stale = engine.settings.timing.stale_ms
     return [
+        _wakeup_pass(engine),
         _saga_pass(engine, SagaState.RUNNING, stale, act=True),
         _saga_pass(engine, SagaState.COMPENSATING, None, act=True),
         _saga_pass(engine, SagaState.MANUAL_REVIEW, None, act=False),

@@ -328,12 +328,6 @@ def test_an_early_redelivery_of_a_released_step_does_not_run_the_body(shop: Shop
     assert shop.step("shop.sync", "s-1") == step
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an idempotent retry due between the inline limit (5 s) and sagas_stale_after "
-    "(30 s) is not sent by the first sweep after it is due; it waits until the saga is stale, "
-    "because the running pass of reconcile.sweep only scans sagas updated before now - stale_ms",
-)
 def test_a_due_idempotent_retry_is_sent_by_the_next_sweep_even_before_the_saga_is_stale(
     sagas: Sagas, driver: SagaDriver, clock: FrozenClock, script: Script
 ) -> None:
