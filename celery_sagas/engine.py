@@ -20,7 +20,7 @@ from typing import Any
 from . import values
 from .approvals.gate import ApprovalGate
 from .clock import Clock, SystemClock, now_ms
-from .context import replay
+from .context import APPROVAL_TASK, replay
 from .definitions import Registry, SagaDefinition, Timing
 from .dispatch import Dispatcher
 from .errors import (
@@ -30,7 +30,8 @@ from .errors import (
     SagaNotFound,
     SagaResolutionError,
 )
-from .events import EventBus, LifecycleEvent, Phase, Stage
+from .events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
+from .journal import EffectRecorder
 from .liveness import ActiveEffects, dead_effects
 from .protocol import codes
 from .protocol import saga as moves
@@ -64,6 +65,9 @@ __all__ = ["Engine", "EngineSettings"]
 
 logger = logging.getLogger("celery_sagas.engine")
 
+EXECUTE_CAPABILITY = "saga.execute"
+COMPENSATE_CAPABILITY = "saga.compensate"
+
 
 def _new_effect_id() -> str:
     return str(uuid.uuid4())
@@ -91,6 +95,7 @@ class Engine:
         events: EventBus | None = None,
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
+        journal: EffectRecorder | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -100,6 +105,8 @@ class Engine:
         self.new_id = new_id
         self.settings = settings or EngineSettings()
         self.active = ActiveEffects()
+        # Journals every step execution and compensation as an effect record (SPEC §2.1).
+        self.journal = journal
         self.approvals: ApprovalGate | None = None
         # Set when approvals are configured: aligns gate steps with their approval records.
         self.reconcile_gates: Callable[[SagaRecord, Fence | None], SagaRecord] | None = None
@@ -343,28 +350,43 @@ class Engine:
         self, saga: SagaRecord, step: StepRecord, stage: str, phase: str,
         error_code: str | None = None, duration_ms: int | None = None,
     ) -> None:
-        """Publish a lifecycle event for a step's effect (ids and codes only)."""
-        compensating = stage == Stage.COMPENSATION
-        options = self.registry.steps.get(step.task)
+        """Journal a step's effect transition, then publish it as a lifecycle event.
+
+        ``saga`` is the record after the move (``step`` may be the step before it): the
+        step's state there tells a final failure from one that will be retried, and which
+        effect an operator's resolution settled.
+        """
+        current = saga.step(step.name) or step
+        compensating = effect_stage(stage, current.state) == Stage.COMPENSATION
+        event = LifecycleEvent(
+            effect_id=step.compensation_effect_id if compensating else step.effect_id,
+            capability=self._capability(saga, step, compensating),
+            stage=stage,
+            phase=phase,
+            attempt=step.compensation_attempts if compensating else step.attempts,
+            saga_id=saga.saga_id,
+            definition=saga.definition,
+            step=step.name,
+            error_code=error_code,
+            duration_ms=duration_ms,
+        )
+        # Approval gates are no side effect: their approval record is their journal.
+        if self.journal is not None and step.task != APPROVAL_TASK:
+            self.journal.record(event, current.state)
+        self.events.emit(event)
+
+    def _capability(self, saga: SagaRecord, step: StepRecord, compensating: bool) -> str:
+        """Step (or compensator) option if set, else the definition's (steps only), else default."""
         if compensating:
             comp = self.registry.compensators.get(step.compensator or "")
-            capability = comp.capability if comp else "saga.compensate"
-        else:
-            capability = options.capability if options else "saga.execute"
-        self.events.emit(
-            LifecycleEvent(
-                effect_id=step.compensation_effect_id if compensating else step.effect_id,
-                capability=capability,
-                stage=stage,
-                phase=phase,
-                attempt=step.compensation_attempts if compensating else step.attempts,
-                saga_id=saga.saga_id,
-                definition=saga.definition,
-                step=step.name,
-                error_code=error_code,
-                duration_ms=duration_ms,
-            )
-        )
+            return comp.capability if comp else COMPENSATE_CAPABILITY
+        options = self.registry.steps.get(step.task)
+        if options is not None and options.capability != EXECUTE_CAPABILITY:
+            return options.capability
+        definition = self.registry.definitions.get(saga.definition)
+        if definition is not None and definition.capability:
+            return definition.capability
+        return EXECUTE_CAPABILITY
 
     def _send_advance(self, saga_id: str) -> None:
         self._send(partial(self.dispatcher.send_advance, saga_id))
