@@ -131,9 +131,11 @@ class SagaApprovals:
             return _decision(record), None
         if record.state is ApprovalState.DENIED:
             return None, codes.APPROVAL_DENIED
+        # An approved token left unused past its expiry can never be consumed: that gate
+        # expired too, or the saga would wait forever.
         expired = self._engine().now() >= record.expires_at_ms
         if record.state is ApprovalState.EXPIRED or (
-            record.state is ApprovalState.PENDING and expired
+            record.state in (ApprovalState.PENDING, ApprovalState.APPROVED) and expired
         ):
             return None, codes.APPROVAL_EXPIRED
         return None
