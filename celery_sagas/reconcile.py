@@ -6,7 +6,13 @@ One sweeper at a time holds the lease ``celery_sagas.sweep``. It walks, page by 
    under the same effect id; started-but-silent steps past their time limit become ambiguous);
 2. every ``compensating`` saga: run compensation retries that are due;
 3. every ``manual-review`` saga: report it;
-4. extra passes registered by other features (approval expiry, effect findings).
+4. effects journaled in ``admission`` since before ``stale_ms`` (incomplete), and effects
+   ``executing``/``unknown`` past the longest time limit plus grace (ambiguous): report them;
+5. extra passes registered by other features (approval expiry).
+
+(The due wake-ups pass runs first.) At the end, every finding and corrupt record is reported
+as a ``FindingEvent`` on the engine's event bus: logged on ``celery_sagas.findings`` with
+structured fields, delivered to finding observers and counted by the metrics.
 
 After each page it renews the lease and checkpoints its cursor; when either fails it stops at
 once, and the next holder continues from the checkpoint. Every write it makes carries the
@@ -23,9 +29,10 @@ from dataclasses import dataclass, field
 from .engine import Engine
 from .errors import FencedWriteRefused, LeaseLost, SagaError
 from .leases import Leases
-from .protocol.findings import Finding, FindingKind, saga_finding
-from .records import SagaRecord, SagaState
-from .scans import CorruptRecord, RecordPage, scan_sagas
+from .protocol.findings import Finding, FindingKind, effect_finding, saga_finding
+from .records import EffectRecord, EffectState, SagaRecord, SagaState
+from .reports import corrupt_finding, count_sagas, finding_event, window_of
+from .scans import CorruptRecord, RecordPage, scan_effects, scan_sagas
 from .stores.base import Envelope, Fence, Lease
 from .wakeups import DUE, WAKEUP, fired, wakeup_from_envelope
 
@@ -105,14 +112,34 @@ def _wakeup_pass(engine: Engine) -> Pass:
     return Pass("wakeups", fetch, handle)
 
 
+def _effect_pass(engine: Engine, states: list[EffectState], before: int) -> Pass:
+    """Effects left behind (SPEC §5): admission since before ``before`` -> incomplete,
+    executing/unknown -> ambiguous. Read-only: the saga record stays authoritative."""
+
+    def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
+        page = scan_effects(engine.store, states, updated_before_ms=before, cursor=cursor, limit=limit)
+        return RecordPage(tuple(page.records), page.corrupt, page.cursor)
+
+    def handle(record: object, fence: Fence, report: SweepReport) -> None:
+        assert isinstance(record, EffectRecord)
+        finding = effect_finding(record, before)
+        if finding is not None:
+            report.findings.append(finding)
+
+    return Pass(f"effects:{'+'.join(str(s) for s in states)}", fetch, handle)
+
+
 def default_passes(engine: Engine) -> list[Pass]:
-    """The saga passes every sweep makes."""
+    """The saga passes every sweep makes, then the effect-findings passes."""
     stale = engine.settings.timing.stale_ms
+    window = window_of(engine)
     return [
         _wakeup_pass(engine),
         _saga_pass(engine, SagaState.RUNNING, stale, act=True),
         _saga_pass(engine, SagaState.COMPENSATING, None, act=True),
         _saga_pass(engine, SagaState.MANUAL_REVIEW, None, act=False),
+        _effect_pass(engine, [EffectState.ADMISSION], window.stale_before_ms),
+        _effect_pass(engine, [EffectState.EXECUTING, EffectState.UNKNOWN], window.in_flight_before_ms),
     ]
 
 
@@ -134,8 +161,15 @@ def sweep(
     page_size: int = 100,
     extra_passes: list[Pass] | None = None,
     on_page: Callable[[Lease, SweepReport], None] | None = None,
+    count_cap: int = 0,
 ) -> SweepReport:
-    """One reconciliation pass under the sweep lease; returns at once if another holds it."""
+    """One reconciliation pass under the sweep lease; returns at once if another holds it.
+
+    Whatever it found for an operator (and every corrupt record) is reported at the end, even
+    when the lease was lost midway: one ``FindingEvent`` each to the engine's event bus (log
+    and observers, hence metrics). With ``count_cap`` it also counts the open sagas per state
+    (up to that many each) into ``report.states``, for the metrics gauge.
+    """
     report = SweepReport()
     leases = Leases(engine.store, engine.clock, owner=owner)
     lease = leases.acquire(SWEEP_LEASE, lease_ms)
@@ -151,6 +185,10 @@ def sweep(
         report.lease_lost = True
         logger.warning("sweep stopped fence=%d: %s", lease.fence, exc, extra={"fence": lease.fence})
         return report
+    finally:
+        _report_findings(engine, report)
+    if count_cap:
+        report.states = count_sagas(engine.store, cap=count_cap)
     logger.info(
         "sweep end fence=%d examined=%d acted=%d pages=%d",
         lease.fence, report.examined, report.acted, report.pages, extra={"fence": lease.fence},
@@ -169,8 +207,6 @@ def _walk(
         page = current.fetch(cursor, page_size)
         report.pages += 1
         report.corrupt.extend(page.corrupt)
-        for corrupt in page.corrupt:
-            logger.error("sweep found a corrupt %s record %r", corrupt.kind, corrupt.id)
         for record in page.records:
             report.examined += 1
             _act(current, record, Fence.of(lease), report)
@@ -196,3 +232,9 @@ def _act(current: Pass, record: object, fence: Fence, report: SweepReport) -> No
     except Exception:
         report.errors += 1
         logger.exception("sweep %s: unexpected error", current.name)
+
+
+def _report_findings(engine: Engine, report: SweepReport) -> None:
+    """Send every finding and corrupt record of this sweep to the event bus."""
+    for finding in (*report.findings, *(corrupt_finding(c) for c in report.corrupt)):
+        engine.events.report(finding_event(finding, report.fence))
