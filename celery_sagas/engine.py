@@ -25,6 +25,7 @@ from .definitions import Registry, SagaDefinition, Timing
 from .dispatch import Dispatcher
 from .errors import (
     IllegalTransition,
+    PayloadTooLarge,
     SagaConcurrencyError,
     SagaConflictError,
     SagaNotFound,
@@ -202,7 +203,12 @@ class Engine:
                 reason = "ctx.approval needs approval secrets (sagas_approval_secrets)"
                 return self.write(saga, moves.to_manual_review(
                     saga, codes.INVALID_STEP_CALL, reason, now), fence)
-            after = self.write(saga, moves.append_steps(saga, decision.steps, now), fence)
+            try:
+                after = self.write(saga, moves.append_steps(saga, decision.steps, now), fence)
+            except PayloadTooLarge:
+                reason = "the arguments of the next step would exceed the payload limit"
+                return self.write(saga, moves.to_manual_review(
+                    saga, codes.PAYLOAD_TOO_LARGE, reason, now), fence)
             for step in decision.steps:
                 self.emit(after, step, Stage.EXECUTION, Phase.INTENT)
                 if step.state is StepState.EXECUTING:

@@ -23,6 +23,7 @@ from .definitions import StepOptions
 from .engine import Engine
 from .errors import (
     IllegalTransition,
+    PayloadTooLarge,
     SagaConcurrencyError,
     SagaValidationError,
     StepNotCommitted,
@@ -154,19 +155,22 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
 def _record(engine: Engine, saga: SagaRecord, move: Callable[[SagaRecord], SagaRecord]) -> SagaRecord | None:
     """Write ``move(saga)``; reload on a lost race, wait out an unreachable store."""
     deadline = time.monotonic() + _STORE_RETRY_S
+    current: SagaRecord | None = saga
     for _ in range(engine.settings.max_races):
         try:
-            return engine.write(saga, move(saga))
+            if current is None:
+                current = engine.load(saga.saga_id)
+            return engine.write(current, move(current))
         except IllegalTransition:
             logger.warning("saga %s moved on; outcome not recorded here", saga.saga_id)
             return None
         except SagaConcurrencyError:
-            pass
+            current = None
         except StoreError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-        saga = engine.load(saga.saga_id)
+            current = None
     return None
 
 
@@ -220,7 +224,12 @@ def _attempt(engine: Engine, claimed: SagaRecord, name: str, effect_id: str, bod
     started = time.monotonic()
     with engine.active.running(effect_id):
         outcome = _run_step_body(body, ctx, step, options)
-    written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
+    try:
+        written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
+    except PayloadTooLarge:
+        logger.warning("saga %s step %s: result over the payload limit", claimed.saga_id, name)
+        outcome = _Outcome("errored", error_code=codes.PAYLOAD_TOO_LARGE)
+        written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
     if written is not None:
         after = _step(written, name)
         phase = _PHASES[outcome.kind] if after.state is not StepState.EXECUTING else Phase.FAILED
