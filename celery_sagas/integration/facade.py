@@ -18,7 +18,7 @@ from .. import values
 from ..approvals.gate import ApprovalGate
 from ..approvals.sagas import SagaApprovals, approval_expiry_pass
 from ..approvals.tokens import TokenSigner
-from ..clock import Clock
+from ..clock import Clock, SystemClock
 from ..definitions import (
     Backoff,
     CompensatorOptions,
@@ -28,12 +28,16 @@ from ..definitions import (
 )
 from ..dispatch import Dispatcher
 from ..engine import Engine, EngineSettings
-from ..errors import SagaConfigurationError, SagaValidationError
-from ..events import EventBus, Observer
+from ..errors import NonDurableStoreError, SagaConfigurationError, SagaValidationError
+from ..events import EventBus, FindingObserver, Observer
+from ..journal import EffectJournal, EffectRecorder
 from ..liveness import claimer_id
+from ..metrics import SagaMetrics
 from ..protocol.compensation import default_backoff_ms
+from ..protocol.findings import Finding
 from ..reconcile import SweepReport, sweep
 from ..records import SagaRecord, SagaState
+from ..reports import FindingPage, all_findings, page_findings, window_of
 from ..stores import open_store
 from ..stores.base import Store
 from .dispatcher import ADVANCE_TASK, SWEEP_TASK, CeleryDispatcher
@@ -114,6 +118,11 @@ class Sagas:
         self._store_arg: str | Store = chosen
         self.registry = Registry()
         self.events = EventBus()
+        self._check_durability(chosen)
+        self.metrics: SagaMetrics | None = None
+        if self.settings.metrics:
+            self.metrics = SagaMetrics(self.settings.metrics_registry)
+            self.metrics.attach(self.events)
         self.clock = clock
         self.dispatcher: Dispatcher = CeleryDispatcher(app, self.registry, self.settings.queue)
         self._lock = threading.Lock()
@@ -135,10 +144,11 @@ class Sagas:
         pid = os.getpid()
         with self._lock:
             if self._engine is None or self._engine_pid != pid:
+                store, clock = self._open_store(), self.clock or SystemClock()
                 engine = Engine(
-                    self._open_store(), self.registry, self.dispatcher, clock=self.clock,
-                    events=self.events,
+                    store, self.registry, self.dispatcher, clock=clock, events=self.events,
                     settings=EngineSettings(self.settings.payload_limit, self.settings.timing),
+                    journal=self._journal(store, clock),
                 )
                 if self._secrets:
                     engine.approvals = ApprovalGate(engine.store, engine.clock, self._secrets,
@@ -173,6 +183,22 @@ class Sagas:
         if not store.durable and not self.settings.allow_non_durable:
             logger.warning("saga store %s keeps nothing across restarts", scheme)
         return store
+
+    def _check_durability(self, store: str | Store) -> None:
+        """Refuse, at once, a store the effect journal would refuse when the engine opens."""
+        memory = isinstance(store, str) and store.split("://", 1)[0].lower() == "memory"
+        durable = not memory and (isinstance(store, str) or getattr(store, "durable", False) is True)
+        if self.settings.journal and not durable and not self.settings.allow_non_durable:
+            raise NonDurableStoreError(
+                "the saga store is not durable; pass allow_non_durable=True (tests, local "
+                "development) or sagas_journal=False"
+            )
+
+    def _journal(self, store: Store, clock: Clock) -> EffectRecorder | None:
+        if not self.settings.journal:
+            return None
+        journal = EffectJournal(store, clock, allow_non_durable=self.settings.allow_non_durable)
+        return EffectRecorder(journal)
 
     def _forget_engine(self, **_: Any) -> None:
         with self._lock:
@@ -259,9 +285,11 @@ class Sagas:
              capability: str | None = None) -> Callable[[Callable[..., Any]], Saga]:
         """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect."""
 
+        checked = values.capability(capability) if capability is not None else None
+
         def decorate(run: Callable[..., Any]) -> Saga:
             definition = SagaDefinition(name, run, max_attempts, backoff or default_backoff_ms,
-                                        capability)
+                                        checked)
             self.registry.add_definition(definition)
             return Saga(self, definition)
 
@@ -307,12 +335,37 @@ class Sagas:
         """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds)."""
         engine = self.engine
         passes = [approval_expiry_pass(engine, self.approvals)] if engine.approvals else []
-        return sweep(engine, owner=claimer_id(), lease_ms=self.settings.sweep_lease_ms,
-                     page_size=self.settings.sweep_page_size, extra_passes=passes)
+        cap = self.settings.metrics_count_cap if self.metrics is not None else 0
+        report = sweep(engine, owner=claimer_id(), lease_ms=self.settings.sweep_lease_ms,
+                       page_size=self.settings.sweep_page_size, extra_passes=passes, count_cap=cap)
+        if self.metrics is not None and report.states:
+            self.metrics.set_saga_counts(report.states)
+        return report
+
+    def findings(self, report: str = "all", *, cursor: str | None = None,
+                 limit: int = 100) -> FindingPage:
+        """One page of what needs an operator (SPEC §5): manual-review, ambiguous and stale
+        sagas, then incomplete and ambiguous effects (``report``: all, sagas or effects).
+
+        ``limit`` is 1..1000; pass the page's ``cursor`` back for the next page (it keeps the
+        first page's notion of "stale", so a long walk stays consistent).
+        """
+        engine = self.engine
+        window = window_of(engine) if cursor is None else None
+        return page_findings(engine.store, window, report=report, cursor=cursor, limit=limit)
+
+    def all_findings(self, report: str = "all") -> list[Finding]:
+        """Every finding of ``findings``; raises SagaValidationError rather than truncate past 1000."""
+        engine = self.engine
+        return list(all_findings(engine.store, window_of(engine), report=report))
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Receive every lifecycle event; returns an unsubscribe function."""
         return self.events.subscribe(observer)
+
+    def subscribe_findings(self, observer: FindingObserver) -> Callable[[], None]:
+        """Receive every finding a sweep of this process reports; returns an unsubscribe function."""
+        return self.events.subscribe_findings(observer)
 
 
 def sagas_of(app: Celery) -> Sagas:
