@@ -31,8 +31,8 @@ from .errors import (
     StoreError,
 )
 from .integration.facade import Sagas, sagas_of
-from .protocol.findings import Finding, saga_finding
 from .records import SagaRecord, SagaState
+from .reports import REPORTS, page_findings, window_of
 from .scans import CorruptRecord, scan_sagas
 from .stores.base import MAX_SCAN_LIMIT
 
@@ -196,42 +196,31 @@ def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None
     _emit(as_json, fmt.saga_view(record, payload=payload), fmt.saga_text(record, payload=payload))
 
 
-def collect_findings(sagas: Sagas, limit: int) -> tuple[list[Finding], list[CorruptRecord]]:
-    """Findings over open sagas: running/compensating ones idle past stale_after, every review."""
-    engine = sagas.engine
-    stale_before = engine.now() - engine.settings.timing.stale_ms
-    found: list[Finding] = []
-    corrupt: list[CorruptRecord] = []
-    for states, before in (([SagaState.MANUAL_REVIEW], None),
-                           ([SagaState.RUNNING, SagaState.COMPENSATING], stale_before)):
-        cursor: str | None = None
-        while len(found) < limit:
-            page = scan_sagas(engine.store, states, updated_before_ms=before, cursor=cursor,
-                              limit=MAX_SCAN_LIMIT)
-            corrupt += page.corrupt
-            found += [f for r in page.records if (f := saga_finding(r, stale_before)) is not None]
-            cursor = page.cursor
-            if cursor is None:
-                break
-    return found[:limit], corrupt
-
-
 @click.command("findings")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+@click.option("--report", type=click.Choice(REPORTS), default="all", show_default=True,
+              help="Sagas, effect journal records, or both.")
+@click.option("--limit", type=click.IntRange(1, MAX_SCAN_LIMIT), default=100, show_default=True,
               help="At most this many findings.")
+@click.option("--cursor", help="Continue where a previous page stopped (its `cursor`).")
 @json_option
 @click.pass_context
 @_operation
-def findings(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """Report sagas that need an operator.
+def findings(ctx: click.Context, report: str, limit: int, cursor: str | None,
+             as_json: bool) -> None:
+    """Report what needs an operator.
 
-    Manual review, ambiguous steps and compensations, sagas idle past stale_after, and
-    corrupt records, each with the next thing to do.
+    Sagas in manual review, running or compensating sagas idle past stale_after (a step in
+    flight or unknown, or just stale), effects left unfinished in the journal, and corrupt
+    records, each with the next thing to do.
     """
-    found, corrupt = collect_findings(_session(ctx).sagas, limit)
-    data = {"findings": [fmt.finding_view(f) for f in found],
-            "corrupt": [fmt.corrupt_view(c) for c in corrupt]}
-    _emit(as_json, data, fmt.findings_text(found, corrupt))
+    engine = _session(ctx).sagas.engine
+    window = None if cursor else window_of(engine)
+    page = page_findings(engine.store, window, report=report, cursor=cursor, limit=limit)
+    data = {"findings": [fmt.finding_view(f) for f in page.findings], "cursor": page.cursor}
+    text = fmt.findings_text(page.findings, ())
+    if page.cursor is not None:
+        text += f"\nmore: --cursor {page.cursor}"
+    _emit(as_json, data, text)
 
 
 # ---------------------------------------------------------------- acting
@@ -327,7 +316,9 @@ def _approval_command(name: str, decision: str, summary: str) -> click.Command:
 
 
 approve = _approval_command(
-    "approve", "approved", "Approve a pending approval.\n\nOnly once, and only before it expires."
+    "approve", "approved",
+    "Approve a pending approval.\n\nOnly once, before it expires; the requester then resumes "
+    "the saga with its token.",
 )
 deny = _approval_command(
     "deny", "denied",

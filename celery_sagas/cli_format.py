@@ -210,7 +210,11 @@ def finding_hint(finding: Finding) -> str:
         return f"fix the cause ({finding.error_code or 'see reason'}), then: resume {saga}"
     if finding.kind is FindingKind.STALE:
         return "not updated for stale_after: is beat running the sweep?"
-    return "inspect the record in the store"
+    if finding.kind is FindingKind.AMBIGUOUS:
+        return "began long ago and its outcome is unknown: ask the provider about this effect id"
+    if finding.kind is FindingKind.INCOMPLETE:
+        return "admitted but never began: see its saga (the sweep re-drives it)"
+    return f"{finding.record_kind} record failed read validation: inspect it in the store"
 
 
 def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord]) -> str:
@@ -223,9 +227,9 @@ def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord])
             (f.kind, f.record_id, f.state, f.step, f.effect_id, f.error_code, iso(f.updated_at_ms))
             for f in findings
         ]
-        lines.append(table(("KIND", "SAGA", "STATE", "STEP", "EFFECT ID", "ERROR", "UPDATED"), rows))
+        lines.append(table(("KIND", "RECORD", "STATE", "STEP", "EFFECT ID", "ERROR", "UPDATED"), rows))
         lines.append("")
-        lines.extend(f"{f.record_id}: {finding_hint(f)}" for f in findings)
+        lines.extend(f"{f.record_kind} {f.record_id}: {finding_hint(f)}" for f in findings)
     for bad in corrupt:
         lines.append(f"corrupt {bad.kind} record {bad.id!r}: {bad.reason}")
     return "\n".join(lines)
