@@ -18,7 +18,8 @@ import pytest
 
 from celery_sagas import MemoryStore, StepNotCommitted
 from celery_sagas.dispatch import Sent
-from celery_sagas.records import SagaState, StepState
+from celery_sagas.events import LifecycleEvent
+from celery_sagas.records import SAGA, SagaRecord, SagaState, StepState, saga_from_envelope
 from celery_sagas.stores.base import Envelope, Fence
 from celery_sagas.testing.racing import race
 from tests.engine.conftest import Shop, kinds
@@ -26,23 +27,40 @@ from tests.engine.conftest import Shop, kinds
 Hooks = dict[str, Callable[[], object]]
 
 
+Watch = Callable[[SagaRecord], bool]
+
+
 class CountingStore(MemoryStore):
-    """A MemoryStore that counts the compare-and-sets it refused (lost races)."""
+    """A MemoryStore that counts refused compare-and-sets (lost races) and can run an action
+    once, just before or just after the write of a saga record that matches a condition."""
 
     def __init__(self) -> None:
         super().__init__()
         self._count_lock = threading.Lock()
         self.lost = 0
+        self.before: tuple[Watch, Callable[[], None]] | None = None
+        self.after: tuple[Watch, Callable[[], None]] | None = None
 
     def compare_and_set(
         self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
     ) -> bool:
-        """Delegate, counting refusals."""
+        """Delegate, counting refusals and firing the watches."""
+        self._fire("before", envelope)
         won = super().compare_and_set(envelope, expected_version, fence=fence)
         if not won:
             with self._count_lock:
                 self.lost += 1
+        else:
+            self._fire("after", envelope)
         return won
+
+    def _fire(self, when: str, envelope: Envelope) -> None:
+        watch = getattr(self, when)
+        if watch is None or envelope.kind != SAGA:
+            return
+        if watch[0](saga_from_envelope(envelope, envelope.id)):
+            setattr(self, when, None)
+            watch[1]()
 
 
 @pytest.fixture
@@ -383,3 +401,67 @@ def test_a_fan_out_that_asks_for_more_branches_on_replay_is_nondeterministic(
     record = shop.record("f-1")
     assert (record.state, record.error_code) == (SagaState.MANUAL_REVIEW, "nondeterministic")
     assert len(record.steps) == 4
+
+
+def _in_state(name: str, state: StepState, started: bool) -> Watch:
+    def matches(record: SagaRecord) -> bool:
+        step = record.step(name)
+        return step is not None and step.state is state and (step.started_at_ms is not None) == started
+
+    return matches
+
+
+_SAME_PROCESS_BUG = (
+    "BUG: liveness judges a step claimed by this very process as vanished (worker_lost) when "
+    "its effect id is not in engine.active; execution registers the effect only around the "
+    "body, so between the claim write and the body, and between the body and the outcome "
+    "write, a sibling branch's advance in another thread of the same process (threads/gevent "
+    "pool, or SagaDriver from threads) marks the running branch ambiguous (liveness._gone, "
+    "execution._attempt / _claim_step)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_SAME_PROCESS_BUG)
+@pytest.mark.parametrize(
+    ("when", "state"),
+    [("after", StepState.EXECUTING), ("before", StepState.COMMITTED)],
+    ids=["claim-written-body-not-begun", "body-returned-commit-not-written"],
+)
+def test_a_running_branch_is_not_judged_lost_by_a_sibling_in_the_same_process(
+    shop: Shop, fan: Fan, store: CountingStore, events: list[LifecycleEvent], when: str,
+    state: StepState,
+) -> None:
+    # given: at that moment of branch 1's delivery, branch 2 runs to its commit in this process
+    messages = start_fan_out(shop, width=2)
+    setattr(store, when, (_in_state(branch(1), state, started=True),
+                          lambda: shop.driver.deliver(messages[branch(2)])))
+
+    # when
+    shop.driver.deliver(messages[branch(1)])
+
+    # then: nobody thought branch 1 had vanished
+    assert [e.step for e in events if e.phase == "ambiguous"] == []
+
+
+def test_an_ambiguous_branch_and_a_failed_one_go_to_review_without_compensating_anything(
+    shop: Shop, fan: Fan
+) -> None:
+    # given: branch 1 ambiguous; branch 3 queued
+    messages = start_fan_out(shop, width=3)
+    fan.hooks.update({"sku-1": raising(ConnectionError("reset")),
+                      "sku-2": raising(StepNotCommitted("out_of_stock"))})
+    shop.driver.deliver(messages[branch(1)])
+
+    # when: branch 2 fails with a known outcome, then branch 3's message arrives
+    shop.driver.deliver(messages[branch(2)])
+    shop.driver.deliver(messages[branch(3)])
+    shop.driver.run_until_idle()
+
+    # then: branch 3 abandoned; the charge is not refunded blindly
+    record = shop.record("f-1")
+    assert (record.state, record.error_code) == (SagaState.MANUAL_REVIEW, "ambiguous_step")
+    assert [s.state for s in record.steps] == [
+        StepState.COMMITTED, StepState.AMBIGUOUS, StepState.FAILED, StepState.FAILED,
+    ]
+    assert shop.step(branch(3), "f-1").error_code == "not_started"
+    assert undo_log(shop) == [] and shop.script.of("reserve") == []
