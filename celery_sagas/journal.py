@@ -342,6 +342,11 @@ class EffectRecorder:
                 self._skipped(event, target, exc)
                 return
 
+    def clear(self) -> None:
+        """Forget every remembered record (the next transition of each reads it again)."""
+        with self._lock:
+            self._cache.clear()
+
     def _apply(self, event: LifecycleEvent, stage: str, target: EffectState) -> None:
         if target is _A:
             # A retry's intent finds its effect journaled already: nothing to write.
