@@ -36,9 +36,16 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
 }
 
 
+# Durations are added to and subtracted from "now" (lease expiry, staleness cut-offs): past a
+# year they stop meaning anything and, near the float/2**53 limits, overflow.
+_MAX_SECONDS = 366 * 24 * 3600
+
+
 def _seconds_ms(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise SagaConfigurationError(f"sagas_{name} must be a positive number of seconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_SECONDS:
+        raise SagaConfigurationError(
+            f"sagas_{name} must be a positive number of seconds, at most {_MAX_SECONDS}"
+        )
     return max(1, int(value * 1000))
 
 
