@@ -8,8 +8,10 @@ script (loading the app by import path from ``CURRENT_APP`` below).
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -49,6 +51,7 @@ from tests.engine.conftest import ORDER, Script, Shop, register_shop
 
 # The console-script tests load the app by import path: tests.unit.test_cli:CURRENT_APP.
 CURRENT_APP: Celery | None = None
+LAZY_APP: Celery | None = None
 APP_PATH = f"{__name__}:CURRENT_APP"
 STALE_MS = 30_000
 SECRET = b"cli-test-secret-of-at-least-32-bytes!"
@@ -590,6 +593,29 @@ def test_an_app_without_sagas_is_a_usage_error() -> None:
     # then
     assert result.exit_code == EXIT_USAGE
     assert "no Sagas(app, ...) was created" in result.stderr
+
+
+def test_sagas_created_in_a_task_module_are_found_after_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: an app whose Sagas is created by a module listed in app.conf.imports
+    global LAZY_APP
+    module = f"lazy_sagas_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "from celery_sagas import MemoryStore, Sagas\n"
+        "from tests.unit.test_cli import LAZY_APP\n"
+        "sagas = Sagas(LAZY_APP, store=MemoryStore(), allow_non_durable=True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    LAZY_APP = Celery(f"lazy-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    LAZY_APP.conf.imports = (module,)
+
+    # when
+    result = CliRunner().invoke(sagas, ["list", "--json"], obj=CLIContext(LAZY_APP, True, None))
+
+    # then
+    assert as_json(result)["sagas"] == []
+    assert sagas_of(LAZY_APP) is sys.modules[module].sagas
 
 
 def test_sagas_of_finds_the_sagas_created_on_an_app(shop: Shop) -> None:
