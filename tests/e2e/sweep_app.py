@@ -1,0 +1,287 @@
+"""Sweep tests' helpers: an e2e app whose log lines carry microseconds, and a standalone sweeper.
+
+As a Celery app (``celery -A tests.e2e.sweep_app worker``) this is ``tests.e2e.app`` with worker
+log lines that start with ``%(created).6f``, so a test can order the sweep's ``sweep start`` and
+``sweep end`` lines across processes.
+
+As a program (``python -m tests.e2e.sweep_app --store URL --prefix P --owner A ...``) it runs
+one reconciliation sweep in its own process, on a test saga definition, and records what it did
+as JSON lines in ``--trace``: every scan page (cursor in, ids out), every compare-and-set and
+its outcome (``written``, ``stale`` or ``fenced``), every message it would send. With
+``--pause-at N`` it stops after the page on which it had examined N records, writes
+``--marker`` and waits for ``--go`` to exist, so a test can SIGSTOP it at a known point.
+It prints its ``SweepReport`` as JSON when done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert
+
+from celery_sagas.context import SagaContext
+from celery_sagas.definitions import Registry, SagaDefinition, StepOptions, Timing
+from celery_sagas.engine import Engine, EngineSettings
+from celery_sagas.errors import FencedWriteRefused
+from celery_sagas.reconcile import SweepReport, sweep
+from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
+from celery_sagas.stores import open_store
+from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
+from celery_sagas.stores.redis import RedisStore
+from celery_sagas.stores.sql import SqlStore
+from celery_sagas.stores.sql.schema import build_tables
+
+DEFINITION = "sweep-test"
+STEP_TASK = "sweep.work"
+HOUR_MS = 3_600_000
+
+
+def _run(ctx: SagaContext, data: dict[str, Any]) -> None:
+    ctx.step(STEP_TASK, data["n"])
+
+
+def registry() -> Registry:
+    """A registry with the one-step test saga the sweeper re-drives."""
+    found = Registry()
+    found.add_step(StepOptions(task=STEP_TASK, compensator=None))
+    found.add_definition(SagaDefinition(DEFINITION, _run))
+    return found
+
+
+def stale_saga(saga_id: str, n: int, at_ms: int) -> SagaRecord:
+    """A running saga whose first advance was lost: a sweep appends and dispatches its step."""
+    return SagaRecord(saga_id, DEFINITION, SagaState.RUNNING, {"n": n}, at_ms, at_ms)
+
+
+def waiting_saga(saga_id: str, n: int, at_ms: int) -> SagaRecord:
+    """A running saga whose step runs elsewhere within its time limit: a sweep leaves it alone."""
+    step = StepRecord(
+        name=STEP_TASK, task=STEP_TASK, effect_id=f"{saga_id}-e", compensation_effect_id=f"{saga_id}-c",
+        state=StepState.EXECUTING, args=(n,), attempts=1, started_at_ms=at_ms,
+        claimed_by="another-host:1", dispatched_at_ms=at_ms, time_limit_ms=24 * HOUR_MS,
+    )
+    return SagaRecord(saga_id, DEFINITION, SagaState.RUNNING, {"n": n}, at_ms, at_ms, (step,))
+
+
+def store_for(url: str, prefix: str) -> Store:
+    """The store at ``url`` under ``prefix`` (Redis key prefix, or SQL table prefix + '_')."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return open_store(url, prefix=prefix)
+    return open_store(url, table_prefix=prefix + "_")
+
+
+def bulk_create(store: Store, records: Sequence[SagaRecord]) -> None:
+    """Insert many new sagas quickly, in the store's own layout (Redis pipeline, SQL executemany)."""
+    envelopes = [saga_to_envelope(record) for record in records]
+    if isinstance(store, RedisStore):
+        layout = store.layout
+        pipe = store._client.pipeline(transaction=False)
+        for e in envelopes:
+            fields = {"id": e.id, "version": e.version, "state": e.state,
+                      "updated_at_ms": e.updated_at_ms, "body": e.body}
+            pipe.hset(layout.record(e.kind, e.id), mapping=fields)
+            pipe.zadd(layout.record_index(e.kind, e.id, e.state), {e.id: e.updated_at_ms})
+        pipe.execute()
+        return
+    assert isinstance(store, SqlStore)
+    table = build_tables(store.table_prefix).envelopes
+    rows = [{"kind": e.kind, "id": e.id, "version": e.version, "state": e.state,
+             "updated_at_ms": e.updated_at_ms, "body": e.body} for e in envelopes]
+    with store.engine.begin() as connection:
+        connection.execute(insert(table), rows)
+
+
+def destroy(store: Store) -> None:
+    """Remove everything a test wrote under the store's prefix, then close it."""
+    if hasattr(store, "drop_schema"):
+        store.drop_schema()
+    elif hasattr(store, "layout"):
+        client = store._client
+        for chunk in _chunks(list(client.scan_iter(match=store.layout.pattern(), count=1000)), 1000):
+            client.delete(*chunk)
+    store.close()
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+class Trace:
+    """Appends one JSON line per event to a file (O_APPEND keeps lines whole)."""
+
+    def __init__(self, path: Path, owner: str) -> None:
+        self.path = path
+        self.owner = owner
+        self._lock = threading.Lock()
+
+    def write(self, op: str, **fields: Any) -> None:
+        """Record one event."""
+        line = json.dumps({"op": op, "owner": self.owner, "t": time.time(), **fields})
+        with self._lock, open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    """Every event a trace file holds."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+class TracingStore:
+    """Delegates to a store and traces scans and compare-and-sets."""
+
+    def __init__(self, inner: Store, trace: Trace) -> None:
+        self.inner = inner
+        self.trace = trace
+        self.durable = inner.durable
+
+    def create(self, envelope: Envelope) -> bool:
+        """Delegate."""
+        return self.inner.create(envelope)
+
+    def get(self, kind: str, record_id: str) -> Envelope | None:
+        """Delegate."""
+        return self.inner.get(kind, record_id)
+
+    def compare_and_set(
+        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        """Delegate and trace the outcome."""
+        number = None if fence is None else fence.number
+        try:
+            written = self.inner.compare_and_set(envelope, expected_version, fence=fence)
+        except FencedWriteRefused:
+            self.trace.write("cas", id=envelope.id, fence=number, outcome="fenced")
+            raise
+        self.trace.write("cas", id=envelope.id, fence=number, outcome="written" if written else "stale")
+        return written
+
+    def scan(self, kind: str, states: Sequence[str], *, updated_before_ms: int | None = None,
+             cursor: str | None = None, limit: int = 100) -> Page:
+        """Delegate and trace the page."""
+        page = self.inner.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
+        self.trace.write("scan", states=list(states), cursor=cursor,
+                         ids=[item.id for item in page.items], next=page.cursor)
+        return page
+
+    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int) -> Lease | None:
+        """Delegate."""
+        return self.inner.acquire_lease(name, owner, token, now_ms, lease_ms)
+
+    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+        """Delegate."""
+        return self.inner.renew_lease(lease, now_ms, lease_ms)
+
+    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+        """Delegate."""
+        return self.inner.checkpoint_lease(lease, cursor, now_ms)
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Delegate."""
+        return self.inner.release_lease(lease)
+
+    def close(self) -> None:
+        """Delegate."""
+        self.inner.close()
+
+
+class TracingDispatcher:
+    """Traces every message instead of sending it."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+
+    def send_step(self, saga_id: str, step: StepRecord) -> None:
+        """Trace a step message."""
+        self.trace.write("send", kind="step", saga_id=saga_id, effect_id=step.effect_id)
+
+    def send_compensation(self, saga_id: str, step: StepRecord) -> None:
+        """Trace a compensation message."""
+        self.trace.write("send", kind="compensation", saga_id=saga_id, effect_id=step.compensation_effect_id)
+
+    def send_advance(self, saga_id: str) -> None:
+        """Trace an advance message."""
+        self.trace.write("send", kind="advance", saga_id=saga_id)
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+def _report_json(report: SweepReport) -> str:
+    return json.dumps({
+        "acquired": report.acquired, "fence": report.fence, "complete": report.complete,
+        "lease_lost": report.lease_lost, "examined": report.examined, "acted": report.acted,
+        "errors": report.errors, "pages": report.pages, "corrupt": [c.id for c in report.corrupt],
+    })
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Run one sweep under the sweep lease.")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--owner", required=True)
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--lease-ms", type=int, default=30_000)
+    parser.add_argument("--page-size", type=int, default=100)
+    parser.add_argument("--stale-ms", type=int, default=1_000)
+    parser.add_argument("--pause-at", type=int, default=0, help="block once this many records were "
+                        "examined (0: never)")
+    parser.add_argument("--marker", type=Path)
+    parser.add_argument("--go", type=Path)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sweep once (waiting until the lease is free), then print the report as JSON."""
+    args = _parser().parse_args(argv)
+    trace = Trace(args.trace, args.owner)
+    store = TracingStore(store_for(args.store, args.prefix), trace)
+    engine = Engine(store, registry(), TracingDispatcher(trace),
+                    settings=EngineSettings(timing=Timing(stale_ms=args.stale_ms)))
+
+    paused = False
+
+    def on_page(lease: Lease, report: SweepReport) -> None:
+        nonlocal paused
+        trace.write("page", n=report.pages, examined=report.examined, fence=lease.fence)
+        if args.pause_at and not paused and report.examined >= args.pause_at:
+            paused = True
+            assert args.marker is not None and args.go is not None
+            args.marker.write_text(json.dumps({"pid": os.getpid(), "fence": lease.fence}))
+            _wait_for(args.go, args.timeout)
+            trace.write("resumed", fence=lease.fence)
+
+    deadline = time.monotonic() + args.timeout
+    while True:
+        report = sweep(engine, owner=args.owner, lease_ms=args.lease_ms, page_size=args.page_size,
+                       on_page=on_page)
+        if report.acquired or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)  # another sweeper holds the lease: try again until it expires
+    print(_report_json(report), flush=True)
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+elif os.environ.get("E2E_BROKER"):
+    from tests.e2e.app import Config, build
+
+    app = build(Config.from_env()).app
+    app.conf.worker_log_format = "%(created).6f [%(levelname)s/%(processName)s] %(message)s"

@@ -1,0 +1,387 @@
+"""Reconciliation sweeps under a fenced lease, on Redis and PostgreSQL (SPEC §5).
+
+- two real ``celery beat`` processes and two workers: sweeps never overlap, fences only grow;
+- a sweeper SIGSTOPped past its lease loses it, the next holder continues from the checkpointed
+  cursor, and the paused sweeper's writes after SIGCONT are refused;
+- a corrupt record is reported by the sweep and does not stop it;
+- 10,000 stale sagas are all found across pages exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from celery_sagas.definitions import Timing
+from celery_sagas.dispatch import RecordingDispatcher
+from celery_sagas.engine import Engine, EngineSettings
+from celery_sagas.reconcile import Pass, SweepReport, sweep
+from celery_sagas.records import (
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
+    saga_from_envelope,
+    saga_to_envelope,
+)
+from celery_sagas.scans import RecordPage, scan_sagas
+from celery_sagas.stores.base import Fence, Store
+from tests.e2e.conftest import REDIS_BROKER, ROOT, Stack, _make_stack, wait_until
+from tests.e2e.sweep_app import (
+    HOUR_MS,
+    bulk_create,
+    destroy,
+    read_trace,
+    registry,
+    stale_saga,
+    store_for,
+    waiting_saga,
+)
+
+STALE_MS = 60_000  # seeded sagas are an hour old; sagas a sweep re-drove never turn stale again
+
+
+@dataclass
+class Backend:
+    """A real store under a fresh prefix, and what a subprocess needs to open it again."""
+
+    name: str
+    url: str
+    prefix: str
+    store: Store
+
+    def engine(self, dispatcher: RecordingDispatcher | None = None) -> Engine:
+        """An engine on this store with the sweep test saga registered."""
+        return Engine(self.store, registry(), dispatcher or RecordingDispatcher(),
+                      settings=EngineSettings(timing=Timing(stale_ms=STALE_MS)))
+
+    def saga(self, saga_id: str) -> SagaRecord:
+        """The stored saga."""
+        envelope = self.store.get("saga", saga_id)
+        return saga_from_envelope(envelope, saga_id)
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def backend(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[Backend]:
+    """Redis and PostgreSQL stores under a unique prefix, removed afterwards."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    store = store_for(url, unique_prefix)
+    try:
+        yield Backend(request.param, url, unique_prefix, store)
+    finally:
+        destroy(store)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _seed(store: Store, records: list[SagaRecord]) -> None:
+    for record in records:
+        assert store.create(saga_to_envelope(record))
+
+
+# ---------------------------------------------------------------- every stale saga exactly once
+
+
+def _counting_pass(engine: Engine, seen: Counter[str]) -> Pass:
+    """An extra pass that walks the stale running sagas again and counts every id it is given."""
+    before = engine.now() - STALE_MS
+
+    def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
+        page = scan_sagas(engine.store, [SagaState.RUNNING], updated_before_ms=before,
+                          cursor=cursor, limit=limit)
+        return RecordPage(tuple(page.records), page.corrupt, page.cursor)
+
+    def act(record: object, fence: Fence, report: SweepReport) -> None:
+        assert isinstance(record, SagaRecord)
+        seen[record.saga_id] += 1
+
+    return Pass("count", fetch, act)
+
+
+@pytest.mark.slow
+def test_ten_thousand_stale_sagas_are_each_found_exactly_once_across_pages(backend: Backend) -> None:
+    # given: 10,000 stale sagas, 200 of them per millisecond (ties split across pages)
+    now = _now_ms()
+    ids = [f"s{n:05d}" for n in range(10_000)]
+    bulk_create(backend.store, [waiting_saga(i, n, now - HOUR_MS + n // 200) for n, i in enumerate(ids)])
+    engine = backend.engine()
+    seen: Counter[str] = Counter()
+
+    # when
+    report = sweep(engine, owner="sweeper", lease_ms=60_000, page_size=97,
+                   extra_passes=[_counting_pass(engine, seen)])
+
+    # then
+    assert report.complete and report.errors == 0 and report.corrupt == []
+    assert set(seen) == set(ids) and set(seen.values()) == {1}
+    assert report.examined == 2 * len(ids)  # the running pass and the counting pass
+    assert sorted(f.record_id for f in report.findings) == ids  # each reported once too
+
+
+# ---------------------------------------------------------------- corrupt records
+
+
+def _corrupt(backend: Backend, saga_id: str, how: str) -> None:
+    """Write garbage under a saga's key or row, bypassing the store."""
+    store: Any = backend.store
+    if backend.name == "redis":
+        key = store.layout.record("saga", saga_id)
+        if how == "body":
+            store._client.hset(key, "body", "{not json")
+        elif how == "type":
+            store._client.delete(key)
+            store._client.set(key, "garbage")
+        else:  # the record vanished, its index entry stayed
+            store._client.delete(key)
+        return
+    table = f"{store.table_prefix}envelopes"
+    change = {"body": "body = '{not json'", "type": "version = 0", "gone": "body = '[]'"}[how]
+    with store.engine.begin() as connection:
+        connection.execute(text(f"UPDATE {table} SET {change} WHERE kind = 'saga' AND id = :id"),
+                           {"id": saga_id})
+
+
+def test_a_corrupt_record_is_reported_and_the_sweep_repairs_the_others(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given: 30 stale sagas whose advance was lost, three of them overwritten with garbage
+    now = _now_ms()
+    ids = [f"c{n:02d}" for n in range(30)]
+    _seed(backend.store, [stale_saga(i, n, now - HOUR_MS + n) for n, i in enumerate(ids)])
+    broken = {"c03": "body", "c14": "type", "c25": "gone"}
+    for saga_id, how in broken.items():
+        _corrupt(backend, saga_id, how)
+    dispatcher = RecordingDispatcher()
+
+    # when
+    with caplog.at_level(logging.ERROR):
+        report = sweep(backend.engine(dispatcher), owner="sweeper", lease_ms=30_000, page_size=4)
+
+    # then: reported (report and log), and every good saga re-driven once
+    assert sorted(c.id for c in report.corrupt) == sorted(broken)
+    assert report.complete and report.errors == 0
+    logged = [r.getMessage() for r in caplog.records if "corrupt" in r.getMessage()]
+    assert sorted(re.findall(r"\b(c\d\d)\b", " ".join(logged))) == sorted(broken)
+    good = [i for i in ids if i not in broken]
+    assert sorted(s.saga_id for s in dispatcher.sent if s.kind == "step") == good
+    assert all(len(backend.saga(i).steps) == 1 for i in good)
+
+
+# ---------------------------------------------------------------- a paused sweeper is fenced out
+
+
+@dataclass
+class Sweeper:
+    """A standalone sweeper subprocess and its files."""
+
+    owner: str
+    proc: subprocess.Popen[str]
+    trace: Path
+    marker: Path
+    go: Path
+
+    def report(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait for it to exit; its printed report."""
+        out, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, err[-3000:]
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
+
+    def events(self, op: str | None = None) -> list[dict[str, Any]]:
+        """Its trace (of one op)."""
+        return [e for e in read_trace(self.trace) if op in (None, e["op"])]
+
+
+def _start_sweeper(backend: Backend, tmp: Path, owner: str, *, lease_ms: int, pause_at: int,
+                   page_size: int) -> Sweeper:
+    files = [tmp / f"{owner}.{suffix}" for suffix in ("trace", "marker", "go")]
+    args = ["--store", backend.url, "--prefix", backend.prefix, "--owner", owner,
+            "--trace", str(files[0]), "--marker", str(files[1]), "--go", str(files[2]),
+            "--lease-ms", str(lease_ms), "--page-size", str(page_size),
+            "--stale-ms", str(STALE_MS), "--pause-at", str(pause_at)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("E2E_BROKER", None)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.sweep_app", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Sweeper(owner, proc, *files)
+
+
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+@pytest.mark.slow
+def test_a_sweeper_paused_past_its_lease_is_fenced_out_and_the_next_continues_from_its_checkpoint(
+    backend: Backend, tmp_path: Path
+) -> None:
+    # given: 40 stale sagas (8 pages of 5); sweeper A stops after its second page of them
+    now = _now_ms()
+    ids = [f"p{n:02d}" for n in range(40)]
+    _seed(backend.store, [stale_saga(i, n, now - HOUR_MS + n) for n, i in enumerate(ids)])
+    a = _start_sweeper(backend, tmp_path, "sweeper-a", lease_ms=1_500, pause_at=10, page_size=5)
+    b: Sweeper | None = None
+    try:
+        wait_until(a.marker.exists, what="sweeper A between pages")
+        fence_a = json.loads(a.marker.read_text())["fence"]
+
+        # when: A is paused (SIGSTOP) past its lease, B takes over and stops after one page
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        wait_until(lambda: _stopped(a.proc.pid), what="sweeper A stopped")
+        a.go.touch()
+        b = _start_sweeper(backend, tmp_path, "sweeper-b", lease_ms=60_000, pause_at=1, page_size=5)
+        wait_until(b.marker.exists, what="sweeper B holding the lease")
+        fence_b = json.loads(b.marker.read_text())["fence"]
+        os.kill(a.proc.pid, signal.SIGCONT)
+        report_a = a.report()
+        b.go.touch()
+        report_b = b.report()
+    finally:
+        for sweeper in (a, b):
+            if sweeper is not None and sweeper.proc.poll() is None:
+                os.kill(sweeper.proc.pid, signal.SIGCONT)
+                sweeper.proc.kill()
+                sweeper.proc.wait()
+
+    # then: A lost the lease and nothing it tried after resuming landed
+    assert report_a["acquired"] and report_a["fence"] == fence_a and report_a["lease_lost"]
+    assert report_b["acquired"] and report_b["fence"] == fence_b > fence_a and report_b["complete"]
+    resumed_at = a.events("resumed")[0]["t"]
+    before = [e for e in a.events("cas") if e["t"] < resumed_at]
+    after = [e for e in a.events("cas") if e["t"] > resumed_at]
+    assert [e["outcome"] for e in before] == ["written"] * 10
+    assert after and {e["outcome"] for e in after} == {"fenced"}
+    assert [e for e in a.events("send") if e["t"] > resumed_at] == []
+    # B started from the cursor A checkpointed after its second page, not from the top
+    [first, second, *_] = [e for e in a.events("scan") if e["states"] == ["running"]]
+    assert first["cursor"] is None and len(first["ids"]) == len(second["ids"]) == 5
+    b_running = [e for e in b.events("scan") if e["states"] == ["running"]]
+    assert b_running[0]["cursor"] == second["next"] is not None
+    # every stale saga re-driven exactly once, by one of them
+    written_a = {e["id"] for e in before}
+    written_b = {e["id"] for e in b.events("cas") if e["outcome"] == "written"}
+    assert written_a.isdisjoint(written_b) and written_a | written_b == set(ids)
+    sends = Counter(e["saga_id"] for s in (a, b) for e in s.events("send"))
+    assert sends == Counter(ids)
+    assert all(backend.saga(i).version == 2 and len(backend.saga(i).steps) == 1 for i in ids)
+
+
+# ---------------------------------------------------------------- two beats, two workers
+
+_LINE = re.compile(r"^(\d+\.\d+) .*sweep (start|end|stopped) fence=(\d+)")
+
+
+_DONE = re.compile(r"^(\d+\.\d+) .*Task celery_sagas\.sweep\[[^]]+\] succeeded")
+
+
+def _sweep_tasks_done(processes: list[Any]) -> list[float]:
+    """When each sweep task finished (whether or not it got the lease)."""
+    return [float(m[1]) for p in processes for m in map(_DONE.match, p.text().splitlines()) if m]
+
+
+def _sweep_lines(processes: list[Any]) -> list[tuple[float, str, int]]:
+    found = []
+    for process in processes:
+        for line in process.text().splitlines():
+            match = _LINE.match(line)
+            if match:
+                found.append((float(match[1]), match[2], int(match[3])))
+    return sorted(found)
+
+
+def _intervals(lines: list[tuple[float, str, int]]) -> list[tuple[int, float, float]]:
+    """(fence, start, end) of every sweep; only the last may still run (its end is infinite)."""
+    starts = [(fence, at) for at, what, fence in lines if what == "start"]
+    ends = {fence: at for at, what, fence in lines if what != "start"}
+    assert len({fence for fence, _ in starts}) == len(starts), "a fence was granted twice"
+    unfinished = [fence for fence, _ in starts if fence not in ends]
+    assert unfinished in ([], [starts[-1][0]]), f"sweeps {unfinished} never ended"
+    return [(fence, at, ends.get(fence, float("inf"))) for fence, at in starts]
+
+
+@pytest.fixture(params=["redis", "rabbitmq+postgres"])
+def sweep_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """Both production stacks, with beat sending the sweep every half second."""
+    if request.param == "redis":
+        broker, store = REDIS_BROKER, request.getfixturevalue("redis_url")
+    else:
+        broker = request.getfixturevalue("rabbitmq_url")
+        store = request.getfixturevalue("postgres_url")
+    yield from _make_stack(tmp_path, broker, store, sweep_interval=0.5)
+
+
+def test_two_beats_and_two_workers_never_sweep_at_once(sweep_stack: Stack) -> None:
+    stack = sweep_stack
+    # given: work that makes every sweep walk many pages, and garbage it must report
+    stack.app_module = "tests.e2e.sweep_app"
+    store = stack.sagas.store
+    now = _now_ms()
+    bulk_create(store, [_retrying_order(f"w{n:04d}", now + n) for n in range(1500)])
+    _seed(store, [_retrying_order("garbage", now)])
+    _corrupt_any(store, "garbage")
+
+    # when: two beats send the sweep every 0.5 s to two workers (four pool processes)
+    workers = [stack.worker(), stack.worker()]
+    beats = [stack.beat(), stack.beat()]
+
+    def enough() -> bool:
+        return len(_intervals(_sweep_lines(workers))) >= 8
+
+    wait_until(enough, timeout=90, what="eight sweeps")
+    for process in beats + workers:
+        process.stop()
+
+    # then: no two sweeps overlapped, and the fences grew with time
+    lines = _sweep_lines(workers)
+    assert not [line for line in lines if line[1] == "stopped"], "a sweeper lost its lease"
+    intervals = _intervals(lines)
+    for (fence, start, end), (later, next_start, _) in pairwise(intervals):
+        assert start <= end < next_start, f"sweep {fence} overlaps sweep {later}"
+        assert later > fence
+    # and the lease was contended: sweep tasks finished while another process held it
+    assert any(start < done < end for done in _sweep_tasks_done(workers) for _, start, end in intervals)
+    logs = "\n".join(w.text() for w in workers)
+    assert re.search(r"corrupt.*\bgarbage\b", logs), "the corrupt record was not reported"
+    assert re.search(r"sweep end fence=\d+ examined=1500 ", logs), "a sweep did not walk every page"
+
+
+def _retrying_order(saga_id: str, at_ms: int) -> SagaRecord:
+    """An e2e order compensating, its next release attempt due tomorrow: every sweep walks it
+    (the compensating pass has no staleness filter) and leaves it alone."""
+    plan: dict[str, Any] = {}
+    reserve = "tests.e2e.app.reserve"
+    step = StepRecord(
+        name=reserve, task=reserve, effect_id=f"{saga_id}-e", compensation_effect_id=f"{saga_id}-c",
+        state=StepState.COMPENSATION_FAILED, args=("S", plan), compensator="e2e.release",
+        result={"reservation": "res-S"}, attempts=1, compensation_attempts=1,
+        next_attempt_at_ms=at_ms + 24 * HOUR_MS, committed_at_ms=at_ms, error_code="compensation_failed",
+    )
+    data = {"sku": "S", "amount": 1, "id": saga_id, "plan": plan}
+    return SagaRecord(saga_id, "e2e-order", SagaState.COMPENSATING, data, at_ms, at_ms, (step,))
+
+
+def _corrupt_any(store: Any, saga_id: str) -> None:
+    if hasattr(store, "layout"):
+        store._client.hset(store.layout.record("saga", saga_id), "body", "{not json")
+        return
+    table = f"{store.table_prefix}envelopes"
+    with store.engine.begin() as connection:
+        connection.execute(text(f"UPDATE {table} SET body = '{{not json' WHERE id = :id"),
+                           {"id": saga_id})
