@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .engine import Engine
-from .errors import FencedWriteRefused, LeaseLost, SagaError
+from .errors import FencedWriteRefused, LeaseLost, SagaError, SagaValidationError
 from .leases import Leases
 from .protocol.findings import Finding, FindingKind, effect_finding, saga_finding
 from .records import EffectRecord, EffectState, SagaRecord, SagaState
@@ -204,7 +204,16 @@ def _walk(
     index, cursor = _position(lease.cursor, passes)
     while index < len(passes):
         current = passes[index]
-        page = current.fetch(cursor, page_size)
+        try:
+            page = current.fetch(cursor, page_size)
+        except SagaValidationError:
+            if cursor is None:
+                raise
+            # A checkpoint this version cannot read (other bucket count, other pass order) would
+            # fail every sweep from now on: walk this pass again from the top instead.
+            logger.warning("sweep %s: unreadable checkpoint, restarting the pass", current.name)
+            cursor = None
+            continue
         report.pages += 1
         report.corrupt.extend(page.corrupt)
         for record in page.records:

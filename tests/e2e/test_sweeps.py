@@ -30,7 +30,8 @@ from sqlalchemy import text
 from celery_sagas.definitions import Timing
 from celery_sagas.dispatch import RecordingDispatcher
 from celery_sagas.engine import Engine, EngineSettings
-from celery_sagas.reconcile import Pass, SweepReport, sweep
+from celery_sagas.leases import Leases
+from celery_sagas.reconcile import SWEEP_LEASE, Pass, SweepReport, sweep
 from celery_sagas.records import (
     SagaRecord,
     SagaState,
@@ -182,6 +183,31 @@ def test_a_corrupt_record_is_reported_and_the_sweep_repairs_the_others(
     good = [i for i in ids if i not in broken]
     assert sorted(s.saga_id for s in dispatcher.sent if s.kind == "step") == good
     assert all(len(backend.saga(i).steps) == 1 for i in good)
+
+
+# ---------------------------------------------------------------- regressions
+
+
+def test_a_checkpoint_this_version_cannot_read_restarts_its_pass_instead_of_jamming_every_sweep(
+    backend: Backend,
+) -> None:
+    # given: a checkpoint left by another layout (say another bucket count or pass order)
+    now = _now_ms()
+    ids = [f"k{n}" for n in range(5)]
+    _seed(backend.store, [stale_saga(i, n, now - HOUR_MS + n) for n, i in enumerate(ids)])
+    engine = backend.engine()
+    old = Leases(backend.store, engine.clock, owner="older-version").acquire(SWEEP_LEASE, 30_000)
+    assert old is not None
+    Leases(backend.store, engine.clock, owner="older-version").checkpoint(old, "1:bm90LWEtY3Vyc29y")
+    assert backend.store.release_lease(old)
+
+    # when
+    first = sweep(engine, owner="sweeper", lease_ms=30_000)
+    second = sweep(engine, owner="sweeper", lease_ms=30_000)
+
+    # then: the pass it pointed into was walked from the top, and sweeping goes on
+    assert first.complete and second.complete
+    assert all(len(backend.saga(i).steps) == 1 for i in ids)
 
 
 # ---------------------------------------------------------------- a paused sweeper is fenced out
