@@ -107,7 +107,7 @@ def _wakeup_pass(engine: Engine) -> Pass:
         if saga is not None:
             after = engine.advance(saga.saga_id, saga, fence)
             report.acted += after.version != saga.version
-        fired(engine.store, wakeup, now)
+        fired(engine.store, wakeup, now, fence)
 
     return Pass("wakeups", fetch, handle)
 

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from .errors import InvalidRecordError
-from .stores.base import Envelope, Store
+from .stores.base import Envelope, Fence, Store
 
 __all__ = ["WAKEUP", "Wakeup", "fired", "schedule", "wakeup_from_envelope"]
 
@@ -61,9 +61,9 @@ def wakeup_from_envelope(envelope: Envelope) -> Wakeup:
     return Wakeup(envelope.id, saga_id, envelope.updated_at_ms, created, envelope.version)
 
 
-def fired(store: Store, wakeup: Wakeup, now_ms: int) -> bool:
-    """Mark a wake-up as fired so no later sweep sees it again."""
+def fired(store: Store, wakeup: Wakeup, now_ms: int, fence: Fence | None = None) -> bool:
+    """Mark a wake-up as fired so no later sweep sees it again (refused under a stale ``fence``)."""
     body = json.dumps({"saga_id": wakeup.saga_id, "created_at_ms": wakeup.created_at_ms})
     done = Envelope(WAKEUP, wakeup.wakeup_id, wakeup.version + 1, FIRED,
                     max(now_ms, wakeup.due_at_ms), body)
-    return store.compare_and_set(done, wakeup.version)
+    return store.compare_and_set(done, wakeup.version, fence=fence)

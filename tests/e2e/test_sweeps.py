@@ -41,7 +41,9 @@ from celery_sagas.records import (
     saga_to_envelope,
 )
 from celery_sagas.scans import RecordPage, scan_sagas
-from celery_sagas.stores.base import Fence, Store
+from celery_sagas.stores.base import Fence, Lease, Store
+from celery_sagas.testing import FrozenClock
+from celery_sagas.wakeups import WAKEUP, schedule
 from tests.e2e.conftest import REDIS_BROKER, ROOT, Stack, _make_stack, wait_until
 from tests.e2e.sweep_app import (
     HOUR_MS,
@@ -208,6 +210,29 @@ def test_a_checkpoint_this_version_cannot_read_restarts_its_pass_instead_of_jamm
     # then: the pass it pointed into was walked from the top, and sweeping goes on
     assert first.complete and second.complete
     assert all(len(backend.saga(i).steps) == 1 for i in ids)
+
+
+def test_a_sweeper_whose_lease_moved_on_cannot_mark_a_wakeup_fired(backend: Backend) -> None:
+    # given: two due wake-ups of sagas with nothing to do; A sweeps one page of one record
+    clock = FrozenClock(_now_ms())
+    now = clock.now_ms()
+    _seed(backend.store, [waiting_saga(f"u{n}", n, now - HOUR_MS) for n in range(2)])
+    due = [schedule(backend.store, f"u{n}", "retry", now - 1, now - 10) for n in range(2)]
+    engine = Engine(backend.store, registry(), RecordingDispatcher(), clock=clock,
+                    settings=EngineSettings(timing=Timing(stale_ms=STALE_MS)))
+
+    def taken_over_after_the_first_page(lease: Lease, report: SweepReport) -> None:
+        if report.pages == 1:
+            clock.advance(1_001)  # A pauses past its lease; B is granted the next fence
+            assert Leases(backend.store, clock, owner="b").acquire(SWEEP_LEASE, 60_000) is not None
+
+    # when
+    report = sweep(engine, owner="a", lease_ms=1_000, page_size=1, on_page=taken_over_after_the_first_page)
+
+    # then: A stopped at its first write under the old fence; the second wake-up is still due
+    assert report.lease_lost
+    states = sorted(backend.store.get(WAKEUP, w.wakeup_id).state for w in due)  # type: ignore[union-attr]
+    assert states == ["due", "fired"]
 
 
 # ---------------------------------------------------------------- a paused sweeper is fenced out
