@@ -137,6 +137,12 @@ def _emit(as_json: bool, data: Any, text: str) -> None:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+cursor_option = click.option("--cursor", help="Continue where a previous page stopped (its `cursor`).")
+
+
+def _limit_option(default: int, what: str) -> Callable[[F], F]:
+    return click.option("--limit", type=click.IntRange(1, MAX_SCAN_LIMIT), default=default,
+                        show_default=True, help=f"At most this many {what}.")
 
 
 # ---------------------------------------------------------------- reading
@@ -146,9 +152,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 @click.option("--state", type=click.Choice([str(s) for s in SagaState]),
               help="Only sagas in this state (default: every state).")
 @click.option("--definition", help="Only sagas of this definition.")
-@click.option("--limit", type=click.IntRange(1, MAX_SCAN_LIMIT), default=50, show_default=True,
-              help="At most this many sagas.")
-@click.option("--cursor", help="Continue where a previous page stopped (its `cursor`).")
+@_limit_option(50, "sagas")
+@cursor_option
 @json_option
 @click.pass_context
 @_operation
@@ -199,9 +204,8 @@ def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None
 @click.command("findings")
 @click.option("--report", type=click.Choice(REPORTS), default="all", show_default=True,
               help="Sagas, effect journal records, or both.")
-@click.option("--limit", type=click.IntRange(1, MAX_SCAN_LIMIT), default=100, show_default=True,
-              help="At most this many findings.")
-@click.option("--cursor", help="Continue where a previous page stopped (its `cursor`).")
+@_limit_option(100, "findings")
+@cursor_option
 @json_option
 @click.pass_context
 @_operation
