@@ -122,8 +122,10 @@ class SagaContext:
 
     def parallel(self, *calls: Call) -> list[Any]:
         """Run several steps at once; returns their results in order once all committed."""
-        if not calls or not all(isinstance(c, Call) for c in calls):
-            self._misuse("ctx.parallel takes one or more ctx.call(...) values")
+        if not calls:
+            return []  # a fan-out whose width comes from the input may be empty
+        if not all(isinstance(c, Call) for c in calls):
+            self._misuse("ctx.parallel takes ctx.call(...) values (unpack a list with *)")
         group = f"parallel-{self._position + 1}" if len(calls) > 1 else None
         step_calls = [self._step_call(c, group) for c in calls]
         matches = [match_call(self._saga, self._position + i, c) for i, c in enumerate(step_calls)]

@@ -465,3 +465,35 @@ def test_an_ambiguous_branch_and_a_failed_one_go_to_review_without_compensating_
     ]
     assert shop.step(branch(3), "f-1").error_code == "not_started"
     assert undo_log(shop) == [] and shop.script.of("reserve") == []
+
+
+def test_an_empty_fan_out_returns_no_results_and_the_saga_goes_on(shop: Shop, fan: Fan) -> None:
+    # given: a width taken from the input that happens to be zero
+    shop.sagas.start("fan-in", {"width": 0}, saga_id="f-0")
+
+    # when
+    shop.driver.run_until_idle()
+
+    # then
+    record = shop.record("f-0")
+    assert record.state == SagaState.COMPLETED
+    assert [s.name for s in record.steps] == ["shop.charge", "shop.ship"]
+    assert [c.args for c in shop.script.of("ship")] == [("o-1", "")]
+
+
+def test_a_list_passed_to_parallel_instead_of_calls_goes_to_review(shop: Shop, fan: Fan) -> None:
+    # given
+    reserve = shop.sagas.app.tasks["fan.reserve"]
+
+    @shop.sagas.saga("list-not-unpacked")
+    def run(ctx: Any, _: Any) -> Any:
+        return ctx.parallel([ctx.call(reserve, "sku-1", 1)])
+
+    # when
+    shop.sagas.start("list-not-unpacked", {}, saga_id="l-1")
+    shop.driver.run_until_idle()
+
+    # then
+    record = shop.record("l-1")
+    assert (record.state, record.error_code) == (SagaState.MANUAL_REVIEW, "invalid_step_call")
+    assert "unpack" in (record.reason or "") and record.steps == ()
