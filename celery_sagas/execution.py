@@ -103,8 +103,8 @@ def _settle_vanished(engine: Engine, saga: SagaRecord, step: StepRecord) -> bool
     return False
 
 
-def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str, *, retrying: bool = False
-                ) -> SagaRecord | None:
+def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str, tag: str, *,
+                retrying: bool = False) -> SagaRecord | None:
     for _ in range(engine.settings.max_races):
         found = _lookup(engine, saga_id, name, effect_id, compensation=False)
         if found is None:
@@ -122,7 +122,7 @@ def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str, *, retr
             now = engine.now()
             if not retrying and step.next_attempt_at_ms is not None and now < step.next_attempt_at_ms:
                 return None
-            claimed = engine.write(saga, moves.claim_step(saga, name, effect_id, claim_tag(), now))
+            claimed = engine.write(saga, moves.claim_step(saga, name, effect_id, tag, now))
         except SagaConcurrencyError:
             continue
         engine.emit(claimed, _step(claimed, name), Stage.EXECUTION, Phase.EXECUTING)
@@ -201,18 +201,26 @@ _PHASES = {"committed": Phase.COMMITTED, "failed": Phase.FAILED, "errored": Phas
 
 def execute_step(engine: Engine, saga_id: str, name: str, effect_id: str, body: StepBody) -> None:
     """Handle one delivery of a step task whose task id is ``effect_id``."""
-    claimed = _claim_step(engine, saga_id, name, effect_id)
+    tag = claim_tag()
+    with engine.active.running(tag):
+        written = _deliver(engine, saga_id, name, effect_id, body, tag)
+    if written is not None:
+        _schedule_later_retry(engine, written, name)
+        engine.advance(saga_id, written)
+
+
+def _deliver(engine: Engine, saga_id: str, name: str, effect_id: str, body: StepBody, tag: str
+             ) -> SagaRecord | None:
+    """Claim, run and record; a retry due soon runs again here. None: nothing to advance."""
+    claimed = _claim_step(engine, saga_id, name, effect_id, tag)
     while claimed is not None:
         written = _attempt(engine, claimed, name, effect_id, body)
-        if written is None:
-            return
-        delay = _inline_retry_delay(engine, written, name)
+        delay = None if written is None else _inline_retry_delay(engine, written, name)
         if delay is None:
-            _schedule_later_retry(engine, written, name)
-            engine.advance(saga_id, written)
-            return
+            return written
         time.sleep(delay / 1000)
-        claimed = _claim_step(engine, saga_id, name, effect_id, retrying=True)
+        claimed = _claim_step(engine, saga_id, name, effect_id, tag, retrying=True)
+    return None
 
 
 def _attempt(engine: Engine, claimed: SagaRecord, name: str, effect_id: str, body: StepBody
@@ -222,8 +230,7 @@ def _attempt(engine: Engine, claimed: SagaRecord, name: str, effect_id: str, bod
     options = engine.registry.step(step.task)
     ctx = StepContext(claimed.saga_id, name, effect_id, step.attempts, Stage.EXECUTION)
     started = time.monotonic()
-    with engine.active.running(effect_id):
-        outcome = _run_step_body(body, ctx, step, options)
+    outcome = _run_step_body(body, ctx, step, options)
     try:
         written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
     except PayloadTooLarge:
@@ -259,7 +266,8 @@ def _inline_retry_delay(engine: Engine, saga: SagaRecord, name: str) -> int | No
 # ------------------------------------------------------------ compensation
 
 
-def _claim_compensation(engine: Engine, saga_id: str, name: str, effect_id: str) -> SagaRecord | None:
+def _claim_compensation(engine: Engine, saga_id: str, name: str, effect_id: str, tag: str
+                        ) -> SagaRecord | None:
     for _ in range(engine.settings.max_races):
         found = _lookup(engine, saga_id, name, effect_id, compensation=True)
         if found is None:
@@ -273,7 +281,7 @@ def _claim_compensation(engine: Engine, saga_id: str, name: str, effect_id: str)
                 return None
             now = engine.now()
             claimed = engine.write(
-                saga, moves.claim_compensation(saga, name, effect_id, claim_tag(), now)
+                saga, moves.claim_compensation(saga, name, effect_id, tag, now)
             )
         except SagaConcurrencyError:
             continue
@@ -307,20 +315,21 @@ def execute_compensation(
     engine: Engine, saga_id: str, name: str, effect_id: str, body: CompensationBody
 ) -> None:
     """Handle one delivery of a compensator task whose task id is ``effect_id``."""
-    claimed = _claim_compensation(engine, saga_id, name, effect_id)
-    if claimed is None:
-        return
-    step = _step(claimed, name)
-    ctx = StepContext(saga_id, name, effect_id, step.compensation_attempts, Stage.COMPENSATION)
-    started = time.monotonic()
-    error = False
-    with engine.active.running(effect_id):
+    tag = claim_tag()
+    with engine.active.running(tag):
+        claimed = _claim_compensation(engine, saga_id, name, effect_id, tag)
+        if claimed is None:
+            return
+        step = _step(claimed, name)
+        ctx = StepContext(saga_id, name, effect_id, step.compensation_attempts, Stage.COMPENSATION)
+        started = time.monotonic()
+        error = False
         try:
             body(ctx, step.args, step.kwargs, step.result)
         except Exception as exc:
             logger.warning("saga %s compensator of %s raised %s", saga_id, name, type(exc).__name__)
             error = True
-    written = _record(engine, claimed, _backward_move(engine, claimed, step, error))
+        written = _record(engine, claimed, _backward_move(engine, claimed, step, error))
     if written is None:
         return
     phase = Phase.FAILED if error else Phase.COMMITTED

@@ -37,26 +37,31 @@ def claim_tag() -> str:
 
 
 class ActiveEffects:
-    """Effect ids whose bodies are running in this process right now."""
+    """Claim tags of the deliveries running in this process right now.
+
+    A delivery registers its tag before it writes its claim and keeps it until its outcome is
+    written, so a claim made by this process whose tag is absent belongs to an attempt that is
+    gone (threads and gevent pools run several deliveries in one process).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ids: set[str] = set()
+        self._tags: set[str] = set()
 
     @contextmanager
-    def running(self, effect_id: str) -> Iterator[None]:
-        """Mark an effect as running for the duration of the block."""
+    def running(self, tag: str) -> Iterator[None]:
+        """Mark a claim tag as live for the duration of the block."""
         with self._lock:
-            self._ids.add(effect_id)
+            self._tags.add(tag)
         try:
             yield
         finally:
             with self._lock:
-                self._ids.discard(effect_id)
+                self._tags.discard(tag)
 
-    def __contains__(self, effect_id: object) -> bool:
+    def __contains__(self, tag: object) -> bool:
         with self._lock:
-            return effect_id in self._ids
+            return tag in self._tags
 
 
 def _pid_alive(pid: int) -> bool:
@@ -69,13 +74,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _gone(claimer: str, effect_id: str, active: ActiveEffects) -> bool:
+def _gone(claimer: str, active: ActiveEffects) -> bool:
     host, _, pid_text = claimer.split("/", 1)[0].rpartition(":")
     if host != _HOST or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid():
-        return effect_id not in active
+        return claimer not in active
     return not _pid_alive(pid)
 
 
@@ -89,6 +94,6 @@ def dead_effects(steps: Iterable[StepRecord], active: ActiveEffects) -> frozense
         if step.state is not StepState.EXECUTING and not compensating:
             continue
         effect = step.compensation_effect_id if compensating else step.effect_id
-        if _gone(step.claimed_by, effect, active):
+        if _gone(step.claimed_by, active):
             dead.add(effect)
     return frozenset(dead)

@@ -411,17 +411,8 @@ def _in_state(name: str, state: StepState, started: bool) -> Watch:
     return matches
 
 
-_SAME_PROCESS_BUG = (
-    "BUG: liveness judges a step claimed by this very process as vanished (worker_lost) when "
-    "its effect id is not in engine.active; execution registers the effect only around the "
-    "body, so between the claim write and the body, and between the body and the outcome "
-    "write, a sibling branch's advance in another thread of the same process (threads/gevent "
-    "pool, or SagaDriver from threads) marks the running branch ambiguous (liveness._gone, "
-    "execution._attempt / _claim_step)"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=_SAME_PROCESS_BUG)
 @pytest.mark.parametrize(
     ("when", "state"),
     [("after", StepState.EXECUTING), ("before", StepState.COMMITTED)],
