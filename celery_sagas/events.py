@@ -181,15 +181,25 @@ _LIFECYCLE_LEVELS = {
     Phase.EXECUTING: logging.DEBUG,
     Phase.AMBIGUOUS: logging.WARNING,
 }
-_FINDING_LEVELS = {"stale": logging.INFO, "incomplete": logging.INFO, "corrupt": logging.ERROR}
+
+
+def _finding_level(event: FindingEvent) -> int:
+    """ERROR for corrupt records, WARNING for what needs an operator now (manual review, an
+    effect past every time limit), INFO for work that is late but may still finish."""
+    if event.kind == "corrupt":
+        return logging.ERROR
+    if event.kind in ("manual-review", "ambiguous") or event.state == "manual-review":
+        return logging.WARNING
+    return logging.INFO
 
 
 class EventBus:
     """Fans events out to observers and to ``logging`` with structured ``extra`` fields.
 
     Lifecycle events log on ``celery_sagas.events`` (intent/executing at DEBUG, committed and
-    failed at INFO, ambiguous at WARNING); findings on ``celery_sagas.findings`` (stale and
-    incomplete at INFO, corrupt at ERROR, everything needing an operator at WARNING).
+    failed at INFO, ambiguous at WARNING); findings on ``celery_sagas.findings`` (corrupt at
+    ERROR; manual review and effects past every time limit at WARNING; stale sagas, steps
+    still in flight in a stale saga and incomplete effects at INFO).
     """
 
     def __init__(self) -> None:
@@ -218,7 +228,7 @@ class EventBus:
     def report(self, event: FindingEvent) -> None:
         """Deliver a finding to the log and every finding observer."""
         findings_logger.log(
-            _FINDING_LEVELS.get(event.kind, logging.WARNING),
+            _finding_level(event),
             "finding %s: %s %s (%s; step %s, effect %s, code %s)",
             event.kind, event.record_kind, event.record_id, event.state or "-",
             event.step or "-", event.effect_id or "-", event.error_code or "-",

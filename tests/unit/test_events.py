@@ -151,17 +151,20 @@ def test_a_finding_is_logged_with_structured_fields(
 
 
 @pytest.mark.parametrize(
-    ("kind", "level"),
-    [("stale", logging.INFO), ("incomplete", logging.INFO), ("corrupt", logging.ERROR),
-     ("manual-review", logging.WARNING), ("ambiguous", logging.WARNING),
-     ("ambiguous-compensation", logging.WARNING)],
+    ("kind", "state", "level"),
+    [("stale", "running", logging.INFO), ("incomplete", "admission", logging.INFO),
+     ("corrupt", None, logging.ERROR), ("manual-review", "manual-review", logging.WARNING),
+     ("ambiguous", "unknown", logging.WARNING),
+     ("ambiguous-execution", "manual-review", logging.WARNING),
+     ("ambiguous-execution", "running", logging.INFO),
+     ("ambiguous-compensation", "compensating", logging.INFO)],
 )
 def test_the_log_level_of_a_finding_says_whether_an_operator_is_needed(
-    bus: EventBus, caplog: pytest.LogCaptureFixture, kind: str, level: int
+    bus: EventBus, caplog: pytest.LogCaptureFixture, kind: str, state: str | None, level: int
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="celery_sagas.findings")
 
-    bus.report(finding(kind))
+    bus.report(finding(kind, state=state))
 
     assert [r.levelno for r in caplog.records] == [level]
 

@@ -4,6 +4,7 @@ the non-paged helper raises instead of truncating."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -313,3 +314,76 @@ def test_sagas_findings_pages_what_needs_an_operator(sagas: tuple[Sagas, SagaDri
     assert {f.record_id for f in everything} >= {"o-1", "o-2"}
     with pytest.raises(SagaValidationError):
         facade.findings(limit=0)
+
+
+# ------------------------------------------------------------------ what the sweep reports
+
+
+def test_a_sweep_reports_each_finding_and_corrupt_record_as_an_event_and_a_log_line(
+    sagas: tuple[Sagas, SagaDriver, Script], caplog: pytest.LogCaptureFixture
+) -> None:
+    # given: an order in manual review (charge unknown), its effect past every time limit,
+    # and a corrupt record
+    facade, driver, script = sagas
+    script.then("charge", ConnectionError("reset"))
+    facade.start("place-order", ORDER, saga_id="o-1")
+    driver.run_until_idle()
+    effect_id = facade.engine.load("o-1").steps[1].effect_id
+    assert facade.store.create(Envelope("saga", "broken", 1, "manual-review", T0, "{not json"))
+    clock = facade.engine.clock
+    assert isinstance(clock, FrozenClock)
+    timing = facade.settings.timing
+    clock.advance(timing.default_time_limit_ms + timing.grace_ms + 1)
+    seen: list[Any] = []
+    facade.subscribe_findings(seen.append)
+    caplog.set_level(logging.INFO, logger="celery_sagas.findings")
+
+    # when
+    report = facade.sweep()
+
+    # then
+    reported = sorted((e.kind, e.record_kind, e.record_id, e.effect_id, e.fence) for e in seen)
+    assert reported == [
+        ("ambiguous", "effect", effect_id, effect_id, report.fence),
+        ("ambiguous-execution", "saga", "o-1", effect_id, report.fence),
+        ("corrupt", "saga", "broken", None, report.fence),
+    ]
+    logged = sorted((r.levelno, getattr(r, "finding_kind", None), getattr(r, "record_id", None))
+                    for r in caplog.records if r.name == "celery_sagas.findings")
+    assert logged == [(logging.WARNING, "ambiguous", effect_id),
+                      (logging.WARNING, "ambiguous-execution", "o-1"),
+                      (logging.ERROR, "corrupt", "broken")]
+
+
+def test_a_lost_step_message_leaves_an_incomplete_effect_that_the_sweep_reports(
+    sagas: tuple[Sagas, SagaDriver, Script],
+) -> None:
+    # given: reserve's intent is journaled, its message lost
+    facade, driver, _ = sagas
+    facade.start("place-order", ORDER, saga_id="o-1")
+    for message in driver.take():
+        driver.deliver(message)
+    driver.take()
+    effect_id = facade.engine.load("o-1").steps[0].effect_id
+    clock = facade.engine.clock
+    assert isinstance(clock, FrozenClock)
+    clock.advance(facade.settings.timing.stale_ms + 1)
+
+    # when
+    report = facade.sweep()
+
+    # then: the step is sent again, and its effect reported as not yet begun
+    assert ("incomplete", effect_id) in [(str(f.kind), f.record_id) for f in report.findings]
+    assert [m.step for m in driver.take()] == ["shop.reserve"]
+
+
+def test_a_sweep_with_nothing_to_report_reports_nothing(sagas: tuple[Sagas, SagaDriver, Script]) -> None:
+    facade, driver, _ = sagas
+    facade.start("place-order", ORDER, saga_id="o-1")
+    driver.run_until_idle()
+    seen: list[Any] = []
+    facade.subscribe_findings(seen.append)
+
+    facade.sweep()
+
+    assert seen == []
