@@ -79,8 +79,12 @@ def store_for(url: str, prefix: str) -> Store:
 
 
 def bulk_create(store: Store, records: Sequence[SagaRecord]) -> None:
-    """Insert many new sagas quickly, in the store's own layout (Redis pipeline, SQL executemany)."""
-    envelopes = [saga_to_envelope(record) for record in records]
+    """Insert many new sagas quickly (see ``bulk_insert``)."""
+    bulk_insert(store, [saga_to_envelope(record) for record in records])
+
+
+def bulk_insert(store: Store, envelopes: Sequence[Envelope]) -> None:
+    """Insert many new records quickly, in the store's own layout (Redis pipeline, SQL executemany)."""
     if isinstance(store, RedisStore):
         layout = store.layout
         pipe = store._client.pipeline(transaction=False)
