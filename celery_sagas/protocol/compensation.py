@@ -51,12 +51,13 @@ def plan_compensation(saga: SagaRecord, now_ms: int, max_attempts: int) -> Decis
     for step in commit_order(saga):
         if step.state not in _TO_UNDO or step.compensator is None:
             continue
-        if step.next_attempt_at_ms is not None and now_ms < step.next_attempt_at_ms:
-            return Wait(step.next_attempt_at_ms)
+        # The budget is checked first: once the last attempt failed there is nothing to wait for.
         if step.compensation_attempts >= max_attempts:
             return Review(
                 codes.COMPENSATION_EXHAUSTED,
                 f"compensation of step {step.name!r} failed {step.compensation_attempts} times",
             )
+        if step.next_attempt_at_ms is not None and now_ms < step.next_attempt_at_ms:
+            return Wait(step.next_attempt_at_ms)
         return BeginCompensation(step)
     return FinishCompensation()

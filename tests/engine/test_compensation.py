@@ -163,14 +163,6 @@ def test_max_attempts_one_allows_no_compensation_retry(shop: Shop) -> None:
     assert len(shop.script.of("release")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (arguable: the SPEC's walk checks next_attempt_at before the budget): when the "
-    "last allowed compensation attempt fails the saga stays 'compensating' until its "
-    "(pointless) backoff is due and a sweep runs, while resolve() with not-compensated on an "
-    "exhausted budget goes to manual-review at once (execution._backward_move vs "
-    "protocol.resolution._backward / compensation.plan_compensation check order)",
-)
 def test_the_failure_of_the_last_allowed_attempt_goes_to_manual_review_at_once(shop: Shop) -> None:
     # given
     definition = _reserve_then_decline(shop, "once", max_attempts=1, backoff=_linear)
