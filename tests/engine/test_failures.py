@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from celery_sagas import Sagas, StepNotCommitted
 from celery_sagas.dispatch import Sent
 from celery_sagas.records import SagaState, StepState
