@@ -21,10 +21,12 @@ MAX = 3
 
 
 def plan(*steps: StepRecord, now: int = NOW, max_attempts: int = MAX) -> object:
+    """Plan the next compensation of a compensating saga holding ``steps``."""
     return plan_compensation(saga(*steps, state=SagaState.COMPENSATING), now, max_attempts)
 
 
 def begins(decision: object) -> str:
+    """The name of the step a BeginCompensation decision names."""
     assert isinstance(decision, BeginCompensation), decision
     return decision.step.name
 
