@@ -110,6 +110,9 @@ class PayloadTooLarge(SagaValidationError):
 class InvalidRecordError(SagaError):
     """The store returned an invalid record (corrupt, mismatched or unknown state)."""
 
+    kind: str
+    record_id: str
+
     def __init__(self, message: str = "", *, kind: str = "", record_id: str = "") -> None:
         super().__init__(message, kind=kind, record_id=record_id)
 
@@ -119,6 +122,9 @@ class InvalidRecordError(SagaError):
 
 class IllegalTransition(SagaError):
     """A protocol transition the SPEC does not allow; the input record is unchanged."""
+
+    state: str
+    event: str
 
     def __init__(self, message: str = "", *, state: str = "", event: str = "") -> None:
         super().__init__(message, state=state, event=event)
@@ -142,6 +148,9 @@ class NonDurableStoreError(StoreError):
 class FencedWriteRefused(StoreError):
     """A write carried a lease fencing number older than the newest grant."""
 
+    lease: str
+    fence: int
+
     def __init__(self, message: str = "", *, lease: str = "", fence: int = 0) -> None:
         super().__init__(message, lease=lease, fence=fence)
 
@@ -157,6 +166,8 @@ class SagaConcurrencyError(SagaError):
 class SagaNotFound(SagaError, LookupError):
     """No saga record has that id."""
 
+    saga_id: str
+
     def __init__(self, message: str = "", *, saga_id: str = "") -> None:
         super().__init__(message, saga_id=saga_id)
 
@@ -167,6 +178,8 @@ class SagaNotFound(SagaError, LookupError):
 class SagaConflictError(SagaError):
     """start() reused a saga id with another definition or input."""
 
+    saga_id: str
+
     def __init__(self, message: str = "", *, saga_id: str = "") -> None:
         super().__init__(message, saga_id=saga_id)
 
@@ -176,6 +189,10 @@ class SagaConflictError(SagaError):
 
 class SagaAmbiguousStepError(SagaError):
     """A step began and its outcome is unknown; an operator must resolve it."""
+
+    saga_id: str
+    step: str
+    effect_id: str
 
     def __init__(
         self, message: str = "", *, saga_id: str = "", step: str = "", effect_id: str = ""
@@ -202,6 +219,8 @@ class SagaConfigurationError(SagaError):
 class StepNotCommitted(SagaError):
     """Raised by step code when the provider proved nothing was committed."""
 
+    code: str
+
     def __init__(self, code: str = "not_committed", message: str = "") -> None:
         super().__init__(message, code=code)
 
@@ -226,6 +245,11 @@ class ApprovalError(SagaError):
 
 class ApprovalRequired(ApprovalError):
     """A gated step needs a human decision; carries the resume token (never shown)."""
+
+    approval_id: str
+    effect_id: str
+    expires_at_ms: int
+    token: str
 
     hidden: ClassVar[frozenset[str]] = frozenset({"token"})
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
+    ApprovalDenied,
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
     SagaConcurrencyError,
@@ -90,6 +91,15 @@ class SagaApprovals:
         """Consume an approved token for this saga's gate and let the saga go on."""
         approval_id = self.gate.approval_of(token)
         step = self._gate_step(saga_id, approval_id)
+        if step.state is StepState.COMMITTED:
+            raise ApprovalTokenReplay(f"approval {approval_id!r} was already used",
+                                      approval_id=approval_id)
+        if step.state is not StepState.AWAITING_APPROVAL:
+            # Cancelled, denied or expired: refuse without consuming the approval.
+            raise ApprovalDenied(
+                f"saga {saga_id!r} no longer waits at gate {step.name!r} ({step.error_code})",
+                approval_id=approval_id,
+            )
         binding = step.kwargs
         consumed = self.gate.consume(
             token, tenant_id=tenant_id, principal_id=principal_id,

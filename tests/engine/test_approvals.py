@@ -406,9 +406,11 @@ def test_cancel_while_awaiting_approval_compensates(shop: Shop, gated: Any) -> N
     assert shop.script.names() == ["reserve", "release"]
     assert shop.sagas.approvals.pending("o-1") == []
     decide(shop, pending)
-    with pytest.raises(ApprovalTokenReplay):
+    with pytest.raises(ApprovalDenied, match="no longer waits"):
         resume(shop, pending.token)
     assert shop.record().state == SagaState.COMPENSATED
+    approval = shop.sagas.approvals.get(pending.approval_id)
+    assert approval is not None and approval.state == "approved"  # not consumed
 
 
 # ---------------------------------------------------------------- configuration and misuse
