@@ -1,0 +1,302 @@
+"""The Celery app the benchmark workers run (``celery -A bench.bench_app worker``).
+
+One app holds both sides of the comparison, so sagas and chains share the broker, the worker
+and its settings (prefork, ``acks_late``, prefetch 1):
+
+- three no-op saga steps (``bench.noop1..3``) and the saga ``bench-3`` that runs them in order;
+- ``bench.final``, the last link of the bare chain ``noop1 | noop2 | noop3 | final``: it records
+  the chain's finish time (ms since the epoch) in the Redis hash its arguments name. The chain
+  uses the very same step tasks (called without a saga reference they just run).
+
+Configured from the environment by ``bench/throughput.py``:
+BENCH_BROKER, BENCH_STORE, BENCH_PREFIX (store key or table prefix), BENCH_QUEUE,
+BENCH_MARKS (Redis URL of the chain finish marks), BENCH_READY (a file written when the worker
+is ready), and BENCH_COUNT_DIR: when set, the store is wrapped in ``CountingStore`` and every
+process dumps its counts to ``<dir>/<pid>.json``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_shutdown, worker_ready
+from redis import Redis
+
+from celery_sagas import Sagas
+from celery_sagas.stores import open_store
+from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
+
+DEFAULT_BROKER = "redis://127.0.0.1:6379/12"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Where one benchmark worker's broker, store, queue and marks live."""
+
+    broker: str
+    store: str
+    prefix: str
+    queue: str
+    marks: str
+    ready: Path | None = None
+    count_dir: Path | None = None
+    journal: str | None = None
+
+    @classmethod
+    def from_env(cls) -> BenchConfig:
+        """The configuration a worker process was started with."""
+        env = os.environ
+        return cls(
+            broker=env.get("BENCH_BROKER", DEFAULT_BROKER),
+            store=env.get("BENCH_STORE", "redis://127.0.0.1:6379/13"),
+            prefix=env.get("BENCH_PREFIX", "bench"),
+            queue=env.get("BENCH_QUEUE", "bench"),
+            marks=env.get("BENCH_MARKS", DEFAULT_BROKER),
+            ready=Path(env["BENCH_READY"]) if env.get("BENCH_READY") else None,
+            count_dir=Path(env["BENCH_COUNT_DIR"]) if env.get("BENCH_COUNT_DIR") else None,
+            journal=env.get("BENCH_JOURNAL") or None,
+        )
+
+    def environ(self) -> dict[str, str]:
+        """The environment that makes a worker process use this configuration."""
+        env = {
+            "BENCH_BROKER": self.broker,
+            "BENCH_STORE": self.store,
+            "BENCH_PREFIX": self.prefix,
+            "BENCH_QUEUE": self.queue,
+            "BENCH_MARKS": self.marks,
+        }
+        if self.ready is not None:
+            env["BENCH_READY"] = str(self.ready)
+        if self.count_dir is not None:
+            env["BENCH_COUNT_DIR"] = str(self.count_dir)
+        if self.journal is not None:
+            env["BENCH_JOURNAL"] = self.journal
+        return env
+
+    @property
+    def is_redis(self) -> bool:
+        """True when the saga store is Redis."""
+        return self.store.startswith(("redis://", "rediss://", "unix://"))
+
+    def store_options(self) -> dict[str, Any]:
+        """The prefix option ``open_store`` takes for this store."""
+        return {"prefix": self.prefix} if self.is_redis else {"table_prefix": self.prefix + "_"}
+
+
+# ---------------------------------------------------------------------- counting proxy
+
+
+class CountingStore:
+    """A Store that forwards every primitive and counts calls (and refused CAS) per process.
+
+    For a SQL store it also counts the SQL statements actually sent (a refused CAS reads the row
+    back); for Redis the wire-level count comes from the server's ``INFO commandstats``.
+    """
+
+    def __init__(self, inner: Store, sink: Path | None = None) -> None:
+        self.inner = inner
+        self.durable = inner.durable
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.sink = sink
+        self._last_dump = 0.0
+        engine = getattr(inner, "engine", None)
+        if engine is not None:
+            from sqlalchemy import event
+
+            event.listen(engine, "before_cursor_execute", self._on_statement)
+
+    def _on_statement(self, *_: Any) -> None:
+        self._count("sql_statements")
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+        now = time.monotonic()
+        if self.sink is not None and now - self._last_dump > 0.5:
+            self._last_dump = now
+            self.dump()
+
+    def dump(self) -> None:
+        """Write this process's counts to ``<sink>/<pid>.json`` (atomically replaced)."""
+        if self.sink is None:
+            return
+        with self._lock:
+            data = dict(self.counts)
+        target = self.sink / f"{os.getpid()}.json"
+        temporary = target.with_suffix(".tmp")
+        temporary.write_text(json.dumps(data))
+        temporary.replace(target)
+
+    def create(self, envelope: Envelope) -> bool:
+        """Counted ``create``."""
+        self._count("create")
+        return self.inner.create(envelope)
+
+    def get(self, kind: str, record_id: str) -> Envelope | None:
+        """Counted ``get``."""
+        self._count("get")
+        return self.inner.get(kind, record_id)
+
+    def compare_and_set(self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
+                        ) -> bool:
+        """Counted ``compare_and_set`` (refusals counted apart)."""
+        self._count("compare_and_set")
+        written = self.inner.compare_and_set(envelope, expected_version, fence=fence)
+        if not written:
+            self._count("compare_and_set_refused")
+        return written
+
+    def scan(self, kind: str, states: Sequence[str], *, updated_before_ms: int | None = None,
+             cursor: str | None = None, limit: int = 100) -> Page:
+        """Counted ``scan`` (one page)."""
+        self._count("scan")
+        return self.inner.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor,
+                               limit=limit)
+
+    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int
+                      ) -> Lease | None:
+        """Counted ``acquire_lease``."""
+        self._count("acquire_lease")
+        return self.inner.acquire_lease(name, owner, token, now_ms, lease_ms)
+
+    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+        """Counted ``renew_lease``."""
+        self._count("renew_lease")
+        return self.inner.renew_lease(lease, now_ms, lease_ms)
+
+    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+        """Counted ``checkpoint_lease``."""
+        self._count("checkpoint_lease")
+        return self.inner.checkpoint_lease(lease, cursor, now_ms)
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Counted ``release_lease``."""
+        self._count("release_lease")
+        return self.inner.release_lease(lease)
+
+    def close(self) -> None:
+        """Dump the counts and close the inner store."""
+        self.dump()
+        self.inner.close()
+
+
+# ---------------------------------------------------------------------- the app
+
+
+@dataclass
+class Bench:
+    """One built app: the Celery app, its Sagas, the saga, the chain's tasks."""
+
+    app: Celery
+    sagas: Sagas
+    saga: Any
+    steps: tuple[Any, Any, Any]
+    final: Any
+    counting: CountingStore | None
+
+
+def build(config: BenchConfig) -> Bench:
+    """Build the benchmark app for ``config`` (the client builds its own; workers use the env)."""
+    app = Celery("bench", broker=config.broker)
+    app.conf.update(
+        task_default_queue=config.queue,
+        worker_prefetch_multiplier=1,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 3600},
+        worker_hijack_root_logger=False,
+    )
+    counting = None
+    store: Any = config.store
+    if config.count_dir is not None:
+        counting = CountingStore(open_store(config.store, **config.store_options()), config.count_dir)
+        store = counting
+    options: dict[str, Any] = {}
+    if store is config.store:
+        options = {"key_prefix": config.prefix} if config.is_redis else {"table_prefix": config.prefix + "_"}
+    if config.journal is not None:
+        options["journal"] = config.journal.lower() in ("1", "true", "yes", "on")
+    sagas = Sagas(app, store=store, queue=config.queue, **options)
+
+    @sagas.step(compensate=None, name="bench.noop1")
+    def noop1(i: int) -> None:
+        """A step that does nothing."""
+
+    @sagas.step(compensate=None, name="bench.noop2")
+    def noop2(i: int) -> None:
+        """A step that does nothing."""
+
+    @sagas.step(compensate=None, name="bench.noop3")
+    def noop3(i: int) -> None:
+        """A step that does nothing."""
+
+    marks = _Marks(config.marks)
+
+    @app.task(name="bench.final", ignore_result=True)  # type: ignore[untyped-decorator]
+    def final(key: str, i: int) -> None:
+        """Record when chain ``i`` finished, in ms since the epoch."""
+        marks.client().hset(key, str(i), repr(time.time() * 1000))
+
+    @sagas.saga("bench-3")
+    def three(ctx: Any, data: dict[str, int]) -> None:
+        """Three no-op steps in order."""
+        ctx.step(noop1, data["i"])
+        ctx.step(noop2, data["i"])
+        ctx.step(noop3, data["i"])
+
+    return Bench(app, sagas, three, (noop1, noop2, noop3), final, counting)
+
+
+class _Marks:
+    """A Redis client opened lazily in each process (never shared across a fork)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: Redis | None = None
+        self._pid = 0
+
+    def client(self) -> Redis:
+        """This process's client."""
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = Redis.from_url(self.url), os.getpid()
+        return self._client
+
+
+def chain_of(bench: Bench, key: str, i: int) -> Any:
+    """The bare Celery chain that mirrors saga ``i``: the three steps, then ``final``."""
+    first, second, third = bench.steps
+    return first.si(i) | second.si(i) | third.si(i) | bench.final.si(key, i)
+
+
+def _announce_ready(config: BenchConfig) -> None:
+    if config.ready is not None:
+        config.ready.write_text("ready.\n")
+
+
+if os.environ.get("BENCH_BROKER"):
+    _config = BenchConfig.from_env()
+    _bench = build(_config)
+    app = _bench.app
+
+    @worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        _announce_ready(_config)
+
+    if _bench.counting is not None:
+        _counting = _bench.counting
+        worker_process_shutdown.connect(lambda **_: _counting.dump(), weak=False)
+        atexit.register(_counting.dump)

@@ -1,0 +1,585 @@
+"""Saga throughput against bare Celery chains, measured in the same run (issue 8).
+
+For each store (Redis, PostgreSQL) one real prefork worker (2 processes, ``acks_late``,
+prefetch 1, Redis broker) serves both sides of the comparison:
+
+- a saga of three no-op steps (``bench-3``), started with ``start()``; it is done when the
+  store shows it ``completed`` (finish time = the record's ``updated_at_ms``);
+- a bare chain of the same three tasks plus ``bench.final``, sent with ``apply_async``; it is
+  done when ``final`` recorded its finish time in Redis.
+
+Throughput is measured in rounds that alternate which side goes first (the machine is noisy);
+each batch is submitted as fast as the client can and timed from its first submission to its
+last finish. The reported figures are the medians over the rounds, and the ratio is the median
+of the per-round saga/chain ratios. Latency (start call to finish) is measured one at a time
+(closed loop, sagas and chains alternating), so it is the path's latency, not queueing.
+
+Round trips: a second worker whose store is wrapped in a counting proxy runs a batch of sagas;
+the proxy counts store primitives per process (and SQL statements on a SQL store); on Redis a
+private ``redis-server`` holds that batch's store so ``INFO commandstats`` gives the wire count.
+
+Modes: ``--memory`` (worker RSS over 20,000 sagas) and ``--profile`` (py-spy on the pool during
+a saga batch and a chain batch). Results go to ``bench/results/*.json``.
+
+    .venv/bin/python -m bench.throughput                 # both stores, N=2000
+    .venv/bin/python -m bench.throughput --n 500 --stores redis
+    .venv/bin/python -m bench.throughput --memory        # 20,000 sagas, Redis store
+    .venv/bin/python -m bench.throughput --profile       # py-spy, both stores
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+
+from bench.bench_app import Bench, BenchConfig, build, chain_of
+from bench.common import (
+    RESULTS,
+    Progress,
+    Worker,
+    free_port,
+    git_commit,
+    machine,
+    median,
+    percentile,
+    profile_summary,
+    rss_kib,
+    start_py_spy,
+    start_worker,
+    stop_py_spy,
+    wait_until,
+    write_json,
+)
+from celery_sagas.integration.settings import SETTING_DOCS
+from celery_sagas.records import SAGA, SagaState
+
+STORES = {
+    "redis": "redis://127.0.0.1:6379/13",
+    "postgres": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+}
+BROKER = "redis://127.0.0.1:6379/12"
+STEPS = 3
+
+
+# ---------------------------------------------------------------------- one store's stack
+
+
+@dataclass
+class Stack:
+    """A worker and the client-side app for one store configuration."""
+
+    config: BenchConfig
+    bench: Bench
+    worker: Worker
+    marks: Redis
+    label: str
+    tags: list[str] = field(default_factory=list)
+
+    def tag(self, kind: str) -> str:
+        """A fresh id prefix for one batch."""
+        tag = f"{self.config.prefix}-{kind}{len(self.tags)}"
+        self.tags.append(tag)
+        return tag
+
+
+@contextlib.contextmanager
+def stack(config: BenchConfig, workdir: Path, label: str, loglevel: str) -> Iterator[Stack]:
+    """Start a worker for ``config``, build the client app, clean everything up afterwards."""
+    ready = workdir / f"ready-{config.queue}"
+    config = replace(config, ready=ready)
+    bench = build(config)
+    worker = start_worker("bench.bench_app", config.queue, config.environ(),
+                          workdir / f"worker-{config.queue}.log", ready, loglevel=loglevel)
+    built = Stack(config, bench, worker, Redis.from_url(config.marks), label)
+    try:
+        yield built
+    finally:
+        worker.stop()
+        _cleanup(built)
+
+
+def _cleanup(built: Stack) -> None:
+    store: Any = built.bench.sagas.store
+    inner = getattr(store, "inner", store)
+    if hasattr(inner, "drop_tables"):
+        inner.drop_tables()
+    elif hasattr(inner, "layout"):
+        client = Redis.from_url(built.config.store)
+        for batch in _chunks(list(client.scan_iter(match=inner.layout.pattern(), count=1000)), 1000):
+            client.delete(*batch)
+        client.close()
+    store.close()
+    for tag in built.tags:
+        built.marks.delete(f"bench:marks:{tag}")
+    built.marks.close()
+    with built.bench.app.connection_for_write() as connection, contextlib.suppress(Exception):
+        connection.default_channel.queue_delete(built.config.queue)
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+# ---------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    """One timed batch: when each item was submitted and when it finished (ms since the epoch)."""
+
+    kind: str
+    submitted: list[float]
+    finished: list[float]
+
+    @property
+    def seconds(self) -> float:
+        """First submission to last finish."""
+        return (max(self.finished) - self.submitted[0]) / 1000
+
+    @property
+    def rate(self) -> float:
+        """Items per second."""
+        return len(self.finished) / self.seconds
+
+    def latencies(self) -> list[float]:
+        """Finish minus submission, per item (ms)."""
+        return [f - s for s, f in zip(self.submitted, self.finished, strict=True)]
+
+
+def _now_ms() -> float:
+    return time.time() * 1000
+
+
+def saga_batch(st: Stack, n: int, progress: Progress, poll: str = "scan") -> Batch:
+    """Start ``n`` sagas as fast as possible and wait until none is running."""
+    tag = st.tag("s")
+    sagas = st.bench.sagas
+    submitted: list[float] = []
+    for i in range(n):
+        submitted.append(_now_ms())
+        st.bench.saga.start({"i": i}, saga_id=f"{tag}-{i}")
+        progress.show(f"[{st.label}] sagas: submitted {i + 1}/{n}")
+    store = sagas.store
+    deadline = time.monotonic() + max(120.0, n / 5)
+    if poll == "scan":
+        while store.scan(SAGA, [SagaState.RUNNING.value], limit=1).items:
+            _check(st, deadline, "sagas")
+            if progress.tty or time.monotonic() - progress._last > progress.every:
+                left = len(store.scan(SAGA, [SagaState.RUNNING.value], limit=1000).items)
+                progress.show(f"[{st.label}] sagas: {n - left if left < 1000 else '<' + str(n - 999)}"
+                              f"/{n} done")
+            time.sleep(0.02)
+    finished: list[float] = []
+    for i in range(n):
+        while True:
+            record = sagas.get(f"{tag}-{i}")
+            if record is not None and record.state is not SagaState.RUNNING:
+                break
+            _check(st, deadline, "sagas")
+            time.sleep(0.05)
+        if record.state is not SagaState.COMPLETED:
+            raise RuntimeError(f"saga {tag}-{i} ended {record.state}: {record.error_code} {record.reason}")
+        finished.append(float(record.updated_at_ms))
+    progress.done()
+    return Batch("saga", submitted, finished)
+
+
+def chain_batch(st: Stack, n: int, progress: Progress) -> Batch:
+    """Send ``n`` chains as fast as possible and wait until every final task recorded its finish."""
+    tag = st.tag("c")
+    key = f"bench:marks:{tag}"
+    submitted: list[float] = []
+    for i in range(n):
+        submitted.append(_now_ms())
+        chain_of(st.bench, key, i).apply_async()
+        progress.show(f"[{st.label}] chains: submitted {i + 1}/{n}")
+    deadline = time.monotonic() + max(120.0, n / 5)
+    while (done := int(st.marks.hlen(key))) < n:
+        _check(st, deadline, "chains")
+        progress.show(f"[{st.label}] chains: {done}/{n} done")
+        time.sleep(0.02)
+    marks = st.marks.hgetall(key)
+    progress.done()
+    return Batch("chain", submitted, [float(marks[str(i).encode()]) for i in range(n)])
+
+
+def _check(st: Stack, deadline: float, what: str) -> None:
+    if st.worker.proc.poll() is not None:
+        raise RuntimeError(f"worker died during {what}:\n{st.worker.text()[-3000:]}")
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"{what} did not finish; worker log:\n{st.worker.text()[-3000:]}")
+
+
+def closed_loop_latency(st: Stack, n: int, progress: Progress) -> dict[str, list[float]]:
+    """Start-to-finish latency one at a time, sagas and chains alternating (ms)."""
+    tag = st.tag("l")
+    key = f"bench:marks:{tag}"
+    found: dict[str, list[float]] = {"saga": [], "chain": []}
+    for i in range(n):
+        deadline = time.monotonic() + 30
+        begun = _now_ms()
+        st.bench.saga.start({"i": i}, saga_id=f"{tag}-{i}")
+        while (record := st.bench.sagas.get(f"{tag}-{i}")) is None or record.state is SagaState.RUNNING:
+            _check(st, deadline, "a saga")
+            time.sleep(0.002)
+        found["saga"].append(record.updated_at_ms - begun)
+        begun = _now_ms()
+        chain_of(st.bench, key, i).apply_async()
+        while (mark := st.marks.hget(key, str(i))) is None:
+            _check(st, deadline, "a chain")
+            time.sleep(0.002)
+        found["chain"].append(float(mark) - begun)
+        progress.show(f"[{st.label}] latency: {i + 1}/{n}")
+    progress.done()
+    return found
+
+
+def _figures(latencies: list[float]) -> dict[str, float]:
+    return {
+        "n": len(latencies),
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+    }
+
+
+# ---------------------------------------------------------------------- throughput
+
+
+def measure(st: Stack, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """Warm up, run the alternating rounds, then the closed-loop latency phase."""
+    saga_batch(st, args.warmup, progress)
+    chain_batch(st, args.warmup, progress)
+    per_round = max(1, args.n // args.rounds)
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        order = ("chain", "saga") if r % 2 == 0 else ("saga", "chain")
+        got = {kind: (saga_batch if kind == "saga" else chain_batch)(st, per_round, progress)
+               for kind in order}
+        saga, chain = got["saga"], got["chain"]
+        row = {
+            "round": r + 1, "first": order[0], "n": per_round,
+            "sagas_per_s": round(saga.rate, 1), "chains_per_s": round(chain.rate, 1),
+            "ratio": round(saga.rate / chain.rate, 3),
+            "saga_batch_latency": _figures(saga.latencies()),
+            "chain_batch_latency": _figures(chain.latencies()),
+        }
+        rounds.append(row)
+        print(f"[{st.label}] round {r + 1}/{args.rounds} ({order[0]} first): "
+              f"sagas {row['sagas_per_s']}/s, chains {row['chains_per_s']}/s, ratio {row['ratio']}",
+              flush=True)
+    latency = closed_loop_latency(st, args.latency_n, progress)
+    return {
+        "store": st.label,
+        "n_per_round": per_round,
+        "rounds": rounds,
+        "sagas_per_s": round(median(r["sagas_per_s"] for r in rounds), 1),
+        "chains_per_s": round(median(r["chains_per_s"] for r in rounds), 1),
+        "ratio": round(median(r["ratio"] for r in rounds), 3),
+        "latency": {kind: _figures(values) for kind, values in latency.items()},
+    }
+
+
+# ---------------------------------------------------------------------- round trips
+
+
+@contextlib.contextmanager
+def private_redis(workdir: Path) -> Iterator[str]:
+    """A throw-away ``redis-server`` on a free port (its commandstats count only our calls)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_until(lambda: _pings(url), 20, "private redis-server")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _pings(url: str) -> bool:
+    try:
+        with Redis.from_url(url) as client:
+            return bool(client.ping())
+    except Exception:
+        return False
+
+
+def _commandstats(url: str) -> dict[str, int]:
+    with Redis.from_url(url) as client:
+        stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Path, label: str,
+                      progress: Progress) -> dict[str, Any]:
+    """Run sagas on a fresh counting worker; store calls per saga and per step, by primitive.
+
+    No warm-up: the counts cover whole processes, so one-off costs (loading a Lua script, opening
+    a connection) are included, spread over ``--count-n`` sagas.
+    """
+    count_dir = workdir / f"counts-{config.queue}"
+    count_dir.mkdir()
+    with contextlib.ExitStack() as stack_:
+        if config.is_redis:
+            config = replace(config, store=stack_.enter_context(private_redis(workdir)))
+        config = replace(config, count_dir=count_dir, queue=config.queue + "-count")
+        st = stack_.enter_context(stack(config, workdir, label + "/count", args.loglevel))
+        assert st.bench.counting is not None
+        client_counts = st.bench.counting
+        client_counts.sink = None  # the client's polling is not the saga's cost
+        client_counts.counts.clear()
+        if config.is_redis:
+            with Redis.from_url(config.store) as server:
+                server.config_resetstat()
+        batch = saga_batch(st, args.count_n, progress, poll="get")
+        after = _commandstats(config.store) if config.is_redis else {}
+        client = dict(client_counts.counts)
+        st.worker.stop()
+        worker = _sum_counts(count_dir)
+    n = len(batch.finished)
+    by_primitive = {k: v for k, v in worker.items() if k != "sql_statements"}
+    by_primitive["create"] = by_primitive.get("create", 0) + client.get("create", 0)
+    calls = sum(v for k, v in by_primitive.items() if k != "compare_and_set_refused")
+    result: dict[str, Any] = {
+        "sagas": n,
+        "steps_per_saga": STEPS,
+        "store_calls_per_saga": round(calls / n, 2),
+        "store_calls_per_step": round(calls / n / STEPS, 2),
+        "by_primitive_per_saga": {k: round(v / n, 2) for k, v in sorted(by_primitive.items())},
+        "note": "create is the client's start(); every other call is the worker's",
+    }
+    if "sql_statements" in worker:
+        statements = worker["sql_statements"] + client.get("create", 0)
+        result["sql_statements_per_saga"] = round(statements / n, 2)
+        result["sql_statements_per_step"] = round(statements / n / STEPS, 2)
+    if after:
+        inside = _script_commands()
+        wire = {k: v for k, v in after.items() if k not in inside and k not in ("info", "config|resetstat")}
+        wire["hgetall"] = wire.get("hgetall", 0) - client.get("get", 0)  # the client's polling
+        total = sum(wire.values())
+        result["redis_commands_per_saga"] = {k: round(v / n, 3) for k, v in sorted(wire.items()) if v}
+        result["redis_commands_in_scripts_per_saga"] = {
+            k: round(v / n, 2) for k, v in sorted(after.items()) if k in inside}
+        result["redis_round_trips_per_saga"] = round(total / n, 2)
+        result["redis_round_trips_per_step"] = round(total / n / STEPS, 2)
+    return result
+
+
+def _script_commands() -> set[str]:
+    """Commands the store's Lua scripts call (commandstats counts those too; they are no round trip)."""
+    import re
+    from importlib import resources
+
+    found: set[str] = set()
+    for entry in resources.files("celery_sagas.stores.redis").joinpath("lua").iterdir():
+        if entry.name.endswith(".lua"):
+            text = entry.read_text("utf-8")
+            found.update(m.lower() for m in re.findall(r"redis\.p?call\(\s*['\"](\w+)['\"]", text))
+    return found
+
+
+def _sum_counts(directory: Path) -> dict[str, int]:
+    import json
+
+    total: dict[str, int] = {}
+    for path in directory.glob("*.json"):
+        for key, value in json.loads(path.read_text()).items():
+            total[key] = total.get(key, 0) + int(value)
+    return total
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def memory_run(st: Stack, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """RSS of the pool processes after a warm-up and after ``args.memory_n`` more sagas."""
+    saga_batch(st, args.memory_warmup, progress)
+    children = st.worker.children()
+    start = {pid: rss_kib(pid) for pid in children}
+    samples = [{"sagas": 0, "rss_kib": dict(start)}]
+    print(f"[{st.label}] after warm-up ({args.memory_warmup} sagas): pool RSS {start} KiB", flush=True)
+    done = 0
+    while done < args.memory_n:
+        n = min(args.memory_batch, args.memory_n - done)
+        saga_batch(st, n, progress)
+        done += n
+        sample = {pid: rss_kib(pid) for pid in children}
+        samples.append({"sagas": done, "rss_kib": sample})
+        print(f"[{st.label}] {done}/{args.memory_n} sagas: pool RSS {sample} KiB", flush=True)
+    if st.worker.children() != children:
+        raise RuntimeError("a pool process was replaced during the memory run")
+    end = samples[-1]["rss_kib"]
+    growth = {str(pid): round(100 * (end[pid] - start[pid]) / start[pid], 2) for pid in children}
+    total = round(100 * (sum(end.values()) - sum(start.values())) / sum(start.values()), 2)
+    return {
+        "store": st.label, "warmup_sagas": args.memory_warmup, "sagas": args.memory_n,
+        "rss_after_warmup_kib": {str(k): v for k, v in start.items()},
+        "rss_end_kib": {str(k): v for k, v in end.items()},
+        "growth_percent": growth, "total_growth_percent": total,
+        "samples": [{"sagas": s["sagas"], "rss_kib": {str(k): v for k, v in s["rss_kib"].items()}}
+                    for s in samples],
+    }
+
+
+# ---------------------------------------------------------------------- profile
+
+
+def profile_run(st: Stack, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """py-spy on the worker (main + pool) during one saga batch and one chain batch."""
+    saga_batch(st, args.warmup, progress)
+    chain_batch(st, args.warmup, progress)
+    out: dict[str, Any] = {"store": st.label}
+    for kind in ("saga", "chain"):
+        safe = st.label.replace("/", "-")
+        roles = {st.worker.pid: "main", **{pid: "pool" for pid in st.worker.children()}}
+        spy = start_py_spy(roles, RESULTS / f"profile-{safe}-{kind}", rate=args.profile_rate)
+        try:
+            batch = (saga_batch if kind == "saga" else chain_batch)(st, args.profile_n, progress)
+        finally:
+            stop_py_spy(spy)
+        summary = profile_summary(spy, args.profile_rate, items=len(batch.finished))
+        summary["rate_per_s_under_py_spy"] = round(batch.rate, 1)
+        out[kind] = summary
+        print(f"[{st.label}] profiled {kind}s: {summary['task_ms_per_item']} ms of pool task time "
+              f"per {kind} ({batch.rate:.0f}/s under py-spy)", flush=True)
+        for row in summary["top_inclusive"][:12]:
+            print(f"    {row['percent_of_task']:>5}%  {row['frame']}")
+    return out
+
+
+# ---------------------------------------------------------------------- main
+
+
+def _journal_variants(choice: str) -> list[str | None]:
+    exists = "journal" in SETTING_DOCS
+    if choice == "default" or not exists:
+        if choice in ("on", "off", "both") and not exists:
+            print("note: this commit has no sagas_journal setting; measuring the code as it is",
+                  file=sys.stderr)
+        return [None]
+    return {"on": ["on"], "off": ["off"], "both": ["on", "off"]}[choice]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=2000, help="sagas (and chains) per store, over all rounds")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (medians reported)")
+    parser.add_argument("--warmup", type=int, default=100, help="sagas and chains run before measuring")
+    parser.add_argument("--latency-n", type=int, default=200, help="closed-loop latency samples of each")
+    parser.add_argument("--count-n", type=int, default=200, help="sagas run on the counting worker (0: skip)")
+    parser.add_argument("--stores", default="redis,postgres", help="comma-separated: redis, postgres")
+    parser.add_argument("--redis-store", default=STORES["redis"])
+    parser.add_argument("--postgres-store", default=STORES["postgres"])
+    parser.add_argument("--broker", default=BROKER, help="broker URL (chain marks go to the same Redis)")
+    parser.add_argument("--loglevel", default="WARNING", help="worker log level")
+    parser.add_argument("--journal", choices=("default", "on", "off", "both"), default=None,
+                        help="sagas_journal setting when the code has one (default: both for the "
+                             "throughput run, the shipped default for --memory and --profile)")
+    parser.add_argument("--memory", action="store_true", help="memory mode: RSS over --memory-n sagas")
+    parser.add_argument("--memory-n", type=int, default=20_000)
+    parser.add_argument("--memory-warmup", type=int, default=1000)
+    parser.add_argument("--memory-batch", type=int, default=1000)
+    parser.add_argument("--profile", action="store_true", help="profile mode: py-spy on the worker")
+    parser.add_argument("--profile-n", type=int, default=1000)
+    parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--output", type=Path, default=None, help="JSON file (default bench/results/…)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark the options ask for; print a summary and write the JSON."""
+    args = parse_args(argv)
+    if not args.broker.startswith("redis"):
+        raise SystemExit("--broker must be a Redis URL (the chain marks live there)")
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    unknown = set(stores) - set(STORES)
+    if unknown:
+        raise SystemExit(f"unknown store(s): {', '.join(sorted(unknown))}")
+    urls = {"redis": args.redis_store, "postgres": args.postgres_store}
+    run_id = uuid.uuid4().hex[:8]
+    progress = Progress()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+    report: dict[str, Any] = {
+        "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(), "options": {k: str(v) for k, v in vars(args).items()},
+        "worker": {"pool": "prefork", "concurrency": 2, "acks_late": True, "prefetch_multiplier": 1,
+                   "broker": args.broker, "loglevel": args.loglevel},
+    }
+    mode = "memory" if args.memory else "profile" if args.profile else "throughput"
+    output = args.output or RESULTS / f"{mode}.json"
+    try:
+        runs = []
+        choice = args.journal or ("both" if mode == "throughput" else "default")
+        for name in stores:
+            for journal in _journal_variants(choice):
+                label = name if journal is None else f"{name}/journal-{journal}"
+                prefix = f"b{run_id}{len(runs)}"
+                config = BenchConfig(broker=args.broker, store=urls[name], prefix=prefix,
+                                     queue=f"bench-{prefix}", marks=args.broker, journal=journal)
+                runs.append(_run_one(config, label, mode, args, workdir, progress))
+        report["runs"] = runs
+        report["loadavg_end"] = os.getloadavg()
+        if mode == "throughput":
+            _print_table(runs)
+        write_json(output, report)
+        print(f"wrote {output}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _run_one(config: BenchConfig, label: str, mode: str, args: argparse.Namespace, workdir: Path,
+             progress: Progress) -> dict[str, Any]:
+    with stack(config, workdir, label, args.loglevel) as st:
+        if mode == "memory":
+            return memory_run(st, args, progress)
+        if mode == "profile":
+            return profile_run(st, args, progress)
+        result = measure(st, args, progress)
+    if args.count_n > 0:
+        result["round_trips"] = count_round_trips(config, args, workdir, label, progress)
+    return result
+
+
+def _print_table(runs: list[dict[str, Any]]) -> None:
+    head = (f"{'store':<22}{'sagas/s':>9}{'chains/s':>10}{'ratio':>7}{'saga p50':>10}{'p99':>8}"
+            f"{'chain p50':>11}{'p99':>8}{'calls/step':>12}{'RT/step':>9}")
+    print(head)
+    print("-" * len(head))
+    for run in runs:
+        lat, trips = run["latency"], run.get("round_trips", {})
+        wire = trips.get("redis_round_trips_per_step", trips.get("sql_statements_per_step", "-"))
+        print(f"{run['store']:<22}{run['sagas_per_s']:>9}{run['chains_per_s']:>10}{run['ratio']:>7}"
+              f"{lat['saga']['p50_ms']:>10}{lat['saga']['p99_ms']:>8}"
+              f"{lat['chain']['p50_ms']:>11}{lat['chain']['p99_ms']:>8}"
+              f"{trips.get('store_calls_per_step', '-'):>12}{wire:>9}")
+    print("latencies in ms (closed loop, one at a time); calls = store primitives, RT = wire round trips")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
