@@ -77,7 +77,7 @@ def _forward(saga: SagaRecord, step: StepRecord, outcome: Resolution, result: An
 
 def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_attempts: int,
               now_ms: int) -> SagaRecord:
-    unknown = step.state is StepState.COMPENSATING and step.started_at_ms is not None
+    unknown = step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION
     exhausted = step.state is StepState.COMPENSATION_FAILED
     if not unknown and not (exhausted and outcome is Resolution.COMPENSATED):
         raise SagaResolutionError(f"step {step.name!r} is {step.state}: no compensation to settle")

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import IllegalTransition
 from ..records import SagaRecord, SagaState, StepRecord, StepState
+from ..values import error_code as check_error_code
 from . import codes
 
 __all__ = [
@@ -70,6 +71,11 @@ _ANY_OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 def _illegal(saga: SagaRecord, event: str, step: StepRecord | None = None) -> IllegalTransition:
     state = str(saga.state) if step is None else f"{saga.state}/{step.state}"
     return IllegalTransition(state=state, event=event)
+
+
+def _code(code: str) -> str:
+    """Error codes written into records follow SPEC §1."""
+    return check_error_code(code)
 
 
 def _write(saga: SagaRecord, now_ms: int, **changes: Any) -> SagaRecord:
@@ -132,14 +138,19 @@ def _ambiguity_reason(step: StepRecord) -> tuple[str, str]:
 def settle(saga: SagaRecord) -> SagaRecord:
     """Derive the saga state after a step moved (same version; callers bump it)."""
     ambiguous = unresolved_ambiguity(saga)
-    if ambiguous is not None:
-        if _in_flight(saga) or saga.state is SagaState.MANUAL_REVIEW:
+    if ambiguous is not None and saga.state is SagaState.MANUAL_REVIEW:
+        if saga.error_code not in codes.AUTO_LIFTED:
             return saga
+        code, reason = _ambiguity_reason(ambiguous)  # name the step still to look at
+        return replace(saga, error_code=code, reason=reason)
+    if ambiguous is not None and not _in_flight(saga):
         code, reason = _ambiguity_reason(ambiguous)
         return replace(saga, state=SagaState.MANUAL_REVIEW, error_code=code, reason=reason)
-    if saga.state is SagaState.MANUAL_REVIEW and saga.error_code in codes.AUTO_LIFTED:
+    if ambiguous is None and saga.state is SagaState.MANUAL_REVIEW:
+        if saga.error_code not in codes.AUTO_LIFTED:
+            return saga
         cause, why = _rollback_cause(saga)
-        return replace(saga, state=direction(saga), error_code=cause, reason=why)
+        saga = replace(saga, state=direction(saga), error_code=cause, reason=why)
     if saga.state is SagaState.RUNNING and saga.rolling_back:
         return replace(saga, state=SagaState.COMPENSATING)
     return saga
@@ -237,7 +248,7 @@ def fail_step(
     _need(saga, step, "fail_step", (StepState.EXECUTING, StepState.AMBIGUOUS), _ANY_OPEN)
     if not _attempt_matches(step, attempt):
         raise _illegal(saga, "fail_step: another attempt", step)
-    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=error_code)
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
 
 
 def step_ambiguous(
@@ -248,7 +259,7 @@ def step_ambiguous(
     _need(saga, step, "step_ambiguous", (StepState.EXECUTING,), _ANY_OPEN, started=True)
     if step.attempts != attempt:
         raise _illegal(saga, "step_ambiguous: another attempt", step)
-    return _step_move(saga, step, now_ms, state=StepState.AMBIGUOUS, error_code=error_code)
+    return _step_move(saga, step, now_ms, state=StepState.AMBIGUOUS, error_code=_code(error_code))
 
 
 def release_step(
@@ -265,7 +276,7 @@ def release_step(
         now_ms,
         steps=_swap(
             saga, step, started_at_ms=None, claimed_by=None, next_attempt_at_ms=retry_at_ms,
-            error_code=error_code, dispatched_at_ms=None,
+            error_code=_code(error_code), dispatched_at_ms=None,
         ),
     )
 
@@ -311,7 +322,7 @@ def fail_gate(saga: SagaRecord, name: str, approval_id: str, error_code: str,
               now_ms: int) -> SagaRecord:
     """An approval gate was denied or expired: it counts as not committed; the saga rolls back."""
     step = _gate(saga, name, approval_id, "fail_gate")
-    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=error_code)
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
 
 
 # ---------------------------------------------------------------- compensation
@@ -324,6 +335,8 @@ def begin_compensation(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
         raise _illegal(saga, "begin_compensation")
     _need(saga, step, "begin_compensation",
           (StepState.COMMITTED, StepState.COMPENSATION_FAILED), (SagaState.COMPENSATING,))
+    if step.compensator is None:
+        raise _illegal(saga, "begin_compensation of a step with nothing to undo", step)
     return _write(
         saga,
         now_ms,
@@ -402,7 +415,7 @@ def start_compensation(saga: SagaRecord, error_code: str, reason: str, now_ms: i
     if saga.state is not SagaState.RUNNING:
         raise _illegal(saga, "start_compensation")
     return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
-                  error_code=error_code, reason=reason)
+                  error_code=_code(error_code), reason=reason)
 
 
 _UNDONE = (StepState.COMPENSATED, StepState.FAILED)
@@ -434,7 +447,10 @@ def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int
     """Stop and wait for an operator, saying why."""
     if saga.state not in _LIVE:
         raise _illegal(saga, "to_manual_review")
-    return _write(saga, now_ms, state=SagaState.MANUAL_REVIEW, error_code=error_code, reason=reason)
+    if not reason:
+        raise _illegal(saga, "to_manual_review without a reason")
+    return _write(saga, now_ms, state=SagaState.MANUAL_REVIEW, error_code=_code(error_code),
+                  reason=reason)
 
 
 def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:

@@ -39,8 +39,9 @@ EFFECTS = {"execution": fx("s"), "compensation": cx("s"), "stale": "fx-old"}
 SETTLES = {
     R.COMMITTED: ("execution", {AM}),
     R.NOT_COMMITTED: ("execution", {AM}),
-    R.COMPENSATED: ("compensation", {P1, PA, CF}),
-    R.NOT_COMPENSATED: ("compensation", {P1, PA}),
+    # A compensator still running (claimed, not judged ambiguous) cannot be settled by hand.
+    R.COMPENSATED: ("compensation", {PA, CF}),
+    R.NOT_COMPENSATED: ("compensation", {PA}),
 }
 STEP_AFTER = {
     R.COMMITTED: StepState.COMMITTED,
@@ -149,11 +150,18 @@ def test_not_compensated_with_attempts_left_returns_to_compensating() -> None:
     assert after.steps[0].next_attempt_at_ms is not None
 
 
-def test_not_compensated_of_a_running_compensator_at_the_limit_goes_to_review() -> None:
-    record = saga(step(P1, "s", compensation_attempts=MAX), state=SS.COMPENSATING)
+def test_not_compensated_of_an_ambiguous_compensator_at_the_limit_stays_in_review() -> None:
+    record = saga(step(PA, "s", compensation_attempts=MAX), state=SS.MANUAL_REVIEW,
+                  rolling_back=True, error_code=codes.AMBIGUOUS_COMPENSATION, reason="x")
     after = settle(record, "not-compensated", cx("s"))
     assert after.state is SS.MANUAL_REVIEW
     assert after.error_code == codes.COMPENSATION_EXHAUSTED
+
+
+def test_a_running_compensator_cannot_be_settled_by_hand() -> None:
+    record = saga(step(P1, "s", compensation_attempts=MAX), state=SS.COMPENSATING)
+    with pytest.raises(SagaResolutionError):
+        settle(record, "not-compensated", cx("s"))
 
 
 def test_compensated_by_hand_after_exhaustion_keeps_review_until_resume() -> None:

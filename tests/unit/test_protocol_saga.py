@@ -644,8 +644,6 @@ def test_a_review_is_not_lifted_while_another_step_is_still_ambiguous() -> None:
     assert moves.unresolved_ambiguity(after) == after.steps[1]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: review reason keeps naming a step already resolved")
 def test_the_review_names_the_step_still_to_look_at() -> None:
     record = saga(step(X1, "a"), step(X1, "b"))
     one = moves.step_ambiguous(record, "a", fx("a"), 1, codes.WORKER_LOST, NOW)
@@ -656,9 +654,6 @@ def test_the_review_names_the_step_still_to_look_at() -> None:
     assert three.reason is not None and fx("b") in three.reason and fx("a") not in three.reason
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: settle returns early on ambiguity + step in flight, leaving a "
-                   "running saga rolling back instead of compensating")
 def test_a_known_failure_beside_an_ambiguity_and_a_step_in_flight_turns_compensating() -> None:
     record = saga(step(AM, "a"), step(X1, "b"), step(X1, "c"))
     after = moves.fail_step(record, "b", fx("b"), 1, "card_declined", NOW)
@@ -718,8 +713,6 @@ def test_complete_needs_every_step_committed() -> None:
                    saga(step(CM, "a"), state=SS.RUNNING, rolling_back=True))
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="BUG: begin_compensation accepts a step without a compensator")
 def test_a_step_without_a_compensator_cannot_begin_compensation() -> None:
     record = saga(step(CM, "a", compensator=None), state=SS.COMPENSATING)
     assert_refused(lambda s: moves.begin_compensation(s, "a", NOW), record)
@@ -812,8 +805,6 @@ BAD_CODES: list[tuple[str, Callable[[SagaRecord, str], SagaRecord], SagaRecord]]
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="BUG: saga transitions record error codes without the SPEC §1 check")
 @pytest.mark.parametrize(("name", "apply", "record"), BAD_CODES, ids=[b[0] for b in BAD_CODES])
 @pytest.mark.parametrize("code", ["", "Not A Code"])
 def test_an_invalid_error_code_is_refused(
