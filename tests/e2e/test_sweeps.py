@@ -56,6 +56,8 @@ from tests.e2e.sweep_app import (
     waiting_saga,
 )
 
+pytestmark = pytest.mark.e2e
+
 STALE_MS = 60_000  # seeded sagas are an hour old; sagas a sweep re-drove never turn stale again
 
 
