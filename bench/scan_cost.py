@@ -102,7 +102,7 @@ class Target:
     """One store under a fresh prefix and the final record ids it holds."""
 
     name: str
-    store: Store
+    store: RedisStore | SqlStore
     prefix: str
     final_ids: int = 0
     timings: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))

@@ -89,8 +89,8 @@ def bulk_insert(store: Store, envelopes: Sequence[Envelope]) -> None:
         layout = store.layout
         pipe = store._client.pipeline(transaction=False)
         for e in envelopes:
-            fields = {"id": e.id, "version": e.version, "state": e.state,
-                      "updated_at_ms": e.updated_at_ms, "body": e.body}
+            fields: dict[Any, Any] = {"id": e.id, "version": e.version, "state": e.state,
+                                      "updated_at_ms": e.updated_at_ms, "body": e.body}
             pipe.hset(layout.record(e.kind, e.id), mapping=fields)
             pipe.zadd(layout.record_index(e.kind, e.id, e.state), {e.id: e.updated_at_ms})
         pipe.execute()
@@ -105,9 +105,9 @@ def bulk_insert(store: Store, envelopes: Sequence[Envelope]) -> None:
 
 def destroy(store: Store) -> None:
     """Remove everything a test wrote under the store's prefix, then close it."""
-    if hasattr(store, "drop_schema"):
+    if isinstance(store, SqlStore):
         store.drop_schema()
-    elif hasattr(store, "layout"):
+    elif isinstance(store, RedisStore):
         client = store._client
         for chunk in _chunks(list(client.scan_iter(match=store.layout.pattern(), count=1000)), 1000):
             client.delete(*chunk)

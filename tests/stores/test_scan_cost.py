@@ -150,7 +150,7 @@ def _rows_examined(store: SqlStore, selects: list[tuple[str, Any]]) -> tuple[int
     with store.engine.connect() as conn:
         for statement, parameters in selects:
             raw = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).scalar()
-            plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
+            plan = (raw if isinstance(raw, list) else json.loads(str(raw)))[0]["Plan"]
             rows, node_kinds = _examined(plan)
             total += rows
             kinds += node_kinds
