@@ -8,6 +8,19 @@ the table, the state) it was judged on, so a lost race raises ``SagaConcurrencyE
 of overwriting, and an illegal move raises ``IllegalTransition`` and writes nothing.
 
 Effect records carry ids, capability, binding and state only, never payloads.
+
+In the engine (``EffectRecorder``) every step execution and every compensation is an effect,
+keyed by its effect id, and each lifecycle point is one journal write:
+
+    intent -> admission    executing -> executing    committed -> committed
+    failed (for good) -> failed    ambiguous -> unknown
+
+One effect id covers all the attempts made under it (idempotent retries, compensation
+retries, a compensation resumed after review): a failure that will be retried writes
+nothing, so the record stays ``executing``, and each new attempt refreshes its
+``updated_at``. An operator's resolution settles ``unknown`` (or a compensation left
+``executing``) as committed or failed. The saga record stays authoritative: a journal write
+that keeps failing is logged and skipped, and the sweep reports the effect it left behind.
 """
 
 from __future__ import annotations
@@ -261,13 +274,8 @@ class EffectJournal:
 
 # ------------------------------------------------------------------ the engine's recorder
 
-_A, _X, _C, _F, _U = (
-    EffectState.ADMISSION,
-    EffectState.EXECUTING,
-    EffectState.COMMITTED,
-    EffectState.FAILED,
-    EffectState.UNKNOWN,
-)
+_A, _X, _C = EffectState.ADMISSION, EffectState.EXECUTING, EffectState.COMMITTED
+_F, _U = EffectState.FAILED, EffectState.UNKNOWN
 
 # The writes that bring a journaled effect from its state to the one the saga record implies
 # (executing -> executing is a touch). A pair not listed writes nothing: the record is there
