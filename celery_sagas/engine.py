@@ -228,7 +228,10 @@ class Engine:
             return after
         if isinstance(decision, Vanished):
             return self._vanished(saga, decision, now, fence)
-        return self.write(saga, self._saga_move(saga, decision, now), fence)
+        written = self.write(saga, self._saga_move(saga, decision, now), fence)
+        if isinstance(decision, Abandon):
+            self.emit(written, decision.step, Stage.EXECUTION, Phase.FAILED, codes.NOT_STARTED)
+        return written
 
     def _open_gates(self, saga: SagaRecord, steps: tuple[StepRecord, ...]) -> bool:
         """Create the pending approval of each new gate before its step is recorded."""
@@ -248,9 +251,7 @@ class Engine:
 
     def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
         if isinstance(decision, Abandon):
-            after = moves.abandon_step(saga, decision.step.name, decision.step.effect_id, now)
-            self.emit(after, decision.step, Stage.EXECUTION, Phase.FAILED, codes.NOT_STARTED)
-            return after
+            return moves.abandon_step(saga, decision.step.name, decision.step.effect_id, now)
         if isinstance(decision, Complete):
             return moves.complete(saga, now)
         if isinstance(decision, FinishCompensation):

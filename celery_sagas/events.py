@@ -132,7 +132,7 @@ class FindingEvent:
 class Observer(Protocol):
     """Receives every lifecycle event; must not raise (errors are logged and ignored)."""
 
-    def __call__(self, event: LifecycleEvent) -> None:
+    def __call__(self, event: LifecycleEvent, /) -> None:
         """Handle one event."""
         ...
 
@@ -140,7 +140,7 @@ class Observer(Protocol):
 class FindingObserver(Protocol):
     """Receives every finding a sweep reports; must not raise (errors are logged and ignored)."""
 
-    def __call__(self, event: FindingEvent) -> None:
+    def __call__(self, event: FindingEvent, /) -> None:
         """Handle one finding."""
         ...
 
