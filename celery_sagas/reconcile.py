@@ -22,6 +22,7 @@ newer grant. Running twice at once is safe anyway: every action is a compare-and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -185,6 +186,13 @@ def sweep(
         report.lease_lost = True
         logger.warning("sweep stopped fence=%d: %s", lease.fence, exc, extra={"fence": lease.fence})
         return report
+    except Exception:
+        # A store outage mid-sweep: free the lease (the checkpoint stays) so the next sweep
+        # need not wait for it to expire.
+        logger.exception("sweep failed fence=%d", lease.fence, extra={"fence": lease.fence})
+        with contextlib.suppress(Exception):
+            leases.release(lease)
+        raise
     finally:
         _report_findings(engine, report)
     if count_cap:
