@@ -104,7 +104,12 @@ def test_20_fan_outs_of_16_on_two_workers_lose_no_result_while_commits_race(fan_
 
 def test_a_branch_failing_while_another_runs_undoes_every_committed_step_once(fan_stack: Stack) -> None:
     fan_stack.worker()
-    start(fan_stack, "fail-1", 8, block={"reserve-0": "go"}, decline=["reserve-4"])
+    # Branch 4 declines only once branch 0 is running, whatever order the pool takes them in.
+    start(fan_stack, "fail-1", 8, block={"reserve-0": "go", "reserve-4": "decline"},
+          decline=["reserve-4"])
+    wait_until(lambda: any(e.get("slot") == 0 for e in fan_stack.ops("reserve.start", "fail-1")),
+               what="branch 0 running")
+    fan_stack.release("decline")
 
     def others_settled() -> SagaRecord | None:
         record = fan_stack.sagas.get("fail-1")
