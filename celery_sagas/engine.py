@@ -32,7 +32,7 @@ from .errors import (
     SagaResolutionError,
 )
 from .events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
-from .journal import EffectRecorder
+from .journal import EffectRecorder, unique_write
 from .liveness import ActiveEffects, dead_effects
 from .protocol import codes
 from .protocol import saga as moves
@@ -65,6 +65,8 @@ from .stores.base import Fence, Store
 __all__ = ["Engine", "EngineSettings"]
 
 logger = logging.getLogger("celery_sagas.engine")
+
+_WRITE_ID_ROOM = 64  # bytes the write id adds beyond the payload limit
 
 EXECUTE_CAPABILITY = "saga.execute"
 COMPENSATE_CAPABILITY = "saga.compensate"
@@ -133,7 +135,11 @@ class Engine:
 
     def write(self, before: SagaRecord, after: SagaRecord, fence: Fence | None = None) -> SagaRecord:
         """Store ``after`` if the record is still at ``before.version`` (and the fence holds)."""
-        envelope = saga_to_envelope(after, limit=self.settings.payload_limit)
+        limit = self.settings.payload_limit
+        # Unique per call: two racers that computed the same next record (same move, same
+        # millisecond) must not both be told they won (the store takes an identical stored
+        # record for an already-applied retry of this very call).
+        envelope = unique_write(saga_to_envelope(after, limit=limit), limit=limit + _WRITE_ID_ROOM)
         if not self.store.compare_and_set(envelope, before.version, fence=fence):
             raise SagaConcurrencyError(f"saga {before.saga_id!r} changed under us")
         return after

@@ -123,16 +123,18 @@ def _identity(
     )
 
 
-def unique_write(envelope: Envelope) -> Envelope:
+def unique_write(envelope: Envelope, *, limit: int = values.DEFAULT_PAYLOAD_LIMIT) -> Envelope:
     """Add a fresh random ``write_id`` to the body so no two writers send the same record.
 
     A store reports a compare-and-set whose exact record is already stored as applied, so a
     driver retry is harmless; two writers that computed the same next record from the same
-    version would otherwise both be told they won. Decoders ignore the extra key.
+    version would otherwise both be told they won. Decoders ignore the extra key. ``limit``
+    bounds the re-encoded body (bytes).
     """
     body = values.decode_json(envelope.body)
     body["write_id"] = secrets.token_hex(8)
-    return replace(envelope, body=values.encode_json(body, field=f"{envelope.kind} record"))
+    encoded = values.encode_json(body, field=f"{envelope.kind} record", limit=limit)
+    return replace(envelope, body=encoded)
 
 
 class EffectJournal:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+import threading
+from typing import Any
 
 import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
-from celery_sagas.errors import SagaConfigurationError
+from celery_sagas.definitions import Registry, SagaDefinition, StepOptions
+from celery_sagas.dispatch import RecordingDispatcher
+from celery_sagas.engine import Engine
+from celery_sagas.errors import SagaConcurrencyError, SagaConfigurationError
+from celery_sagas.protocol import saga as moves
+from celery_sagas.testing.clock import FrozenClock
+from celery_sagas.testing.racing import ReadTogether, race
 
 pytestmark = pytest.mark.e2e
 
@@ -33,3 +41,54 @@ def test_a_duration_setting_of_a_year_is_still_accepted(name: str) -> None:
     sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
                   allow_non_durable=True, **{name: 365 * 24 * 3600})
     assert sagas.settings.sweep_lease_ms > 0
+
+
+def _engine() -> tuple[Engine, FrozenClock]:
+    registry = Registry()
+    registry.add_step(StepOptions(task="regression.work", compensator=None))
+    registry.add_definition(SagaDefinition("regression", lambda ctx, data: None))
+    clock = FrozenClock()
+    return Engine(MemoryStore(), registry, RecordingDispatcher(), clock=clock), clock
+
+
+def test_two_writers_of_the_same_move_from_the_same_version_are_not_both_told_they_won() -> None:
+    # Found by the 16-thread resume race: threads that computed the identical next record in
+    # the same millisecond were all told their compare-and-set won (the store reports an
+    # identical stored record as an "already applied" retry), so two of them dispatched the
+    # compensator and emitted its events. SPEC §2: exactly one writer of version N succeeds.
+    engine, clock = _engine()
+    record = engine.start("regression", {"n": 1}, "same-move")
+    after = moves.to_manual_review(record, "run_failed", "for the test", clock.now_ms())
+    engine.write(record, after)
+    with pytest.raises(SagaConcurrencyError):
+        engine.write(record, after)
+
+
+def test_sixteen_threads_resuming_one_saga_in_the_same_millisecond_lift_the_review_once() -> None:
+    engine, clock = _engine()
+    record = engine.start("regression", {"n": 1}, "resume-race")
+    review = engine.write(record, moves.to_manual_review(record, "run_failed", "x", clock.now_ms()))
+    wins: list[str] = []
+    store = engine.store
+    original = store.compare_and_set
+    before, after, first = (threading.Barrier(16, timeout=60), threading.Barrier(16, timeout=60),
+                            threading.local())
+
+    def counting(envelope: Any, expected: int, **kwargs: Any) -> bool:
+        # Every racer's first write is its resume: all are sent before any racer goes on.
+        racing = not getattr(first, "done", False)
+        first.done = True
+        if racing:
+            before.wait()
+        ok = original(envelope, expected, **kwargs)
+        if ok and expected == review.version:
+            wins.append(envelope.state)
+        if racing:
+            after.wait()
+        return ok
+
+    store.compare_and_set = counting  # type: ignore[method-assign]
+    engine.store = ReadTogether(store, parties=16)  # all 16 judge the review before any writes
+    results = race(lambda _: engine.resume("resume-race"), threads=16)
+    assert not [r for r in results if isinstance(r, BaseException)]
+    assert wins == ["running"], (wins, results)
