@@ -297,39 +297,43 @@ class Engine:
 
     def cancel(self, saga_id: str) -> SagaRecord:
         """Stop forward progress and compensate what committed; a final saga is left as is."""
-        for _ in range(self.settings.max_races):
-            saga = self.load(saga_id)
-            if saga.state.final or saga.state is SagaState.COMPENSATING:
-                return saga
-            try:
-                after = moves.cancel(saga, self.now())
-            except IllegalTransition as exc:
-                raise SagaResolutionError(
-                    f"saga {saga_id!r} has an unresolved step; resolve it before cancelling"
-                ) from exc
-            try:
-                return self.advance(saga_id, self.write(saga, after))
-            except SagaConcurrencyError:
-                continue
-        raise SagaConcurrencyError(f"saga {saga_id!r} kept changing; cancel not applied")
+
+        def settled(saga: SagaRecord) -> bool:
+            return saga.state.final or saga.state is SagaState.COMPENSATING
+
+        return self._operator_move(saga_id, "cancel", moves.cancel, settled)
 
     def resume(self, saga_id: str) -> SagaRecord:
         """Lift manual review (once nothing is unresolved) and drive the saga on."""
+
+        def not_in_review(saga: SagaRecord) -> bool:
+            return saga.state is not SagaState.MANUAL_REVIEW
+
+        return self._operator_move(saga_id, "resume", moves.resume, not_in_review)
+
+    def _operator_move(
+        self,
+        saga_id: str,
+        verb: str,
+        move: Callable[[SagaRecord, int], SagaRecord],
+        needless: Callable[[SagaRecord], bool],
+    ) -> SagaRecord:
+        """Apply an operator's move with a CAS (reloading on a lost race), then advance."""
         for _ in range(self.settings.max_races):
             saga = self.load(saga_id)
-            if saga.state is not SagaState.MANUAL_REVIEW:
-                return self.advance(saga_id, saga)
+            if needless(saga):
+                return saga if saga.state.final else self.advance(saga_id, saga)
             try:
-                after = moves.resume(saga, self.now())
+                after = move(saga, self.now())
             except IllegalTransition as exc:
                 raise SagaResolutionError(
-                    f"saga {saga_id!r} has an unresolved step; resolve it before resuming"
+                    f"saga {saga_id!r} has an unresolved step; resolve it before you {verb}"
                 ) from exc
             try:
                 return self.advance(saga_id, self.write(saga, after))
             except SagaConcurrencyError:
                 continue
-        raise SagaConcurrencyError(f"saga {saga_id!r} kept changing; resume not applied")
+        raise SagaConcurrencyError(f"saga {saga_id!r} kept changing; {verb} not applied")
 
     def resolve(
         self,
