@@ -1,0 +1,257 @@
+"""The Celery app the reliability suite's workers run (``celery -A tests.reliability.app``).
+
+Configured from ``REL_*`` environment variables set by the harness (``Config.environ``). The
+saga ``rel-order`` reserves stock, charges a card and ships; its input carries a *plan* that
+scripts how the fake providers behave for that saga (sleep in a body, decline, crash before or
+after the provider applied the effect, fail transiently, keep the inventory service down while
+a control file exists).
+
+The fake providers keep a ledger (one JSON line per call, keyed by effect id):
+
+- ``<op>.start``: a body began (effect id, attempt, saga, step, pid);
+- ``<op>.done``: the provider applied the effect (for compensators: ``undoes`` names the
+  execution effect id it reverses, taken from the step's committed result);
+- ``<op>.dedup``: an idempotent provider saw an effect id it had already applied;
+- ``<op>.fail``: the provider refused (nothing applied).
+
+Idempotent providers (``charge_idem``, the ``refund`` compensator) apply an effect id once:
+an ``O_EXCL`` marker file per effect id is the provider's own deduplication table.
+
+With ``REL_CLOCK_SKEW_MS`` set, the engine of that process reads a clock shifted by that many
+milliseconds (clock-skew scenario). The store is a ``TracingStore`` so lease grants and fenced
+writes land in the fence trace the invariant checker reads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from celery_sagas import Sagas, StepNotCommitted
+from tests.reliability.recording import SkewedClock, TracingStore, append_line
+
+DEFINITION = "rel-order"
+STEP_NAMES = {
+    "reserve": "rel.reserve", "charge": "rel.charge", "charge_idem": "rel.charge_idem",
+    "ship": "rel.ship",
+}
+COMPENSATORS = {"release": "rel.release", "refund": "rel.refund"}
+# Provider ops whose repeated body run under one effect id would be a double side effect.
+NON_IDEMPOTENT_STEPS = ("reserve", "charge", "ship")
+IDEMPOTENT_STEPS = ("charge_idem",)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Where one run's processes, store, queue, ledger and traces live."""
+
+    broker: str
+    store: str
+    prefix: str
+    queue: str
+    workdir: Path
+    sweep_interval: float = 1.0
+    stale_after: float = 1.5
+    ambiguity_grace: float = 1.0
+    time_limit: float = 10.0
+    sweep_lease: float = 3.0
+    sweep_page_size: int = 50
+    scan_delay_ms: int = 0
+    clock_skew_ms: int = 0
+    visibility_timeout: float = 3600.0
+
+    @property
+    def ledger(self) -> Path:
+        """The fake providers' ledger."""
+        return self.workdir / "ledger.jsonl"
+
+    @property
+    def fences(self) -> Path:
+        """The lease-grant and fenced-write trace."""
+        return self.workdir / "fences.jsonl"
+
+    @property
+    def control(self) -> Path:
+        """Files here switch provider behaviour (e.g. inventory down)."""
+        return self.workdir / "control"
+
+    @property
+    def applied(self) -> Path:
+        """The idempotent providers' deduplication table (one marker per effect id)."""
+        return self.workdir / "applied"
+
+    @classmethod
+    def from_env(cls) -> Config:
+        """The configuration a worker or beat process was started with."""
+        env = os.environ
+        return cls(
+            broker=env["REL_BROKER"], store=env["REL_STORE"], prefix=env["REL_PREFIX"],
+            queue=env["REL_QUEUE"], workdir=Path(env["REL_WORKDIR"]),
+            sweep_interval=float(env["REL_SWEEP_INTERVAL"]),
+            stale_after=float(env["REL_STALE_AFTER"]),
+            ambiguity_grace=float(env["REL_GRACE"]), time_limit=float(env["REL_TIME_LIMIT"]),
+            sweep_lease=float(env["REL_SWEEP_LEASE"]),
+            sweep_page_size=int(env["REL_PAGE_SIZE"]),
+            scan_delay_ms=int(env.get("REL_SCAN_DELAY_MS", "0")),
+            clock_skew_ms=int(env.get("REL_CLOCK_SKEW_MS", "0")),
+            visibility_timeout=float(env.get("REL_VISIBILITY_TIMEOUT", "3600")),
+        )
+
+    def environ(self) -> dict[str, str]:
+        """The environment that makes a spawned process use this configuration."""
+        return {
+            "REL_BROKER": self.broker, "REL_STORE": self.store, "REL_PREFIX": self.prefix,
+            "REL_QUEUE": self.queue, "REL_WORKDIR": str(self.workdir),
+            "REL_SWEEP_INTERVAL": str(self.sweep_interval),
+            "REL_STALE_AFTER": str(self.stale_after), "REL_GRACE": str(self.ambiguity_grace),
+            "REL_TIME_LIMIT": str(self.time_limit), "REL_SWEEP_LEASE": str(self.sweep_lease),
+            "REL_PAGE_SIZE": str(self.sweep_page_size),
+            "REL_SCAN_DELAY_MS": str(self.scan_delay_ms),
+            "REL_CLOCK_SKEW_MS": str(self.clock_skew_ms),
+            "REL_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
+        }
+
+
+@dataclass
+class Shop:
+    """One built app: the Celery app, its Sagas and the saga definition."""
+
+    app: Celery
+    sagas: Sagas
+    order: Any
+    store: TracingStore
+
+
+class Provider:
+    """The fake inventory/payment/shipping providers: a ledger keyed by effect id."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def record(self, op: str, ctx: Any, **extra: Any) -> None:
+        """Append one ledger line for ``op`` under the effect id of ``ctx``."""
+        append_line(self.config.ledger, {
+            "op": op, "pid": os.getpid(), "t": time.time(), "saga_id": ctx.saga_id,
+            "step": ctx.step, "effect_id": ctx.effect_id, "attempt": ctx.attempt, **extra,
+        })
+
+    def apply(self, op: str, ctx: Any, idempotent: bool, **extra: Any) -> None:
+        """Apply the effect: once per effect id when ``idempotent``, else every call."""
+        if idempotent:
+            marker = self.config.applied / f"{op}-{ctx.effect_id}"
+            try:
+                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except FileExistsError:
+                self.record(f"{op}.dedup", ctx, **extra)
+                return
+        self.record(f"{op}.done", ctx, **extra)
+
+    def down(self, name: str | None) -> bool:
+        """True while the control file ``name`` exists."""
+        return name is not None and (self.config.control / name).exists()
+
+
+def _pause(plan: dict[str, Any], op: str) -> None:
+    delay = plan.get("sleep", {}).get(op, 0)
+    if delay:
+        time.sleep(delay / 1000)
+
+
+def build(config: Config) -> Shop:
+    """Build the reliability app for ``config`` (the harness builds one; workers use the env)."""
+    app = Celery("reliability", broker=config.broker)
+    app.conf.update(
+        task_default_queue=config.queue,
+        worker_prefetch_multiplier=1,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": config.visibility_timeout,
+                                  "confirm_publish": True},
+        worker_hijack_root_logger=False,
+        beat_schedule_filename=str(config.workdir / "beat-schedule"),
+    )
+    store = TracingStore(config.store, prefix=config.prefix, trace=config.fences,
+                         scan_delay_ms=config.scan_delay_ms)
+    clock = SkewedClock(config.clock_skew_ms) if config.clock_skew_ms else None
+    sagas = Sagas(
+        app, store=store, clock=clock, queue=config.queue,
+        sweep_interval=config.sweep_interval, stale_after=config.stale_after,
+        ambiguity_grace=config.ambiguity_grace, default_time_limit=config.time_limit,
+        sweep_lease=config.sweep_lease, sweep_page_size=config.sweep_page_size,
+    )
+    provider = Provider(config)
+
+    def behave(op: str, plan: dict[str, Any], ctx: Any, idempotent: bool) -> dict[str, Any]:
+        provider.record(f"{op}.start", ctx)
+        _pause(plan, op)
+        if plan.get("decline") == op:
+            provider.record(f"{op}.fail", ctx)
+            raise StepNotCommitted("declined")
+        if plan.get("crash") == op:
+            raise RuntimeError("provider timed out after the request left")
+        if ctx.attempt <= plan.get("flaky", {}).get(op, 0):
+            raise ConnectionError("transient")
+        provider.apply(op, ctx, idempotent)
+        if plan.get("crash_after") == op:
+            raise RuntimeError("the connection dropped before the provider answered")
+        return {"effect": ctx.effect_id}
+
+    @sagas.step(compensate=COMPENSATORS["release"], name=STEP_NAMES["reserve"])
+    def reserve(sku: str, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Reserve stock (not idempotent)."""
+        return {**behave("reserve", plan, saga, False), "reservation": f"res-{sku}"}
+
+    @sagas.compensator(name=COMPENSATORS["release"])
+    def release(sku: str, plan: dict[str, Any], *, result: Any = None, saga: Any = None) -> None:
+        """Release the reservation (not idempotent); fails while the inventory is down."""
+        undoes = result["effect"]
+        provider.record("release.start", saga, undoes=undoes)
+        _pause(plan, "release")
+        if provider.down(plan.get("inventory")) or saga.attempt <= plan.get("release_failures", 0):
+            provider.record("release.fail", saga, undoes=undoes)
+            raise ConnectionError("inventory service down")
+        provider.apply("release", saga, False, undoes=undoes)
+
+    @sagas.step(compensate=COMPENSATORS["refund"], name=STEP_NAMES["charge"])
+    def charge(amount: int, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Charge the card (not idempotent)."""
+        return {**behave("charge", plan, saga, False), "charged": amount}
+
+    @sagas.step(compensate=COMPENSATORS["refund"], idempotent=True, retries=3,
+                name=STEP_NAMES["charge_idem"])
+    def charge_idem(amount: int, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Charge the card with an idempotency key the provider honours."""
+        return {**behave("charge_idem", plan, saga, True), "charged": amount}
+
+    @sagas.compensator(name=COMPENSATORS["refund"], idempotent=True)
+    def refund(amount: int, plan: dict[str, Any], *, result: Any = None, saga: Any = None) -> None:
+        """Refund the charge (idempotent: the provider dedupes by effect id)."""
+        undoes = result["effect"]
+        provider.record("refund.start", saga, undoes=undoes)
+        _pause(plan, "refund")
+        provider.apply("refund", saga, True, undoes=undoes)
+
+    @sagas.step(compensate=None, name=STEP_NAMES["ship"])
+    def ship(order_id: str, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Ship the order (nothing to undo; may decline)."""
+        return behave("ship", plan, saga, False)
+
+    @sagas.saga(DEFINITION)
+    def order(ctx: Any, data: dict[str, Any]) -> None:
+        """Reserve, charge, ship; the plan in the input scripts the providers."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        ctx.step(charge_idem if plan.get("idempotent") else charge, data["amount"], plan)
+        ctx.step(ship, data["id"], plan)
+
+    return Shop(app, sagas, order, store)
+
+
+if os.environ.get("REL_BROKER"):
+    app = build(Config.from_env()).app

@@ -1,0 +1,270 @@
+"""Real processes for the reliability suite: workers, beats, private redis-servers.
+
+Every process runs in its own process group and is SIGKILLed (group-wide) on ``close``. A
+fault injector kills only pids that are, at that moment, pool children of a worker this cluster
+started (checked through ``/proc`` right before the signal), so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.e2e.conftest import ROOT, Process, wait_until
+from tests.reliability.app import Config, Shop, build
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class PrivateRedis:
+    """A redis-server of this run only: AOF with fsync on every write, on a free port."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>``; callers append the database number."""
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> PrivateRedis:
+        """Start (or restart) the server and wait until it answers."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
+             "--daemonize", "no"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_until(lambda: _answers(self.port) or self.proc.poll() is not None,  # type: ignore[union-attr]
+                   timeout=20, what="redis-server up")
+        assert self.proc.poll() is None, (self.directory / "redis.log").read_text()[-2000:]
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown save: only what the AOF fsynced survives)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Kill, then start again on the same port and directory (the AOF is replayed)."""
+        self.kill()
+        self.start()
+        self.restarts += 1
+
+    def close(self) -> None:
+        """Kill the server and delete its files."""
+        self.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: fields follow the last ')'.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[1] == str(pid):
+            found.append(int(entry))
+    return found
+
+
+@dataclass
+class Cluster:
+    """One run's configuration, its in-process app, and every process it started."""
+
+    config: Config
+    shop: Shop
+    app_module: str = "tests.reliability.app"
+    processes: list[Process] = field(default_factory=list)
+    workers: list[tuple[Process, dict[str, str]]] = field(default_factory=list)
+    beats: list[Process] = field(default_factory=list)
+    redis: PrivateRedis | None = None
+    retired: set[int] = field(default_factory=set)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def sagas(self):  # type: ignore[no-untyped-def]
+        """The test process's Sagas (same store and broker as the workers)."""
+        return self.shop.sagas
+
+    def _spawn(self, args: list[str], name: str, env: dict[str, str] | None) -> Process:
+        log = self.config.workdir / f"{name}-{len(self.processes)}.log"
+        environ = {**os.environ, **self.config.environ(), **(env or {}), "PYTHONPATH": str(ROOT)}
+        handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", self.app_module, *args],
+            cwd=ROOT, env=environ, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        process = Process(proc, log)
+        self.processes.append(process)
+        return process
+
+    def worker(self, concurrency: int = 2, env: dict[str, str] | None = None,
+               wait: bool = True) -> Process:
+        """Start a prefork worker on this run's queue (and wait until it is ready)."""
+        name = f"w{uuid.uuid4().hex[:8]}@%h"
+        process = self._spawn(
+            ["worker", "--pool", "prefork", "-c", str(concurrency), "-Q", self.config.queue,
+             "-n", name, "-l", "INFO", "--without-gossip", "--without-mingle",
+             "--without-heartbeat"],
+            "worker", env,
+        )
+        with self._lock:
+            self.workers.append((process, dict(env or {})))
+        if wait:
+            self.wait_ready(process)
+        return process
+
+    @staticmethod
+    def wait_ready(process: Process) -> None:
+        """Block until a worker logged ``ready.``."""
+        wait_until(lambda: "ready." in process.text() or process.proc.poll() is not None,
+                   timeout=60, what="worker ready")
+        assert process.proc.poll() is None, process.text()[-3000:]
+
+    def beat(self, env: dict[str, str] | None = None) -> Process:
+        """Start celery beat (it sends the sweep every sweep_interval seconds)."""
+        schedule = self.config.workdir / f"beat-{uuid.uuid4().hex[:6]}"
+        process = self._spawn(["beat", "-s", str(schedule), "-l", "INFO"], "beat", env)
+        wait_until(lambda: "beat: Starting" in process.text() or process.proc.poll() is not None,
+                   timeout=60, what="beat started")
+        assert process.proc.poll() is None, process.text()[-3000:]
+        self.beats.append(process)
+        return process
+
+    def live_workers(self) -> list[tuple[Process, dict[str, str]]]:
+        """Workers whose main process still runs."""
+        with self._lock:
+            return [(p, env) for p, env in self.workers if p.proc.poll() is None]
+
+    def retire(self, process: Process) -> None:
+        """Mark a worker as deliberately stopped (``revive`` leaves it dead)."""
+        with self._lock:
+            self.retired.add(process.pid)
+
+    def revive(self) -> list[str]:
+        """Restart every worker that exited on its own, as a supervisor would; why each died."""
+        with self._lock:
+            crashed = [(p, env) for p, env in self.workers
+                       if p.proc.poll() is not None and p.pid not in self.retired]
+            for process, _ in crashed:
+                self.retired.add(process.pid)
+        reasons = []
+        for process, env in crashed:
+            last = [line for line in process.text().splitlines()
+                    if "CRITICAL" in line or "Unrecoverable" in line]
+            reasons.append(last[-1].split("]", 1)[-1].strip()[:160] if last else "exited")
+            self.worker(env=env)
+        return reasons
+
+    def pool_children(self) -> dict[int, Process]:
+        """Every current pool child pid of a live worker, with its worker."""
+        return {child: p for p, _ in self.live_workers() for child in children_of(p.pid)}
+
+    def kill_child(self, pid: int) -> bool:
+        """SIGKILL ``pid`` if it is a pool child of one of our workers right now."""
+        if pid not in self.pool_children():
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            return True
+        return False
+
+    def logs(self, tail: int = 3000) -> str:
+        """The end of every process log (for failure messages)."""
+        return "\n".join(f"--- {p.log.name}\n{p.text()[-tail:]}" for p in self.processes)
+
+    def close(self) -> None:
+        """Kill every process group, the private redis, and drop what the run stored."""
+        for process in self.processes:
+            with contextlib.suppress(Exception):
+                process.kill()
+        try:
+            _drop_store(self)
+        finally:
+            self.shop.store.close()
+            if self.redis is not None:
+                self.redis.close()
+
+
+def _drop_store(cluster: Cluster) -> None:
+    """Remove this run's records from a shared store (a private redis just dies)."""
+    config = cluster.config
+    if cluster.redis is not None and config.store.startswith(cluster.redis.url):
+        return
+    inner = cluster.shop.store.inner
+    if hasattr(inner, "drop_tables"):
+        inner.drop_tables()
+    elif hasattr(inner, "layout"):
+        client = inner._client
+        keys = list(client.scan_iter(match=inner.layout.pattern(), count=1000))
+        if keys:
+            client.delete(*keys)
+    if not config.broker.startswith("redis"):
+        with cluster.shop.app.connection_for_write() as connection, \
+                contextlib.suppress(Exception):
+            connection.default_channel.queue_delete(config.queue)
+
+
+def new_tag() -> str:
+    """A fresh run tag (store prefix, queue name, PostgreSQL application_name)."""
+    return "r" + uuid.uuid4().hex[:10]
+
+
+def make_cluster(workdir: Path, *, broker: str | None = None, store: str | None = None,
+                 private_redis: bool = True, tag: str | None = None,
+                 **overrides: object) -> Cluster:
+    """A cluster under ``workdir``: a private redis (broker, and store unless ``store``)."""
+    tag = tag or new_tag()
+    workdir.mkdir(parents=True, exist_ok=True)
+    redis = PrivateRedis(workdir / "redis").start() if private_redis else None
+    try:
+        config = Config(
+            broker=broker or f"{redis.url}/0",  # type: ignore[union-attr]
+            store=store or f"{redis.url}/1",  # type: ignore[union-attr]
+            prefix=tag, queue=f"q-{tag}", workdir=workdir, **overrides,  # type: ignore[arg-type]
+        )
+        config.control.mkdir(exist_ok=True)
+        config.applied.mkdir(exist_ok=True)
+        return Cluster(config, build(config), redis=redis)
+    except BaseException:
+        if redis is not None:
+            redis.close()
+        raise
+

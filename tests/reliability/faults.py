@@ -1,0 +1,170 @@
+"""Fault injectors: each is ``(cluster, rng, log) -> None`` and logs what it did.
+
+Kills aimed "in a body" read the providers' ledger for bodies that started and have not
+finished, and SIGKILL the pool child running one (checked to be our pool child right before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import create_engine, text
+
+from tests.reliability.cluster import Cluster
+from tests.reliability.harness import FaultLog, Injector
+from tests.reliability.recording import read_lines
+
+_FINISHED = (".done", ".dedup", ".fail")
+
+
+class LedgerTail:
+    """Bodies that started and have not finished yet, read incrementally from the ledger."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.open: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def running(self, ops: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Ledger ``.start`` lines of bodies still running (optionally of some ops only)."""
+        with self._lock:
+            self._read()
+            wanted = None if ops is None else set(ops)
+            return [line for (op, _, _), line in self.open.items() if wanted is None or op in wanted]
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for raw in complete.decode(errors="replace").splitlines():
+            if not raw.strip():
+                continue
+            line = json.loads(raw)
+            op, _, phase = line["op"].partition(".")
+            key = (op, line["effect_id"], line["attempt"])
+            if phase == "start":
+                self.open[key] = line
+            elif f".{phase}" in _FINISHED:
+                self.open.pop(key, None)
+
+
+def kill_in_body(ops: Iterable[str] | None = None, kind: str = "kill-child-in-body") -> Injector:
+    """SIGKILL the pool child running a started, unfinished body (of ``ops``)."""
+    tails: dict[Path, LedgerTail] = {}
+    chosen = None if ops is None else tuple(ops)
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        tail = tails.setdefault(cluster.config.ledger, LedgerTail(cluster.config.ledger))
+        candidates = tail.running(chosen)
+        rng.shuffle(candidates)
+        for line in candidates:
+            if cluster.kill_child(line["pid"]):
+                log.add(kind, f"{line['op']} {line['effect_id']} pid {line['pid']}")
+                return
+
+    return inject
+
+
+def kill_random_child(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """SIGKILL any pool child (it may be idle, advancing, sweeping or in a body)."""
+    children = sorted(cluster.pool_children())
+    if children:
+        pid = rng.choice(children)
+        if cluster.kill_child(pid):
+            log.add("kill-child", f"pid {pid}")
+
+
+def kill_worker_and_restart(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """SIGKILL a whole worker (main process and pool), then start a fresh one like it."""
+    live = cluster.live_workers()
+    if not live:
+        return
+    process, env = rng.choice(live)
+    cluster.retire(process)
+    process.kill()
+    log.add("kill-worker", f"pid {process.pid}")
+    cluster.worker(env=env)
+
+
+def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """SIGKILL the private redis-server (store and broker) and start it again on its AOF."""
+    assert cluster.redis is not None
+    cluster.redis.kill()
+    log.add("redis-sigkill")
+    time.sleep(rng.uniform(0.2, 1.5))  # the outage: clients see connection refused meanwhile
+    cluster.redis.start()
+    cluster.redis.restarts += 1
+
+
+def script_flush(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """Empty the store server's Lua script cache (the next EVALSHA gets NOSCRIPT)."""
+    client = redis.Redis.from_url(cluster.config.store)
+    try:
+        client.script_flush()
+    finally:
+        client.close()
+    log.add("script-flush")
+
+
+def terminate_backends(application_name: str) -> Injector:
+    """``pg_terminate_backend`` every connection of this run (by application_name)."""
+    engines: dict[str, Any] = {}
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        url = cluster.config.store.split("?", 1)[0]
+        engine = engines.setdefault(url, create_engine(url, isolation_level="AUTOCOMMIT",
+                                                       pool_size=1))
+        with engine.connect() as conn:
+            killed = conn.execute(text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = 'test' AND application_name = :name AND pid <> pg_backend_pid()"
+            ), {"name": application_name}).scalar_one()
+        log.add("pg-terminate", f"{killed} connections")
+
+    return inject
+
+
+def pause_sweeper(pause_s: float) -> Injector:
+    """SIGSTOP the process holding the sweep lease right now for ``pause_s``, then SIGCONT."""
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        pid = current_sweeper(cluster)
+        if pid is None or pid not in cluster.pool_children():
+            return
+        os.kill(pid, signal.SIGSTOP)
+        log.add("pause-sweeper", f"pid {pid} for {pause_s}s")
+        try:
+            time.sleep(pause_s)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    return inject
+
+
+def current_sweeper(cluster: Cluster) -> int | None:
+    """The pid of the newest sweep grant not yet released, if any."""
+    open_grants: dict[int, int] = {}
+    for entry in read_lines(cluster.config.fences):
+        if entry["ev"] == "grant":
+            open_grants[entry["fence"]] = entry["pid"]
+        elif entry["ev"] == "release":
+            open_grants.pop(entry["fence"], None)
+    if not open_grants:
+        return None
+    return open_grants[max(open_grants)]

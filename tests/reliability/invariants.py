@@ -1,0 +1,205 @@
+"""The invariants a run must keep, checked from the providers' ledger and the fence trace.
+
+The ledger is what the fake providers saw, keyed by effect id; the saga records are what the
+store says at the end. Together they must show:
+
+1. no saga lost or stuck: every started saga exists and is completed, compensated or in
+   manual review;
+2. no non-idempotent body ran twice: one ``<op>.start`` per effect id for a step; for a
+   compensator, a new run only after the provider reported a known failure; and no provider
+   applied one effect id twice;
+3. no ambiguous step was compensated, and no compensator undid an effect the provider never
+   applied;
+4. a compensated saga undid every committed effect exactly once (a completed one none), and
+   every effect a provider applied belongs to a step of its saga's record;
+5. no write under a stale lease grant was accepted: a fenced write that began after a newer
+   grant of the same lease was known to exist must have been refused.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery_sagas.records import SagaRecord, SagaState, StepState
+from tests.reliability.app import NON_IDEMPOTENT_STEPS
+
+SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
+COMPENSATOR_OPS = ("release", "refund")
+TERMINAL = (".done", ".dedup", ".fail")
+_COMMITTED_ONCE = (StepState.COMMITTED, StepState.COMPENSATING, StepState.COMPENSATION_FAILED,
+                   StepState.COMPENSATED)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant, with the saga and effect it concerns."""
+
+    rule: str
+    saga_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] saga={self.saga_id} {self.detail}"
+
+
+def _by_op(ledger: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    grouped: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for line in ledger:
+        grouped[line["op"]].append(line)
+    return grouped
+
+
+def _lost_or_stuck(started: Iterable[str], records: Mapping[str, SagaRecord | None]) -> list[Violation]:
+    found = []
+    for saga_id in started:
+        record = records.get(saga_id)
+        if record is None:
+            found.append(Violation("lost", saga_id, "no record in the store"))
+        elif record.state not in SETTLED:
+            found.append(Violation("stuck", saga_id, f"still {record.state}"))
+    return found
+
+
+def _double_runs(ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
+    found = []
+    for op in NON_IDEMPOTENT_STEPS:
+        for effect, count in Counter(line["effect_id"] for line in ops.get(f"{op}.start", [])).items():
+            if count > 1:
+                saga = next(x["saga_id"] for x in ops[f"{op}.start"] if x["effect_id"] == effect)
+                found.append(Violation("double-run", saga, f"{op} body ran {count}x for {effect}"))
+    # A non-idempotent compensator runs again under its effect id only after a known failure.
+    starts = Counter(x["effect_id"] for x in ops.get("release.start", []))
+    failures = Counter(x["effect_id"] for x in ops.get("release.fail", []))
+    for effect, count in starts.items():
+        if count > 1 + failures[effect]:
+            found.append(Violation("double-run", None, f"release ran {count}x for {effect} "
+                                   f"after {failures[effect]} known failures"))
+    for op in {key.split(".")[0] for key in ops}:
+        for effect, count in Counter(x["effect_id"] for x in ops.get(f"{op}.done", [])).items():
+            if count > 1:
+                found.append(Violation("double-apply", None, f"{op} applied {count}x for {effect}"))
+    return found
+
+
+def _applied(ops: Mapping[str, list[Mapping[str, Any]]]) -> set[str]:
+    """Execution effect ids some provider applied."""
+    return {
+        line["effect_id"]
+        for key, lines in ops.items()
+        if key.endswith((".done", ".dedup")) and key.split(".")[0] not in COMPENSATOR_OPS
+        for line in lines
+    }
+
+
+def _undos(ops: Mapping[str, list[Mapping[str, Any]]]) -> Counter[str]:
+    """How many times each execution effect id was undone by a provider."""
+    return Counter(line["undoes"] for op in COMPENSATOR_OPS for line in ops.get(f"{op}.done", []))
+
+
+def _compensation_rules(records: Mapping[str, SagaRecord | None],
+                        ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
+    found = []
+    applied, undos = _applied(ops), _undos(ops)
+    comp_started = {(x["saga_id"], x["step"]) for op in COMPENSATOR_OPS for x in ops.get(f"{op}.start", [])}
+    for line in (x for op in COMPENSATOR_OPS for x in ops.get(f"{op}.start", [])):
+        if line["undoes"] not in applied:
+            found.append(Violation("undo-unapplied", line["saga_id"],
+                                   f"{line['op']} started for {line['undoes']}, never applied"))
+    for effect, count in undos.items():
+        if count > 1:
+            found.append(Violation("double-undo", None, f"{effect} undone {count}x"))
+    for saga_id, record in records.items():
+        if record is None:
+            continue
+        for step in record.steps:
+            if step.state in _COMMITTED_ONCE and step.effect_id not in applied:
+                found.append(Violation("phantom-commit", saga_id,
+                                       f"{step.name} is {step.state}, never applied"))
+            if step.state is StepState.AMBIGUOUS and (saga_id, step.name) in comp_started:
+                found.append(Violation("ambiguous-compensated", saga_id, f"step {step.name}"))
+            if record.state is SagaState.COMPENSATED and step.compensator is not None \
+                    and step.effect_id in applied and undos[step.effect_id] != 1:
+                found.append(Violation("undo-count", saga_id,
+                                       f"{step.name} {step.effect_id} undone "
+                                       f"{undos[step.effect_id]}x"))
+            if record.state is SagaState.COMPLETED and undos[step.effect_id]:
+                found.append(Violation("undo-completed", saga_id, f"{step.name} was undone"))
+    return found
+
+
+def _orphans(records: Mapping[str, SagaRecord | None],
+             ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
+    """Every applied effect belongs to a step of its saga's record."""
+    found = []
+    for key, lines in ops.items():
+        op = key.split(".")[0]
+        if not key.endswith(".done"):
+            continue
+        for line in lines:
+            record = records.get(line["saga_id"])
+            if record is None:
+                continue
+            step = record.step(line["step"])
+            expected = None if step is None else (
+                step.compensation_effect_id if op in COMPENSATOR_OPS else step.effect_id)
+            if expected != line["effect_id"]:
+                found.append(Violation("orphan-effect", line["saga_id"],
+                                       f"{key} {line['effect_id']} is not in the record"))
+    return found
+
+
+def stale_fenced_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
+    """Accepted fenced writes that began after a newer grant of their lease was known."""
+    grants: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    writes = []
+    for entry in trace:
+        if entry["ev"] == "grant":
+            grants[entry["lease"]].append((entry["t1"], entry["fence"]))
+        elif entry["ev"] == "write" and entry["outcome"] == "ok":
+            writes.append(entry)
+    newest: dict[str, tuple[list[int], list[int]]] = {}
+    for lease, items in grants.items():
+        items.sort()
+        times, running, best = [], [], -1
+        for t1, fence in items:
+            best = max(best, fence)
+            times.append(t1)
+            running.append(best)
+        newest[lease] = (times, running)
+    found = []
+    for write in writes:
+        times, running = newest.get(write["lease"], ([], []))
+        index = bisect.bisect_left(times, write["t0"]) - 1
+        if index >= 0 and running[index] > write["fence"]:
+            found.append(Violation("stale-fence", write.get("id"),
+                                   f"write under fence {write['fence']} accepted after grant "
+                                   f"{running[index]}"))
+    return found
+
+
+def fence_stats(trace: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Grants, and fenced writes by outcome."""
+    counts: Counter[str] = Counter()
+    for entry in trace:
+        if entry["ev"] == "grant":
+            counts["grants"] += 1
+        elif entry["ev"] == "write":
+            counts[f"writes_{entry['outcome']}"] += 1
+    return dict(counts)
+
+
+def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
+          ledger: Iterable[Mapping[str, Any]], trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
+    """Every invariant violation of a run (an empty list when the run was correct)."""
+    ops = _by_op(ledger)
+    return [
+        *_lost_or_stuck(started, records),
+        *_double_runs(ops),
+        *_compensation_rules(records, ops),
+        *_orphans(records, ops),
+        *stale_fenced_writes(trace),
+    ]

@@ -1,0 +1,154 @@
+"""A store wrapper that traces lease grants and fenced writes, and a skewed clock.
+
+``TracingStore`` passes every primitive through to a real store (opened lazily, once per
+process, so a prefork child never shares its parent's sockets) and appends one JSON line per
+lease grant, lease release and fenced compare-and-set to a trace file shared by every process
+of a run. Times are ``time.monotonic_ns()``, which on Linux is one clock for every process of
+the host, so the invariant checker can order a write after a grant made by another process.
+
+``SkewedClock`` is the wall clock plus a fixed offset: the suite runs some workers with it to
+show what clock skew between workers does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from celery_sagas.errors import FencedWriteRefused
+from celery_sagas.stores import open_store
+from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
+
+Listener = Callable[[Envelope, int, bool], None]
+
+
+def append_line(path: Path, entry: dict[str, Any]) -> None:
+    """Append one JSON line with a single O_APPEND write (whole across processes)."""
+    data = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON line of a trace or ledger file."""
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.strip():
+            found.append(json.loads(line))
+    return found
+
+
+class SkewedClock:
+    """The system clock shifted by ``offset_ms`` (positive: this process runs ahead)."""
+
+    def __init__(self, offset_ms: int) -> None:
+        self.offset_ms = offset_ms
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds plus the offset."""
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+
+class TracingStore:
+    """A pass-through Store that records lease grants and fenced writes to ``trace``."""
+
+    durable = True
+
+    def __init__(self, url: str, *, prefix: str, trace: Path, scan_delay_ms: int = 0) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.trace = trace
+        self.scan_delay_ms = scan_delay_ms
+        self.listeners: list[Listener] = []
+        self._lock = threading.Lock()
+        self._inner: Store | None = None
+        self._pid = 0
+
+    @property
+    def inner(self) -> Store:
+        """The real store of this process (opened on first use after a fork)."""
+        with self._lock:
+            if self._inner is None or self._pid != os.getpid():
+                self._inner, self._pid = self._open(), os.getpid()
+            return self._inner
+
+    def _open(self) -> Store:
+        if self.url.startswith(("redis://", "rediss://")):
+            return open_store(self.url, prefix=self.prefix)
+        return open_store(self.url, table_prefix=self.prefix + "_")
+
+    def _log(self, event: str, **fields: Any) -> None:
+        append_line(self.trace, {"ev": event, "pid": os.getpid(), **fields})
+
+    def create(self, envelope: Envelope) -> bool:
+        """Pass through."""
+        return self.inner.create(envelope)
+
+    def get(self, kind: str, record_id: str) -> Envelope | None:
+        """Pass through."""
+        return self.inner.get(kind, record_id)
+
+    def compare_and_set(self, envelope: Envelope, expected_version: int, *,
+                        fence: Fence | None = None) -> bool:
+        """Pass through; a fenced write is traced with its fence and its start/end times."""
+        started = time.monotonic_ns()
+        try:
+            ok = self.inner.compare_and_set(envelope, expected_version, fence=fence)
+        except FencedWriteRefused:
+            if fence is not None:
+                self._log("write", lease=fence.lease, fence=fence.number, t0=started,
+                          t1=time.monotonic_ns(), outcome="refused", id=envelope.id)
+            raise
+        if fence is not None:
+            self._log("write", lease=fence.lease, fence=fence.number, t0=started,
+                      t1=time.monotonic_ns(), outcome="ok" if ok else "stale", id=envelope.id)
+        for listener in self.listeners:
+            listener(envelope, expected_version, ok)
+        return ok
+
+    def scan(self, kind: str, states: Sequence[str], *, updated_before_ms: int | None = None,
+             cursor: str | None = None, limit: int = 100) -> Page:
+        """Pass through (after an optional delay that makes sweeps slow enough to pause)."""
+        if self.scan_delay_ms:
+            time.sleep(self.scan_delay_ms / 1000)
+        return self.inner.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor,
+                               limit=limit)
+
+    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int,
+                      lease_ms: int) -> Lease | None:
+        """Pass through; a grant is traced with the time it was known to exist."""
+        lease = self.inner.acquire_lease(name, owner, token, now_ms, lease_ms)
+        if lease is not None:
+            self._log("grant", lease=name, fence=lease.fence, t1=time.monotonic_ns())
+        return lease
+
+    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+        """Pass through."""
+        return self.inner.renew_lease(lease, now_ms, lease_ms)
+
+    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+        """Pass through."""
+        return self.inner.checkpoint_lease(lease, cursor, now_ms)
+
+    def release_lease(self, lease: Lease) -> bool:
+        """Pass through; traced so a fault injector can tell who is sweeping right now."""
+        released = self.inner.release_lease(lease)
+        self._log("release", lease=lease.name, fence=lease.fence, t1=time.monotonic_ns())
+        return released
+
+    def close(self) -> None:
+        """Close this process's real store."""
+        with self._lock:
+            if self._inner is not None and self._pid == os.getpid():
+                self._inner.close()
+            self._inner = None
