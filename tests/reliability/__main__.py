@@ -42,6 +42,10 @@ def _plan(size: scenarios.Size) -> list[tuple[str, Callable[[Path], Report]]]:
         if rabbit_up and size.name == "full":
             plan.append(("pg-terminate-rabbitmq", lambda d: scenarios.pg_terminations(
                 d, size, POSTGRES_URL, broker=RABBITMQ_URL, label="RabbitMQ broker")))
+            plan.append(("pool-kills-rabbitmq", lambda d: scenarios.pool_kills(
+                d, size, broker=RABBITMQ_URL, store=POSTGRES_URL)))
+            plan.append(("worker-kills-rabbitmq", lambda d: scenarios.worker_kills(
+                d, size, broker=RABBITMQ_URL, store=POSTGRES_URL)))
     plan.append(("fuzz", lambda d: run_fuzz(examples=2000 if size.name == "full" else 200)))
     return plan
 

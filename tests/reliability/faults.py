@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from sqlalchemy import create_engine, text
 
+from celery_sagas.errors import SagaError
 from tests.reliability.cluster import Cluster
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
@@ -80,6 +81,36 @@ def kill_in_body(ops: Iterable[str] | None = None, kind: str = "kill-child-in-bo
     return inject
 
 
+def cancel_running(racers: int = 4) -> Injector:
+    """An operator cancels a saga whose body is running, from ``racers`` threads at once."""
+    tails: dict[Path, LedgerTail] = {}
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        tail = tails.setdefault(cluster.config.ledger, LedgerTail(cluster.config.ledger))
+        running = tail.running(("reserve", "charge", "charge_idem", "ship"))
+        if not running:
+            return
+        saga_id = rng.choice(running)["saga_id"]
+        barrier = threading.Barrier(racers)
+        outcomes: list[str] = []
+
+        def cancel() -> None:
+            barrier.wait()
+            try:
+                outcomes.append(str(cluster.sagas.cancel(saga_id).state))
+            except SagaError as exc:
+                outcomes.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=cancel) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        log.add("cancel", f"{saga_id}: {sorted(outcomes)}")
+
+    return inject
+
+
 def kill_random_child(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     """SIGKILL any pool child (it may be idle, advancing, sweeping or in a body)."""
     children = sorted(cluster.pool_children())
@@ -109,6 +140,13 @@ def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     time.sleep(rng.uniform(0.2, 1.5))  # the outage: clients see connection refused meanwhile
     cluster.redis.start()
     cluster.redis.restarts += 1
+
+
+def purge_queue(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """Drop every message waiting in the run's queue (a broker that lost them)."""
+    with cluster.shop.app.connection_for_write() as connection:
+        dropped = connection.default_channel.queue_purge(cluster.config.queue)
+    log.add("queue-purge", f"{dropped} messages")
 
 
 def script_flush(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:

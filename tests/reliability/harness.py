@@ -85,6 +85,7 @@ class Report:
     examples: Counter[str] = field(default_factory=Counter)
     records: dict[str, SagaRecord | None] = field(default_factory=dict, repr=False)
     ledger: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    fault_log: list[Fault] = field(default_factory=list, repr=False)
 
     def ops(self, op: str) -> list[dict[str, Any]]:
         """Ledger lines of one op."""
@@ -292,6 +293,7 @@ def run_load(cluster: Cluster, load: Load, scenario: str) -> Report:
     _stop_processes(cluster)
     _collect(cluster, tracker, report)
     report.faults = log.counts()
+    report.fault_log = list(log.faults)
     report.notes.extend(f"{k} ({v}x)" for k, v in notes.items())
     report.notes.extend(f"injector error: {e.strip().splitlines()[-1]}" for e in errors)
     if settled_at is None:

@@ -8,18 +8,26 @@ not an invariant violation. The cluster is torn down in ``finally`` whatever hap
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from celery_sagas.clock import SystemClock
 from celery_sagas.errors import SagaError
+from celery_sagas.integration.dispatcher import SWEEP_TASK
+from celery_sagas.leases import Leases
+from celery_sagas.reconcile import SWEEP_LEASE
+from tests.e2e.conftest import wait_until
 from tests.reliability import faults
 from tests.reliability.app import DEFINITION, STEP_NAMES
-from tests.reliability.cluster import Cluster, make_cluster, new_tag
-from tests.reliability.harness import Load, Report, finish, run_load, settle_one
+from tests.reliability.cluster import Cluster, children_of, make_cluster, new_tag
+from tests.reliability.harness import FaultLog, Load, Report, finish, run_load, settle_one
 from tests.reliability.recording import read_lines
 
 _OPS = ("reserve", "charge", "charge_idem", "ship", "release", "refund")
@@ -95,32 +103,85 @@ def _expect(report: Report, condition: bool, problem: str) -> None:
         report.problems.append(problem)
 
 
-def pool_kills(workdir: Path, size: Size) -> Report:
+def _stack(broker: str | None, store: str | None) -> tuple[Callable[[Path], Cluster], str]:
+    """A cluster builder for a broker/store pair (None: the private redis-server)."""
+    if broker is None and store is None:
+        return make_cluster, ""
+    tag = new_tag()
+
+    def build(path: Path) -> Cluster:
+        return make_cluster(path, broker=broker, store=_named(store, tag), tag=tag,
+                            private_redis=broker is None or store is None)
+
+    return build, f" ({'RabbitMQ' if broker else 'redis'} broker, "\
+                  f"{'PostgreSQL' if store else 'redis'} store)"
+
+
+def _named(store: str | None, tag: str) -> str | None:
+    """A PostgreSQL URL whose connections carry this run's application_name."""
+    if store is None or not store.startswith("postgresql"):
+        return store
+    return f"{store}{'&' if '?' in store else '?'}application_name={tag}"
+
+
+def pool_kills(workdir: Path, size: Size, broker: str | None = None,
+               store: str | None = None) -> Report:
     """SIGKILL random pool children (in bodies and anywhere) while sagas run."""
+    build, label = _stack(broker, store)
 
     def body(cluster: Cluster) -> Report:
         _standard(cluster)
         load = Load(size.n(50, 300), mixed_plan, fault_every=0.6,
                     injectors=[(faults.kill_in_body(), 0.6), (faults.kill_random_child, 0.4)])
-        report = run_load(cluster, load, "pool-child SIGKILL")
+        report = run_load(cluster, load, f"pool-child SIGKILL{label}")
         _expect(report, report.faults["kill-child-in-body"] > 0, "no kill landed in a body")
         return report
 
-    return _run(workdir, "pool-kills", make_cluster, body)
+    return _run(workdir, f"pool-kills{new_tag()}", build, body)
 
 
-def worker_kills(workdir: Path, size: Size) -> Report:
+def worker_kills(workdir: Path, size: Size, broker: str | None = None,
+                 store: str | None = None) -> Report:
     """SIGKILL whole workers (main process and pool), then start fresh ones."""
+    build, label = _stack(broker, store)
 
     def body(cluster: Cluster) -> Report:
         _standard(cluster)
         load = Load(size.n(40, 150), mixed_plan, fault_every=size.n(3, 5),
                     injectors=[(faults.kill_worker_and_restart, 1.0)], faults_after_load=1.0)
-        report = run_load(cluster, load, "whole-worker SIGKILL + restart")
+        report = run_load(cluster, load, f"whole-worker SIGKILL + restart{label}")
         _expect(report, report.faults["kill-worker"] > 0, "no worker was killed")
         return report
 
-    return _run(workdir, "worker-kills", make_cluster, body)
+    return _run(workdir, f"worker-kills{new_tag()}", build, body)
+
+
+def cancel_storm(workdir: Path, size: Size) -> Report:
+    """Operators cancel running sagas (4 threads each) while pool children are killed."""
+
+    def body(cluster: Cluster) -> Report:
+        _standard(cluster)
+        load = Load(size.n(40, 200), mixed_plan, fault_every=0.3,
+                    injectors=[(faults.cancel_running(), 0.8), (faults.kill_in_body(), 0.2)])
+        report = run_load(cluster, load, "cancel running sagas (4 racing operators)")
+        _expect(report, report.faults["cancel"] > 0, "nothing was cancelled")
+        return report
+
+    return _run(workdir, "cancel-storm", make_cluster, body)
+
+
+def queue_purges(workdir: Path, size: Size) -> Report:
+    """Purge the queue over and over: every message may be lost; the store must not be."""
+
+    def body(cluster: Cluster) -> Report:
+        _standard(cluster)
+        load = Load(size.n(30, 150), mixed_plan, fault_every=0.8,
+                    injectors=[(faults.purge_queue, 1.0)])
+        report = run_load(cluster, load, "queue purged (messages lost)")
+        _expect(report, report.faults["queue-purge"] > 0, "the queue was never purged")
+        return report
+
+    return _run(workdir, "queue-purge", make_cluster, body)
 
 
 def compensation_kills(workdir: Path, size: Size) -> Report:
@@ -166,7 +227,8 @@ def script_flushes(workdir: Path, size: Size) -> Report:
 
 
 def two_beats(workdir: Path, size: Size) -> Report:
-    """Two beats (every sweep sent twice), slow sweeps, sweepers paused past their lease."""
+    """Two beats (every sweep sent twice), slow sweeps, sweepers paused past their lease, and
+    lost messages (queue purges) that give the sweeps work."""
 
     def build(path: Path) -> Cluster:
         return make_cluster(path, scan_delay_ms=100, sweep_page_size=5, sweep_lease=1.5,
@@ -174,8 +236,11 @@ def two_beats(workdir: Path, size: Size) -> Report:
 
     def body(cluster: Cluster) -> Report:
         _standard(cluster, beats=2)
+        # Purges lose messages, so sweeps have sagas to re-drive: a sweeper paused past its
+        # lease then has writes to attempt under its old fence.
         load = Load(size.n(30, 150), mixed_plan, fault_every=1.0, faults_after_load=2.0,
-                    injectors=[(faults.pause_sweeper(2.5), 0.6), (faults.kill_random_child, 0.4)])
+                    injectors=[(faults.pause_sweeper(2.5), 0.5), (faults.purge_queue, 0.3),
+                               (faults.kill_random_child, 0.2)])
         report = run_load(cluster, load, "two celery beats")
         _expect(report, report.fences.get("grants", 0) > 0, "no sweep ran")
         return report
@@ -183,12 +248,67 @@ def two_beats(workdir: Path, size: Size) -> Report:
     return _run(workdir, "two-beats", build, body)
 
 
+def paused_sweeper(workdir: Path, size: Size) -> Report:
+    """A sweeper SIGSTOPped past its lease while a newer grant exists: its writes are refused.
+
+    Stale sagas (their messages purged) give the sweep work; a worker with one process starts
+    a slow sweep (one saga per page, a pause before each scan); after its first re-drive it is
+    stopped, its lease expires, this process takes a newer grant, and the sweeper is continued:
+    its next write carries the old fence. Then the sagas are settled normally and every
+    invariant is checked.
+    """
+
+    def build(path: Path) -> Cluster:
+        return make_cluster(path, scan_delay_ms=400, sweep_page_size=1, sweep_lease=1.5)
+
+    def body(cluster: Cluster) -> Report:
+        report = Report("sweeper paused past its lease (fenced out)")
+        started = [f"{cluster.config.prefix}-stale-{i}" for i in range(size.n(6, 20))]
+        for saga_id in started:
+            cluster.sagas.start(DEFINITION, {"sku": "s", "amount": 1, "id": saga_id, "plan": {}},
+                                saga_id=saga_id)
+        faults.purge_queue(cluster, random.Random(0), FaultLog())
+        time.sleep(cluster.config.stale_after + 0.2)  # the sagas must be stale to be re-driven
+        worker = cluster.worker(concurrency=1)
+        cluster.shop.app.send_task(SWEEP_TASK, queue=cluster.config.queue)
+        children = set(children_of(worker.pid))
+        # Stop it after its first re-drive: it is then waiting before its next page's scan.
+        pid = wait_until(lambda: _writer_among(cluster, children), timeout=30,
+                         what="a fenced write by the sweeping worker")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(cluster.config.sweep_lease + 0.5)
+            newer = Leases(cluster.shop.store, SystemClock(), owner="probe").acquire(
+                SWEEP_LEASE, 60_000)
+            _expect(report, newer is not None, "the paused sweeper's lease did not expire")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: "sweep stopped fence=" in worker.text(), timeout=30,
+                   what="the paused sweeper to stop")
+        if newer is not None:
+            Leases(cluster.shop.store, SystemClock(), owner="probe").release(newer)
+        for saga_id in started:
+            settle_one(cluster, saga_id)
+        finish(cluster, started, report)
+        refused = [e for e in read_lines(cluster.config.fences)
+                   if e["ev"] == "write" and e["pid"] == pid and e["outcome"] == "refused"]
+        report.faults["sweeper-paused-past-lease"] += 1
+        _expect(report, bool(refused), "the resumed sweeper made no refused write")
+        return report
+
+    return _run(workdir, "paused-sweeper", build, body)
+
+
+def _writer_among(cluster: Cluster, pids: set[int]) -> int | None:
+    writers = [e["pid"] for e in read_lines(cluster.config.fences) if e["ev"] == "write"]
+    return next((pid for pid in writers if pid in pids), None)
+
+
 def pg_terminations(workdir: Path, size: Size, postgres_url: str, broker: str | None = None,
                     label: str = "redis broker") -> Report:
     """``pg_terminate_backend`` the PostgreSQL store's connections over and over."""
     tag = new_tag()
-    joiner = "&" if "?" in postgres_url else "?"
-    store = f"{postgres_url}{joiner}application_name={tag}"
+    store = _named(postgres_url, tag)
 
     def build(path: Path) -> Cluster:
         return make_cluster(path, store=store, broker=broker, tag=tag)
@@ -415,8 +535,11 @@ SCENARIOS: dict[str, Callable[..., Report]] = {
     "redis-restarts": redis_restarts,
     "script-flush": script_flushes,
     "two-beats": two_beats,
+    "paused-sweeper": paused_sweeper,
     "resume-race": resume_race,
     "clock-skew": clock_skew,
+    "queue-purge": queue_purges,
+    "cancel-storm": cancel_storm,
     "visibility": visibility_redelivery,
     "time-limits": time_limits,
 }

@@ -91,3 +91,20 @@ def test_a_message_delivered_again_while_its_body_runs_does_not_run_it_twice(
 def test_a_body_killed_by_the_hard_time_limit_is_never_guessed(tmp_path: Path) -> None:
     report = _clean(scenarios.time_limits(tmp_path, scenarios.CI))
     assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation"}, report.summary()
+
+
+def test_a_sweeper_paused_past_its_lease_has_its_next_write_refused(tmp_path: Path) -> None:
+    report = _clean(scenarios.paused_sweeper(tmp_path, scenarios.CI))
+    assert report.fences.get("writes_refused", 0) >= 1, report.summary()
+
+
+def test_lost_messages_are_re_driven_by_the_sweep(tmp_path: Path) -> None:
+    report = _clean(scenarios.queue_purges(tmp_path, scenarios.CI))
+    assert report.outcomes["lost"] == 0
+
+
+def test_operators_cancelling_running_sagas_from_racing_threads_undo_each_effect_once(
+    tmp_path: Path,
+) -> None:
+    report = _clean(scenarios.cancel_storm(tmp_path, scenarios.CI))
+    assert report.faults["cancel"] > 0

@@ -1,0 +1,98 @@
+"""The invariant checker itself: each rule reports the breach it is there to catch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState
+from tests.reliability.invariants import check
+
+pytestmark = pytest.mark.e2e
+
+T0 = 1_700_000_000_000
+
+
+def _step(name: str, state: StepState, effect: str, comp: str = "") -> StepRecord:
+    return StepRecord(name, "t", effect, comp or f"c-{effect}", state, compensator="c")
+
+
+def _saga(state: SagaState, *steps: StepRecord, saga_id: str = "s1") -> SagaRecord:
+    return SagaRecord(saga_id, "rel-order", state, {}, T0, T0, tuple(steps), version=3)
+
+
+def _line(op: str, effect: str, step: str = "rel.reserve", saga: str = "s1", attempt: int = 1,
+          **extra: Any) -> dict[str, Any]:
+    return {"op": op, "saga_id": saga, "step": step, "effect_id": effect, "attempt": attempt,
+            **extra}
+
+
+def _rules(records: dict[str, SagaRecord | None], ledger: list[dict[str, Any]],
+           trace: list[dict[str, Any]] | None = None) -> list[str]:
+    return sorted(v.rule for v in check(list(records), records, ledger, trace or []))
+
+
+def test_a_clean_completed_saga_breaks_nothing() -> None:
+    record = _saga(SagaState.COMPLETED, _step("rel.reserve", StepState.COMMITTED, "e1"))
+    assert _rules({"s1": record}, [_line("reserve.start", "e1"), _line("reserve.done", "e1")]) == []
+
+
+def test_lost_and_stuck_sagas_are_reported() -> None:
+    assert _rules({"s1": None, "s2": _saga(SagaState.RUNNING, saga_id="s2")}, []) == ["lost", "stuck"]
+
+
+def test_a_non_idempotent_body_started_twice_is_a_double_run() -> None:
+    record = _saga(SagaState.MANUAL_REVIEW, _step("rel.reserve", StepState.AMBIGUOUS, "e1"))
+    ledger = [_line("reserve.start", "e1"), _line("reserve.start", "e1", attempt=2)]
+    assert _rules({"s1": record}, ledger) == ["double-run"]
+
+
+def test_a_compensator_rerun_after_a_known_failure_is_allowed_but_not_after_a_vanished_run() -> None:
+    step = _step("rel.reserve", StepState.COMPENSATED, "e1", comp="c1")
+    record = _saga(SagaState.COMPENSATED, step)
+    applied = [_line("reserve.start", "e1"), _line("reserve.done", "e1")]
+    retried = [_line("release.start", "c1", undoes="e1"), _line("release.fail", "c1", undoes="e1"),
+               _line("release.start", "c1", undoes="e1"), _line("release.done", "c1", undoes="e1")]
+    assert _rules({"s1": record}, applied + retried) == []
+    vanished = [_line("release.start", "c1", undoes="e1"), _line("release.start", "c1", undoes="e1"),
+                _line("release.done", "c1", undoes="e1")]
+    assert _rules({"s1": record}, applied + vanished) == ["double-run"]
+
+
+def test_compensating_an_ambiguous_step_is_reported() -> None:
+    record = _saga(SagaState.MANUAL_REVIEW, _step("rel.reserve", StepState.AMBIGUOUS, "e1", comp="c1"))
+    ledger = [_line("reserve.start", "e1"), _line("release.start", "c1", undoes="e1")]
+    assert "ambiguous-compensated" in _rules({"s1": record}, ledger)
+
+
+def test_a_compensated_saga_must_undo_each_applied_effect_exactly_once() -> None:
+    step = _step("rel.reserve", StepState.COMPENSATED, "e1", comp="c1")
+    applied = [_line("reserve.start", "e1"), _line("reserve.done", "e1")]
+    assert _rules({"s1": _saga(SagaState.COMPENSATED, step)}, applied) == ["undo-count"]
+    twice = [_line("release.done", "c1", undoes="e1")] * 2
+    assert "double-undo" in _rules({"s1": _saga(SagaState.COMPENSATED, step)}, applied + twice)
+
+
+def test_a_commit_the_provider_never_applied_is_a_phantom() -> None:
+    record = _saga(SagaState.COMPLETED, _step("rel.reserve", StepState.COMMITTED, "e1"))
+    assert _rules({"s1": record}, [_line("reserve.start", "e1")]) == ["phantom-commit"]
+
+
+def test_an_effect_applied_under_an_id_the_record_does_not_know_is_an_orphan() -> None:
+    record = _saga(SagaState.COMPLETED, _step("rel.reserve", StepState.COMMITTED, "e1"))
+    ledger = [_line("reserve.done", "e1"), _line("reserve.done", "other")]
+    assert _rules({"s1": record}, ledger) == ["orphan-effect"]
+
+
+def test_a_fenced_write_accepted_after_a_newer_grant_is_stale() -> None:
+    record = _saga(SagaState.COMPLETED)
+    trace = [
+        {"ev": "grant", "lease": "l", "fence": 1, "t1": 10},
+        {"ev": "grant", "lease": "l", "fence": 2, "t1": 20},
+        {"ev": "write", "lease": "l", "fence": 1, "t0": 15, "t1": 16, "outcome": "ok", "id": "a"},
+        {"ev": "write", "lease": "l", "fence": 1, "t0": 25, "t1": 26, "outcome": "refused", "id": "b"},
+    ]
+    assert _rules({"s1": record}, [], trace) == []
+    late = {"ev": "write", "lease": "l", "fence": 1, "t0": 30, "t1": 31, "outcome": "ok", "id": "c"}
+    assert _rules({"s1": record}, [], [*trace, late]) == ["stale-fence"]
