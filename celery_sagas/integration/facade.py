@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -308,7 +309,8 @@ class Sagas:
 
     def wait(self, saga_id: str, timeout: float = 30.0, interval: float = 0.05) -> SagaRecord:
         """Poll until completed, compensated or manual-review; TimeoutError past ``timeout``."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + _seconds(timeout, "timeout", allow_zero=True)
+        interval = _seconds(interval, "interval", allow_zero=False)
         while True:
             record = self.engine.load(saga_id)
             if record.state in _SETTLED:
@@ -375,6 +377,17 @@ def sagas_of(app: Celery) -> Sagas:
     if found is None:
         raise SagaConfigurationError(f"no Sagas(app, ...) was created on the Celery app {app.main!r}")
     return found
+
+
+def _seconds(value: object, name: str, *, allow_zero: bool) -> float:
+    """A finite, non-negative (or positive) number of seconds; NaN would never time out."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SagaValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value) if abs(value) < 1e300 else math.inf
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise SagaValidationError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} "
+                                  f"number of seconds, got {value!r}")
+    return seconds
 
 
 def _checked_secrets(secrets: tuple[bytes | str, ...]) -> tuple[bytes | str, ...]:

@@ -14,6 +14,7 @@ is needed; a call that legitimately changes one makes the next example build a f
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -369,12 +370,48 @@ def check_settings(options: dict[str, Any]) -> None:
         raise Undocumented(f"settings {options!r}: undocumented {type(exc).__name__}: {exc}") from exc
 
 
+_durations = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, -1, -0.5, 0, 0.0, 0.01, 1e-9, True, 10**400]),
+    st.floats(max_value=0.05), st.integers(max_value=0), st.none(), st.text(max_size=3),
+)
+
+
+@st.composite
+def wait_calls(draw: Any) -> tuple[Any, Any, Any]:
+    """(saga id, timeout, interval) for ``wait`` on a saga that will not settle by itself."""
+    return _pick(draw, ["gated", "ambiguous"]), draw(_durations), draw(_durations)
+
+
+def check_wait(call: tuple[Any, Any, Any]) -> None:
+    """``wait`` returns, times out, or refuses its arguments; it never hangs on a bad one."""
+    saga_id, timeout, interval = call
+    t = target()
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            t.sagas.wait(saga_id, timeout=timeout, interval=interval)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(2.0)
+    if thread.is_alive():
+        raise Undocumented(f"wait(timeout={timeout!r}, interval={interval!r}) hangs")
+    found = outcome[0]
+    if found is not None and not isinstance(found, (SagaError, TimeoutError)):
+        raise Undocumented(f"wait: undocumented {type(found).__name__}: {found}")
+
+
 PROPERTIES: list[tuple[str, Any, Callable[[Any], None]]] = [
     ("start", start_calls(), check_start),
     ("resolve", resolutions(), check_resolve),
     ("operator", operator_calls(), check_operator),
     ("approval", approval_calls(), check_approval),
     ("settings", setting_calls(), check_settings),
+    ("wait", wait_calls(), check_wait),
 ]
 
 

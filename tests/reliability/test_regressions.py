@@ -13,7 +13,7 @@ from celery_sagas import MemoryStore, Sagas
 from celery_sagas.definitions import Registry, SagaDefinition, StepOptions
 from celery_sagas.dispatch import RecordingDispatcher
 from celery_sagas.engine import Engine
-from celery_sagas.errors import SagaConcurrencyError, SagaConfigurationError
+from celery_sagas.errors import SagaConcurrencyError, SagaConfigurationError, SagaValidationError
 from celery_sagas.protocol import saga as moves
 from celery_sagas.testing.clock import FrozenClock
 from celery_sagas.testing.racing import ReadTogether, race
@@ -92,3 +92,31 @@ def test_sixteen_threads_resuming_one_saga_in_the_same_millisecond_lift_the_revi
     results = race(lambda _: engine.resume("resume-race"), threads=16)
     assert not [r for r in results if isinstance(r, BaseException)]
     assert wins == ["running"], (wins, results)
+
+
+@pytest.mark.parametrize(("timeout", "interval"), [
+    (math.nan, 0.05), (None, 0.05), ("5", 0.05), (-1, 0.05), (math.inf, 0.05), (10**400, 0.05),
+    (0.01, -1), (0.01, 0), (0.01, math.nan), (0.01, None),
+])
+def test_wait_refuses_a_timeout_or_interval_that_is_not_a_finite_number_of_seconds(
+    timeout: Any, interval: Any,
+) -> None:
+    # Found by the wait fuzz: timeout=NaN never timed out (wait hung on a running saga);
+    # None or a string raised TypeError, a negative interval ValueError from time.sleep.
+    sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
+                  allow_non_durable=True)
+    sagas.dispatcher = RecordingDispatcher()
+    sagas.saga("regression")(lambda ctx, data: None)
+    sagas.start("regression", {}, saga_id="running")
+    with pytest.raises(SagaValidationError):
+        sagas.wait("running", timeout=timeout, interval=interval)
+
+
+def test_wait_with_a_zero_timeout_reports_the_running_saga_at_once() -> None:
+    sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
+                  allow_non_durable=True)
+    sagas.dispatcher = RecordingDispatcher()
+    sagas.saga("regression")(lambda ctx, data: None)
+    sagas.start("regression", {}, saga_id="running")
+    with pytest.raises(TimeoutError):
+        sagas.wait("running", timeout=0)
