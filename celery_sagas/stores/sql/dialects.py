@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Row, String, Table, Text, event, insert, select
@@ -20,6 +21,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import QueuePool
+from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.types import TypeEngine
 
@@ -113,22 +115,34 @@ def prepare_engine(engine: Engine) -> None:
 
 def insert_if_absent(engine: Engine, table: Table, values: Mapping[str, Any]) -> bool:
     """Insert one row in its own transaction unless its primary key exists; True if inserted."""
-    keys = [column.name for column in table.primary_key.columns]
     name = engine.dialect.name
+    stmt = _insert_statement(table, name)
     if name in ("postgresql", "sqlite"):
-        module = postgresql if name == "postgresql" else sqlite
-        stmt = module.insert(table).values(dict(values)).on_conflict_do_nothing(index_elements=keys)
         with engine.begin() as conn:
-            # SQLAlchemy keeps an INSERT's rowcount only when asked to
-            return conn.execute(stmt.execution_options(preserve_rowcount=True)).rowcount == 1
+            return conn.execute(stmt, dict(values)).rowcount == 1
     try:
         with engine.begin() as conn:
-            conn.execute(insert(table).values(dict(values)))
+            conn.execute(stmt, dict(values))
     except IntegrityError as exc:
         if is_duplicate_key(exc):
             return False
         raise
     return True
+
+
+@lru_cache(maxsize=64)
+def _insert_statement(table: Table, dialect: str) -> Executable:
+    """The insert-if-absent statement of ``table``, built once (values come as parameters)."""
+    keys = [column.name for column in table.primary_key.columns]
+    stmt: Executable
+    if dialect == "postgresql":
+        stmt = postgresql.insert(table).on_conflict_do_nothing(index_elements=keys)
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(table).on_conflict_do_nothing(index_elements=keys)
+    else:
+        return insert(table)
+    # SQLAlchemy keeps an INSERT's rowcount only when asked to
+    return stmt.execution_options(preserve_rowcount=True)
 
 
 def is_duplicate_key(exc: IntegrityError) -> bool:
