@@ -60,7 +60,7 @@ def _totals(reports: list[Report]) -> str:
         outcomes.update(report.outcomes)
     violations = sum(len(r.violations) for r in reports)
     settles = {r.scenario: r.settle_s for r in reports if r.settle_s is not None and r.faults}
-    per_scenario = ", ".join(f"{name.split(' (')[0]}={s:.1f}s" for name, s in settles.items())
+    per_scenario = "; ".join(f"{name}: {s:.1f}s" for name, s in settles.items())
     return "\n".join([
         "=== totals",
         f"sagas run: {sum(r.sagas for r in reports)}  outcomes: {dict(sorted(outcomes.items()))}",

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from celery_sagas import Sagas
 from tests.e2e.conftest import ROOT, Process, wait_until
 from tests.reliability.app import Config, Shop, build
 
@@ -46,7 +47,6 @@ class PrivateRedis:
     directory: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
 
     @property
     def url(self) -> str:
@@ -73,12 +73,6 @@ class PrivateRedis:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
-
-    def restart(self) -> None:
-        """Kill, then start again on the same port and directory (the AOF is replayed)."""
-        self.kill()
-        self.start()
-        self.restarts += 1
 
     def close(self) -> None:
         """Kill the server and delete its files."""
@@ -118,7 +112,7 @@ class Cluster:
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
-    def sagas(self):  # type: ignore[no-untyped-def]
+    def sagas(self) -> Sagas:
         """The test process's Sagas (same store and broker as the workers)."""
         return self.shop.sagas
 

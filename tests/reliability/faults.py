@@ -139,7 +139,6 @@ def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     log.add("redis-sigkill")
     time.sleep(rng.uniform(0.2, 1.5))  # the outage: clients see connection refused meanwhile
     cluster.redis.start()
-    cluster.redis.restarts += 1
 
 
 def purge_queue(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:

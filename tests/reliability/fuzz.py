@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery import Celery
@@ -143,7 +143,6 @@ def prepare() -> Target:
 
 def _claimed_then_vanished(record: Any, now: int) -> Any:
     """The compensator of ``first`` claimed by a process that is long gone."""
-    from dataclasses import replace
     steps = tuple(
         replace(s, started_at_ms=now - 3_600_000, claimed_by="gone-host:1/x")
         if s.name == "first" else s for s in record.steps

@@ -1,11 +1,13 @@
 """Run many sagas against real workers while injecting faults, then check the invariants.
 
 ``run_load`` starts ``count`` sagas (at most ``in_flight`` unsettled at once, as a web tier
-would), while a fault thread fires one injector every ``fault_every`` seconds. When the load
-is in and the faults stop, it drives sweeps from the test process (beat may run too) until
-every saga is completed, compensated or in manual review, or the deadline passes; waits until
-the providers' ledger is quiet; stops the processes; and checks the invariants
-(``invariants.check``). The returned ``Report`` carries the figures the full run prints.
+would), while a fault thread fires one injector about every ``fault_every`` seconds, until
+only the tail of the load is still open. Then the faults stop, and it drives sweeps from the
+test process (beat may run too) until every saga is completed, compensated or in manual
+review, or the deadline passes; waits until the providers' ledger is quiet; kills the
+processes; and checks the invariants (``invariants.check``). A supervisor thread restarts
+any worker that exits by itself, as systemd would. The returned ``Report`` carries the
+figures the full run prints.
 """
 
 from __future__ import annotations

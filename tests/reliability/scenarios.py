@@ -360,7 +360,7 @@ def visibility_redelivery(workdir: Path, size: Size) -> Report:
 
     def body(cluster: Cluster) -> Report:
         _standard(cluster)
-        load = Load(size.n(12, 40), slow_plan, in_flight=8)
+        load = Load(size.n(8, 40), slow_plan, in_flight=8)
         report = run_load(cluster, load, "broker redelivery while running (visibility 1 s)")
         again = sum(p.text().count("attempt still running elsewhere") for p in cluster.processes)
         report.faults["redelivered-while-running"] += again
@@ -388,7 +388,7 @@ def time_limits(workdir: Path, size: Size) -> Report:
         _standard(cluster)
         load = Load(size.n(20, 60), hanging_plan, in_flight=8)
         report = run_load(cluster, load, "hard time limit exceeded")
-        limited = sum(p.text().count("TimeLimitExceeded") for p in cluster.processes)
+        limited = sum(p.text().count("Hard time limit") for p in cluster.processes)
         report.faults["time-limit-kill"] += limited
         _expect(report, limited > 0, "no body hit the hard time limit")
         return report
