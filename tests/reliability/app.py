@@ -41,6 +41,7 @@ STEP_NAMES = {
     "ship": "rel.ship",
 }
 COMPENSATORS = {"release": "rel.release", "refund": "rel.refund"}
+SECOND_RESERVE = "rel.reserve-b"  # the step name of the parallel branch's reservation
 # Provider ops whose repeated body run under one effect id would be a double side effect.
 NON_IDEMPOTENT_STEPS = ("reserve", "charge", "ship")
 IDEMPOTENT_STEPS = ("charge_idem",)
@@ -244,10 +245,16 @@ def build(config: Config) -> Shop:
 
     @sagas.saga(DEFINITION)
     def order(ctx: Any, data: dict[str, Any]) -> None:
-        """Reserve, charge, ship; the plan in the input scripts the providers."""
+        """Reserve, charge, ship; with ``parallel`` a second reservation runs beside the
+        charge. The plan in the input scripts the providers."""
         plan = data.get("plan", {})
         ctx.step(reserve, data["sku"], plan)
-        ctx.step(charge_idem if plan.get("idempotent") else charge, data["amount"], plan)
+        charge_task = charge_idem if plan.get("idempotent") else charge
+        if plan.get("parallel"):
+            ctx.parallel(ctx.call(reserve, data["sku"] + "-b", plan, step_name=SECOND_RESERVE),
+                         ctx.call(charge_task, data["amount"], plan))
+        else:
+            ctx.step(charge_task, data["amount"], plan)
         ctx.step(ship, data["id"], plan)
 
     return Shop(app, sagas, order, store)

@@ -80,19 +80,29 @@ class PrivateRedis:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def _stat(pid: int | str) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, from /proc; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: fields follow the last ')'.
+    fields = stat.rsplit(")", 1)[-1].split()
+    return (fields[0], int(fields[1])) if len(fields) > 2 else None
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of a live process (a killed child stays a zombie until reaped: None)."""
+    found = _stat(pid)
+    return None if found is None or found[0] == "Z" else found[1]
+
+
 def children_of(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (from /proc)."""
+    """Live (not zombie) pids whose parent is ``pid`` (a scan of /proc)."""
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: fields follow the last ')'.
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[1] == str(pid):
+        if entry.isdigit() and (stat := _stat(entry)) is not None and stat[0] != "Z" \
+                and stat[1] == pid:
             found.append(int(entry))
     return found
 
@@ -191,9 +201,13 @@ class Cluster:
         """Every current pool child pid of a live worker, with its worker."""
         return {child: p for p, _ in self.live_workers() for child in children_of(p.pid)}
 
+    def is_pool_child(self, pid: int) -> bool:
+        """True when ``pid`` is, right now, a live pool child of one of our workers."""
+        return parent_of(pid) in {p.pid for p, _ in self.live_workers()}
+
     def kill_child(self, pid: int) -> bool:
-        """SIGKILL ``pid`` if it is a pool child of one of our workers right now."""
-        if pid not in self.pool_children():
+        """SIGKILL ``pid`` if it is a live pool child of one of our workers right now."""
+        if not self.is_pool_child(pid):
             return False
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

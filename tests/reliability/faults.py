@@ -74,8 +74,9 @@ def kill_in_body(ops: Iterable[str] | None = None, kind: str = "kill-child-in-bo
         candidates = tail.running(chosen)
         rng.shuffle(candidates)
         for line in candidates:
-            if cluster.kill_child(line["pid"]):
-                log.add(kind, f"{line['op']} {line['effect_id']} pid {line['pid']}")
+            # Read the ledger again right before the signal: the body may just have ended.
+            if line in tail.running(chosen) and cluster.kill_child(line["pid"]):
+                log.add(kind, f"{line['op']} {line['effect_id']} pid {line['pid']}", line)
                 return
 
     return inject
@@ -181,7 +182,7 @@ def pause_sweeper(pause_s: float) -> Injector:
 
     def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
         pid = current_sweeper(cluster)
-        if pid is None or pid not in cluster.pool_children():
+        if pid is None or not cluster.is_pool_child(pid):
             return
         os.kill(pid, signal.SIGSTOP)
         log.add("pause-sweeper", f"pid {pid} for {pause_s}s")

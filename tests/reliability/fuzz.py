@@ -254,8 +254,8 @@ def check_resolve(call: tuple[Any, ...]) -> None:
 
 @st.composite
 def operator_calls(draw: Any) -> tuple[str, Any]:
-    """(operation, saga id) for get/cancel/resume/pending."""
-    op = draw(st.sampled_from(["get", "cancel", "resume", "pending", "wait"]))
+    """(operation, id) for get, cancel, resume, pending, approvals.get and all_findings."""
+    op = draw(st.sampled_from(["get", "cancel", "resume", "pending", "approval", "all-findings"]))
     return op, _pick(draw, ["ambiguous", "comp", "gated", "missing"])
 
 
@@ -268,15 +268,12 @@ def check_operator(call: tuple[str, Any]) -> None:
         "cancel": lambda: t.sagas.cancel(saga_id),
         "resume": lambda: t.sagas.resume(saga_id),
         "pending": lambda: t.sagas.approvals.pending(saga_id),
-        "wait": lambda: t.sagas.wait(saga_id, timeout=0.01),
+        "approval": lambda: t.sagas.approvals.get(saga_id),
+        "all-findings": lambda: t.sagas.all_findings(saga_id),
     }
     before = _snapshot(t.store)
     try:
         actions[op]()
-    except TimeoutError:
-        if _snapshot(t.store) != before:
-            raise Undocumented("wait changed the store") from None
-        return
     except SagaError:
         if _snapshot(t.store) != before:
             raise Undocumented(f"{op} raised and left records behind") from None
@@ -369,6 +366,34 @@ def check_settings(options: dict[str, Any]) -> None:
         raise Undocumented(f"settings {options!r}: undocumented {type(exc).__name__}: {exc}") from exc
 
 
+@st.composite
+def findings_calls(draw: Any) -> tuple[Any, Any, Any]:
+    """(report, cursor, limit) for ``findings``, cursors taken from real pages and mangled."""
+    t = target()
+    first = t.sagas.findings("all", limit=1)
+    real = first.cursor or "x"
+    cursor = draw(st.one_of(st.none(), st.just(real), st.sampled_from(_MUTATIONS).map(
+        lambda mutate: mutate(real, 7, "~")), _ids))
+    report = draw(st.one_of(st.sampled_from(["all", "sagas", "effects"]), _ids))
+    limit = draw(st.one_of(st.integers(-2, 1002), st.sampled_from([1, 100, 1000]), _durations))
+    return report, cursor, limit
+
+
+def check_findings(call: tuple[Any, Any, Any]) -> None:
+    """``findings`` pages or refuses its arguments with a SagaError; it never writes."""
+    report, cursor, limit = call
+    t = target()
+    before = _snapshot(t.store)
+    try:
+        t.sagas.findings(report, cursor=cursor, limit=limit)
+    except SagaError:
+        pass
+    except Exception as exc:
+        raise Undocumented(f"findings: undocumented {type(exc).__name__}: {exc}") from exc
+    if _snapshot(t.store) != before:
+        raise Undocumented("findings changed the store")
+
+
 _durations = st.one_of(
     st.sampled_from([math.nan, math.inf, -math.inf, -1, -0.5, 0, 0.0, 0.01, 1e-9, True, 10**400]),
     st.floats(max_value=0.05), st.integers(max_value=0), st.none(), st.text(max_size=3),
@@ -411,6 +436,7 @@ PROPERTIES: list[tuple[str, Any, Callable[[Any], None]]] = [
     ("approval", approval_calls(), check_approval),
     ("settings", setting_calls(), check_settings),
     ("wait", wait_calls(), check_wait),
+    ("findings", findings_calls(), check_findings),
 ]
 
 

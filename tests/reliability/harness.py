@@ -27,7 +27,7 @@ from celery_sagas.records import SagaRecord
 from tests.reliability.app import DEFINITION
 from tests.reliability.cluster import Cluster
 from tests.reliability.invariants import SETTLED, Violation, check, fence_stats
-from tests.reliability.recording import read_lines
+from tests.reliability.recording import append_line, read_lines
 
 logger = logging.getLogger("tests.reliability")
 
@@ -41,6 +41,8 @@ class Fault:
     kind: str
     at: float
     detail: str = ""
+    wall: float = 0.0
+    body: dict[str, Any] | None = None
 
 
 @dataclass
@@ -50,10 +52,10 @@ class FaultLog:
     faults: list[Fault] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, kind: str, detail: str = "") -> None:
-        """Record a fault injected now."""
+    def add(self, kind: str, detail: str = "", body: dict[str, Any] | None = None) -> None:
+        """Record a fault injected now (``body``: the ledger line of the body it killed)."""
         with self._lock:
-            self.faults.append(Fault(kind, time.monotonic(), detail))
+            self.faults.append(Fault(kind, time.monotonic(), detail, time.time(), body))
 
     def counts(self) -> Counter[str]:
         """Faults by kind."""
@@ -296,6 +298,9 @@ def run_load(cluster: Cluster, load: Load, scenario: str) -> Report:
     _collect(cluster, tracker, report)
     report.faults = log.counts()
     report.fault_log = list(log.faults)
+    for fault in log.faults:  # kept beside the logs for post-mortems
+        append_line(cluster.config.workdir / "faults.jsonl",
+                    {"kind": fault.kind, "at": fault.at, "wall": fault.wall, "detail": fault.detail})
     report.notes.extend(f"{k} ({v}x)" for k, v in notes.items())
     report.notes.extend(f"injector error: {e.strip().splitlines()[-1]}" for e in errors)
     if settled_at is None:
@@ -359,4 +364,5 @@ def _collect(cluster: Cluster, tracker: Tracker, report: Report) -> None:
     stopped = sum(p.text().count("sweep stopped fence=") for p in cluster.processes)
     if stopped:
         report.fences["sweeps_stopped"] = stopped
-    report.violations = check(tracker.started, records, ledger, trace)
+    killed = [f.body for f in report.fault_log if f.body is not None]
+    report.violations = check(tracker.started, records, ledger, trace, killed)

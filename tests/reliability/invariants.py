@@ -13,7 +13,9 @@ store says at the end. Together they must show:
 4. a compensated saga undid every committed effect exactly once (a completed one none), and
    every effect a provider applied belongs to a step of its saga's record;
 5. no write under a stale lease grant was accepted: a fenced write that began after a newer
-   grant of the same lease was known to exist must have been refused.
+   grant of the same lease was known to exist must have been refused;
+6. ambiguity is never guessed away: a non-idempotent body SIGKILLed before it finished leaves
+   its step ``ambiguous`` (its compensation ``ambiguous_compensation``) for an operator.
 """
 
 from __future__ import annotations
@@ -192,14 +194,41 @@ def fence_stats(trace: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(counts)
 
 
+def _unguessed(killed: Iterable[Mapping[str, Any]], records: Mapping[str, SagaRecord | None],
+               ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
+    """A non-idempotent body killed before it finished leaves its outcome unknown for good."""
+    finished = {(x["effect_id"], x["attempt"]) for key, lines in ops.items()
+                if key.endswith(TERMINAL) for x in lines}
+    found = []
+    for body in killed:
+        op = body["op"].split(".")[0]
+        record = records.get(body["saga_id"])
+        step = None if record is None else record.step(body["step"])
+        if step is None or (body["effect_id"], body["attempt"]) in finished:
+            continue
+        if op in NON_IDEMPOTENT_STEPS and step.state is not StepState.AMBIGUOUS:
+            found.append(Violation("guessed", body["saga_id"],
+                                   f"{op} killed mid-body, step ended {step.state}"))
+        if op == "release" and not (step.state is StepState.COMPENSATING
+                                    and step.error_code == "ambiguous_compensation"):
+            found.append(Violation("guessed", body["saga_id"],
+                                   f"release killed mid-body, step ended {step.state}"))
+    return found
+
+
 def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
-          ledger: Iterable[Mapping[str, Any]], trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
-    """Every invariant violation of a run (an empty list when the run was correct)."""
+          ledger: Iterable[Mapping[str, Any]], trace: Iterable[Mapping[str, Any]],
+          killed: Iterable[Mapping[str, Any]] = ()) -> list[Violation]:
+    """Every invariant violation of a run (an empty list when the run was correct).
+
+    ``killed``: ledger ``.start`` lines of bodies a fault SIGKILLed while they ran.
+    """
     ops = _by_op(ledger)
     return [
         *_lost_or_stuck(started, records),
         *_double_runs(ops),
         *_compensation_rules(records, ops),
         *_orphans(records, ops),
+        *_unguessed(killed, records, ops),
         *stale_fenced_writes(trace),
     ]

@@ -96,3 +96,11 @@ def test_a_fenced_write_accepted_after_a_newer_grant_is_stale() -> None:
     assert _rules({"s1": record}, [], trace) == []
     late = {"ev": "write", "lease": "l", "fence": 1, "t0": 30, "t1": 31, "outcome": "ok", "id": "c"}
     assert _rules({"s1": record}, [], [*trace, late]) == ["stale-fence"]
+
+
+def test_a_killed_non_idempotent_body_whose_step_did_not_end_ambiguous_was_guessed() -> None:
+    killed = [_line("reserve.start", "e1")]
+    ambiguous = _saga(SagaState.MANUAL_REVIEW, _step("rel.reserve", StepState.AMBIGUOUS, "e1"))
+    assert sorted(v.rule for v in check(["s1"], {"s1": ambiguous}, killed, [], killed)) == []
+    failed = _saga(SagaState.COMPENSATED, _step("rel.reserve", StepState.FAILED, "e1"))
+    assert [v.rule for v in check(["s1"], {"s1": failed}, killed, [], killed)] == ["guessed"]

@@ -94,6 +94,16 @@ def test_sixteen_threads_resuming_one_saga_in_the_same_millisecond_lift_the_revi
     assert wins == ["running"], (wins, results)
 
 
+def _one_running_saga() -> Sagas:
+    """In-process Sagas with one saga ``running`` whose advance message was never sent."""
+    sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
+                  allow_non_durable=True)
+    sagas.dispatcher = RecordingDispatcher()
+    sagas.saga("regression")(lambda ctx, data: None)
+    sagas.start("regression", {}, saga_id="running")
+    return sagas
+
+
 @pytest.mark.parametrize(("timeout", "interval"), [
     (math.nan, 0.05), (None, 0.05), ("5", 0.05), (-1, 0.05), (math.inf, 0.05), (10**400, 0.05),
     (0.01, -1), (0.01, 0), (0.01, math.nan), (0.01, None),
@@ -103,20 +113,12 @@ def test_wait_refuses_a_timeout_or_interval_that_is_not_a_finite_number_of_secon
 ) -> None:
     # Found by the wait fuzz: timeout=NaN never timed out (wait hung on a running saga);
     # None or a string raised TypeError, a negative interval ValueError from time.sleep.
-    sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
-                  allow_non_durable=True)
-    sagas.dispatcher = RecordingDispatcher()
-    sagas.saga("regression")(lambda ctx, data: None)
-    sagas.start("regression", {}, saga_id="running")
+    sagas = _one_running_saga()
     with pytest.raises(SagaValidationError):
         sagas.wait("running", timeout=timeout, interval=interval)
 
 
 def test_wait_with_a_zero_timeout_reports_the_running_saga_at_once() -> None:
-    sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
-                  allow_non_durable=True)
-    sagas.dispatcher = RecordingDispatcher()
-    sagas.saga("regression")(lambda ctx, data: None)
-    sagas.start("regression", {}, saga_id="running")
+    sagas = _one_running_saga()
     with pytest.raises(TimeoutError):
         sagas.wait("running", timeout=0)

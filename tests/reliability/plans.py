@@ -1,0 +1,61 @@
+"""Plans: how the fake providers behave for one saga (the ``plan`` in its input).
+
+A plan factory takes the run's random generator and the saga's index and returns the plan;
+``tests/reliability/app.py`` documents the keys.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+OPS = ("reserve", "charge", "charge_idem", "ship", "release", "refund")
+
+
+def mixed_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """Mostly happy sagas; some idempotent, declined, crashing or flaky; one in five runs a
+    second reservation in parallel with the charge."""
+    plan: dict[str, Any] = {"sleep": {op: rng.randint(20, 120) for op in OPS},
+                            "parallel": rng.random() < 0.2}
+    roll = rng.random()
+    if roll < 0.15:
+        plan["idempotent"] = True
+        if rng.random() < 0.5:
+            plan["flaky"] = {"charge_idem": 1}
+    elif roll < 0.30:
+        plan["decline"] = "ship"
+        plan["idempotent"] = rng.random() < 0.5
+        plan["release_failures"] = rng.choice((0, 0, 1))
+    elif roll < 0.35:
+        plan["decline"] = "charge"
+    elif roll < 0.38:
+        plan["crash"] = "charge"
+    elif roll < 0.41:
+        plan["crash_after"] = "reserve"
+    return plan
+
+
+def compensation_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """Mostly sagas that compensate, with slow compensators (so kills land in them)."""
+    plan: dict[str, Any] = {"sleep": {op: rng.randint(10, 40) for op in OPS},
+                            "parallel": rng.random() < 0.3}
+    plan["sleep"]["release"] = rng.randint(150, 400)
+    plan["sleep"]["refund"] = rng.randint(150, 400)
+    if rng.random() < 0.85:
+        plan["decline"] = "ship"
+    plan["idempotent"] = rng.random() < 0.5
+    return plan
+
+
+def slow_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """Bodies that outlast a 1 s visibility timeout (so the broker delivers them again)."""
+    plan = mixed_plan(rng, index)
+    plan["sleep"].update({op: rng.randint(1200, 2200) for op in ("reserve", "charge", "charge_idem")})
+    return plan
+
+
+def hanging_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """One saga in four hangs in its charge past a 2 s hard time limit."""
+    if rng.random() < 0.25:
+        return {"sleep": {"charge": 4000, "charge_idem": 4000}, "idempotent": rng.random() < 0.3}
+    return mixed_plan(rng, index)
