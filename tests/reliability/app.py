@@ -187,6 +187,13 @@ def build(config: Config) -> Shop:
         sweep_lease=config.sweep_lease, sweep_page_size=config.sweep_page_size,
     )
     provider = Provider(config)
+    sweep = sagas.sweep
+
+    def traced_sweep() -> Any:
+        with store.sweeping():
+            return sweep()
+
+    sagas.sweep = traced_sweep  # type: ignore[method-assign]
 
     def behave(op: str, plan: dict[str, Any], ctx: Any, idempotent: bool) -> dict[str, Any]:
         provider.record(f"{op}.start", ctx)

@@ -13,7 +13,8 @@ store says at the end. Together they must show:
 4. a compensated saga undid every committed effect exactly once (a completed one none), and
    every effect a provider applied belongs to a step of its saga's record;
 5. no write under a stale lease grant was accepted: a fenced write that began after a newer
-   grant of the same lease was known to exist must have been refused;
+   grant of the same lease was known to exist must have been refused, and a sweep made no
+   write without its fence;
 6. ambiguity is never guessed away: a non-idempotent body SIGKILLed before it finished leaves
    its step ``ambiguous`` (its compensation ``ambiguous_compensation``) for an operator.
 """
@@ -183,6 +184,19 @@ def stale_fenced_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
     return found
 
 
+# The effect journal is a secondary record (the saga record is authoritative) and journals
+# lifecycle points after the fenced saga write they follow; its writes carry no fence.
+JOURNAL_KINDS = ("effect",)
+
+
+def unfenced_sweep_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
+    """Writes of authoritative records a sweep made without its lease's fence."""
+    return [
+        Violation("unfenced-sweep-write", e["id"], f"{e['kind']} -> {e['state']} ({e['outcome']})")
+        for e in trace if e["ev"] == "unfenced" and e["kind"] not in JOURNAL_KINDS
+    ]
+
+
 def fence_stats(trace: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Grants, and fenced writes by outcome."""
     counts: Counter[str] = Counter()
@@ -191,6 +205,8 @@ def fence_stats(trace: Iterable[Mapping[str, Any]]) -> dict[str, int]:
             counts["grants"] += 1
         elif entry["ev"] == "write":
             counts[f"writes_{entry['outcome']}"] += 1
+        elif entry["ev"] == "unfenced":
+            counts[f"unfenced_{entry['kind']}_writes"] += 1
     return dict(counts)
 
 
@@ -231,4 +247,5 @@ def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
         *_orphans(records, ops),
         *_unguessed(killed, records, ops),
         *stale_fenced_writes(trace),
+        *unfenced_sweep_writes(trace),
     ]

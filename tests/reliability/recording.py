@@ -2,8 +2,9 @@
 
 ``TracingStore`` passes every primitive through to a real store (opened lazily, once per
 process, so a prefork child never shares its parent's sockets) and appends one JSON line per
-lease grant, lease release and fenced compare-and-set to a trace file shared by every process
-of a run. Times are ``time.monotonic_ns()``, which on Linux is one clock for every process of
+lease grant, lease release, fenced compare-and-set, and unfenced compare-and-set made while
+the thread runs a sweep, to a trace file shared by every process of a run. Times are
+``time.monotonic_ns()``, which on Linux is one clock for every process of
 the host, so the invariant checker can order a write after a grant made by another process.
 
 ``SkewedClock`` is the wall clock plus a fixed offset: the suite runs some workers with it to
@@ -16,7 +17,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,7 @@ class TracingStore:
         self.trace = trace
         self.scan_delay_ms = scan_delay_ms
         self.listeners: list[Listener] = []
+        self._sweeping = threading.local()
         self._lock = threading.Lock()
         self._inner: Store | None = None
         self._pid = 0
@@ -86,6 +89,15 @@ class TracingStore:
         if self.url.startswith(("redis://", "rediss://")):
             return open_store(self.url, prefix=self.prefix)
         return open_store(self.url, table_prefix=self.prefix + "_")
+
+    @contextmanager
+    def sweeping(self) -> Iterator[None]:
+        """Mark this thread as running a sweep: its unfenced writes are traced as such."""
+        self._sweeping.on = True
+        try:
+            yield
+        finally:
+            self._sweeping.on = False
 
     def _log(self, event: str, **fields: Any) -> None:
         append_line(self.trace, {"ev": event, "pid": os.getpid(), **fields})
@@ -112,6 +124,9 @@ class TracingStore:
         if fence is not None:
             self._log("write", lease=fence.lease, fence=fence.number, t0=started,
                       t1=time.monotonic_ns(), outcome="ok" if ok else "stale", id=envelope.id)
+        elif getattr(self._sweeping, "on", False):
+            self._log("unfenced", kind=envelope.kind, id=envelope.id, state=envelope.state,
+                      outcome="ok" if ok else "stale")
         for listener in self.listeners:
             listener(envelope, expected_version, ok)
         return ok
