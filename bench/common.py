@@ -79,7 +79,8 @@ def start_worker(app_module: str, queue: str, env: dict[str, str], log: Path, re
         [sys.executable, "-m", "celery", "-A", app_module, "worker", "--pool", "prefork",
          "-c", str(concurrency), "-Q", queue, "-n", f"bench-{queue}@%h", "-l", loglevel,
          "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)},
         stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
     )
     handle.close()
@@ -169,6 +170,12 @@ def machine() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             info[key] = None
     info["model"] = _lscpu_field(info.get("lscpu") or "", "Model name")
+    try:
+        from redis.utils import HIREDIS_AVAILABLE
+
+        info["redis_py_hiredis"] = HIREDIS_AVAILABLE
+    except ImportError:
+        info["redis_py_hiredis"] = None
     return info
 
 
@@ -208,14 +215,17 @@ def free_port() -> int:
 # ---------------------------------------------------------------------- profiling (py-spy)
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
-# Frames that mark where the time of a task goes, checked in this order (first match wins).
+# Where a task sample's time goes: the first rule (in this order) whose needle is in any frame.
+_IO_LEAVES = ("send_packed_command", "_read_from_socket", "sendall", "recv", "Connection.wait",
+              "_send_query_prepared", "_read_exactly", "select", "poll")
 CATEGORIES = (
-    ("store I/O wait", ("recv_into", "_read_from_socket", "read_response", "_recv", "pgconn",
-                        "wait_conn", "psycopg/waiting", "_read_exactly", "readline")),
-    ("broker publish", ("apply_async", "send_task", "publish", "_put")),
-    ("store client (Python)", ("celery_sagas/stores/", "redis/", "sqlalchemy/", "psycopg/")),
+    ("broker publish (incl. its I/O)", ("Task.apply_async", "Celery.send_task")),
+    ("bench: chain finish mark", ("bench/bench_app.py",)),
+    ("effect journal (store calls)", ("celery_sagas/journal.py",)),
+    ("store: waiting on the server", ()),  # decided from the leaf, see _category
+    ("store: client Python", ("celery_sagas/stores/",)),
     ("saga engine (Python)", ("celery_sagas/",)),
-    ("logging", ("logging/",)),
+    ("celery/kombu/other", ()),
 )
 
 
@@ -285,12 +295,16 @@ def read_stacks(path: Path) -> list[tuple[list[str], int]]:
 
 
 def _category(frames: list[str]) -> str:
-    leaf_first = list(reversed(frames))
-    for name, needles in CATEGORIES:
-        for frame in leaf_first:
-            if any(n in frame for n in needles):
-                return name
-    return "celery/kombu/other"
+    """The category of one task sample (frames root first, below the tracer)."""
+    for name, needles in CATEGORIES[:3]:
+        if any(n in f for f in frames for n in needles):
+            return name
+    if any("celery_sagas/stores/" in f for f in frames):
+        leaf = frames[-1] if frames else ""
+        return CATEGORIES[3][0] if any(n in leaf for n in _IO_LEAVES) else CATEGORIES[4][0]
+    if any("celery_sagas/" in f for f in frames):
+        return CATEGORIES[5][0]
+    return CATEGORIES[6][0]
 
 
 def profile_summary(spy: Spy, rate: int, items: int, top: int = 25) -> dict[str, Any]:
@@ -331,6 +345,8 @@ def profile_summary(spy: Spy, rate: int, items: int, top: int = 25) -> dict[str,
         "task_ms_per_item": round(task / rate * 1000 / items, 3) if items else None,
         "categories_percent": {k: round(100 * v / task, 1) for k, v in
                                sorted(categories.items(), key=lambda kv: -kv[1])} if task else {},
+        "categories_ms_per_item": {k: round(v / rate * 1000 / items, 2) for k, v in
+                                   sorted(categories.items(), key=lambda kv: -kv[1])} if items else {},
         "top_inclusive": ranked(inclusive),
         "top_self": ranked(own),
         "files": [str(p) for p in spy.outputs.values()],

@@ -280,6 +280,7 @@ def measure(st: Stack, args: argparse.Namespace, progress: Progress) -> dict[str
             "round": r + 1, "first": order[0], "n": per_round,
             "sagas_per_s": round(saga.rate, 1), "chains_per_s": round(chain.rate, 1),
             "ratio": round(saga.rate / chain.rate, 3),
+            "loadavg_1min": round(os.getloadavg()[0], 2),
             "saga_batch_latency": _figures(saga.latencies()),
             "chain_batch_latency": _figures(chain.latencies()),
         }
@@ -488,7 +489,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="sagas (and chains) per store, over all rounds")
-    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (medians reported)")
+    parser.add_argument("--rounds", type=int, default=8, help="alternating rounds (medians reported)")
     parser.add_argument("--warmup", type=int, default=100, help="sagas and chains run before measuring")
     parser.add_argument("--latency-n", type=int, default=200, help="closed-loop latency samples of each")
     parser.add_argument("--count-n", type=int, default=200, help="sagas run on the counting worker (0: skip)")
