@@ -201,43 +201,92 @@ class Engine:
 
         return decide(saga, run_replay, now, policy, dead_effects(saga.steps, self.active))
 
-    def apply(self, saga: SagaRecord, decision: Decision, fence: Fence | None = None) -> SagaRecord:
-        """Carry out one decision: one CAS, then the dispatch it calls for."""
-        now = self.now()
-        if isinstance(decision, Append):
-            if not self._open_gates(saga, decision.steps):
-                reason = "ctx.approval needs approval secrets (sagas_approval_secrets)"
-                return self.write(saga, moves.to_manual_review(
-                    saga, codes.INVALID_STEP_CALL, reason, now), fence)
-            try:
-                after = self.write(saga, moves.append_steps(saga, decision.steps, now), fence)
-            except PayloadTooLarge:
-                reason = "the arguments of the next step would exceed the payload limit"
-                return self.write(saga, moves.to_manual_review(
-                    saga, codes.PAYLOAD_TOO_LARGE, reason, now), fence)
-            for step in decision.steps:
-                self.emit(after, step, Stage.EXECUTION, Phase.INTENT)
-                if step.state is StepState.EXECUTING:
-                    self._send(partial(self.dispatcher.send_step, saga.saga_id, step))
-            return after
-        if isinstance(decision, Redispatch):
-            after = self.write(saga, moves.mark_redispatched(saga, decision.step.name, now), fence)
-            send = self.dispatcher.send_compensation if decision.compensation else self.dispatcher.send_step
-            self._send(partial(send, saga.saga_id, decision.step))
-            return after
-        if isinstance(decision, BeginCompensation):
-            after = self.write(saga, moves.begin_compensation(saga, decision.step.name, now), fence)
-            begun = after.step(decision.step.name)
-            assert begun is not None
-            self.emit(after, begun, Stage.COMPENSATION, Phase.INTENT)
-            self._send(partial(self.dispatcher.send_compensation, saga.saga_id, begun))
-            return after
-        if isinstance(decision, Vanished):
-            return self._vanished(saga, decision, now, fence)
-        written = self.write(saga, self._saga_move(saga, decision, now), fence)
-        if isinstance(decision, Abandon):
-            self.emit(written, decision.step, Stage.EXECUTION, Phase.FAILED, codes.NOT_STARTED)
+    def apply(
+        self,
+        saga: SagaRecord,
+        decision: Decision,
+        fence: Fence | None = None,
+        *,
+        prior: SagaRecord | None = None,
+        on_written: Callable[[SagaRecord], None] | None = None,
+    ) -> SagaRecord:
+        """Carry out one decision: one CAS, then the events and dispatches it calls for.
+
+        With ``prior``, ``saga`` is a move of ``prior`` not yet written: both go in one write
+        (a step's commit and the next step's intent cost one round trip, not two), and
+        ``on_written`` runs right after it, before this decision's own effects.
+        """
+        base = prior if prior is not None else saga
+        after, effects = self._plan(saga, decision, self.now())
+        try:
+            written = self.write(base, after if prior is None else moves.one_write(prior, after), fence)
+        except PayloadTooLarge:
+            if not isinstance(decision, Append):
+                raise
+            reason = "the arguments of the next step would exceed the payload limit"
+            parked = moves.to_manual_review(saga, codes.PAYLOAD_TOO_LARGE, reason, self.now())
+            written = self.write(base, parked if prior is None else moves.one_write(prior, parked), fence)
+            effects = []
+        if on_written is not None:
+            on_written(written)
+        for effect in effects:
+            effect(written)
         return written
+
+    def _plan(self, saga: SagaRecord, decision: Decision, now: int
+              ) -> tuple[SagaRecord, list[Callable[[SagaRecord], None]]]:
+        """The record a decision writes and what to do once it is written."""
+        if isinstance(decision, Append):
+            return self._plan_append(saga, decision, now)
+        if isinstance(decision, Redispatch):
+            send = self.dispatcher.send_compensation if decision.compensation else self.dispatcher.send_step
+            after = moves.mark_redispatched(saga, decision.step.name, now)
+            return after, [lambda _: self._send(partial(send, saga.saga_id, decision.step))]
+        if isinstance(decision, BeginCompensation):
+            name = decision.step.name
+            return moves.begin_compensation(saga, name, now), [partial(self._compensate, name)]
+        if isinstance(decision, Vanished):
+            return self._plan_vanished(saga, decision, now)
+        after = self._saga_move(saga, decision, now)
+        if isinstance(decision, Abandon):
+            step = decision.step
+            return after, [lambda w: self.emit(w, step, Stage.EXECUTION, Phase.FAILED,
+                                               codes.NOT_STARTED)]
+        return after, []
+
+    def _plan_append(self, saga: SagaRecord, decision: Append, now: int
+                     ) -> tuple[SagaRecord, list[Callable[[SagaRecord], None]]]:
+        if not self._open_gates(saga, decision.steps):
+            reason = "ctx.approval needs approval secrets (sagas_approval_secrets)"
+            return moves.to_manual_review(saga, codes.INVALID_STEP_CALL, reason, now), []
+
+        def announce(written: SagaRecord) -> None:
+            for step in decision.steps:
+                self.emit(written, step, Stage.EXECUTION, Phase.INTENT)
+                if step.state is StepState.EXECUTING:
+                    self._send(partial(self.dispatcher.send_step, written.saga_id, step))
+
+        return moves.append_steps(saga, decision.steps, now), [announce]
+
+    def _compensate(self, name: str, written: SagaRecord) -> None:
+        begun = written.step(name)
+        assert begun is not None
+        self.emit(written, begun, Stage.COMPENSATION, Phase.INTENT)
+        self._send(partial(self.dispatcher.send_compensation, written.saga_id, begun))
+
+    def settle(
+        self, prior: SagaRecord, moved: SagaRecord, on_written: Callable[[SagaRecord], None]
+    ) -> SagaRecord:
+        """Write ``moved`` (one move of ``prior``) merged with the decision that follows it.
+
+        Raises SagaConcurrencyError when ``prior`` is no longer current; nothing was written.
+        """
+        decision = self.decide(moved)
+        if isinstance(decision, Wait):
+            written = self.write(prior, moved)
+            on_written(written)
+            return written
+        return self.apply(moved, decision, prior=prior, on_written=on_written)
 
     def _open_gates(self, saga: SagaRecord, steps: tuple[StepRecord, ...]) -> bool:
         """Create the pending approval of each new gate before its step is recorded."""
@@ -268,9 +317,8 @@ class Engine:
         logger.warning("saga %s needs manual review: %s", saga.saga_id, decision.error_code)
         return moves.to_manual_review(saga, decision.error_code, decision.reason, now)
 
-    def _vanished(
-        self, saga: SagaRecord, decision: Vanished, now: int, fence: Fence | None
-    ) -> SagaRecord:
+    def _plan_vanished(self, saga: SagaRecord, decision: Vanished, now: int
+                       ) -> tuple[SagaRecord, list[Callable[[SagaRecord], None]]]:
         step = decision.step
         if decision.compensation:
             effect, attempt = step.compensation_effect_id, step.compensation_attempts
@@ -289,9 +337,7 @@ class Engine:
                 after = moves.step_ambiguous(saga, step.name, effect, attempt, decision.error_code, now)
             stage = Stage.EXECUTION
         phase = Phase.FAILED if decision.retry else Phase.AMBIGUOUS
-        written = self.write(saga, after, fence)
-        self.emit(written, step, stage, phase, decision.error_code)
-        return written
+        return after, [lambda w: self.emit(w, step, stage, phase, decision.error_code)]
 
     # ------------------------------------------------------------ operator actions
 
@@ -327,7 +373,7 @@ class Engine:
                 after = move(saga, self.now())
             except IllegalTransition as exc:
                 raise SagaResolutionError(
-                    f"saga {saga_id!r} has an unresolved step; resolve it before you {verb}"
+                    f"saga {saga_id!r} has an unresolved step; resolve it first ({verb} refused)"
                 ) from exc
             try:
                 return self.advance(saga_id, self.write(saga, after))

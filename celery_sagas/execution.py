@@ -231,17 +231,36 @@ def _attempt(engine: Engine, claimed: SagaRecord, name: str, effect_id: str, bod
     ctx = StepContext(claimed.saga_id, name, effect_id, step.attempts, Stage.EXECUTION)
     started = time.monotonic()
     outcome = _run_step_body(body, ctx, step, options)
-    try:
-        written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
-    except PayloadTooLarge:
-        logger.warning("saga %s step %s: result over the payload limit", claimed.saga_id, name)
-        outcome = _Outcome("errored", error_code=codes.PAYLOAD_TOO_LARGE)
-        written = _record(engine, claimed, _forward_move(engine, options, step, outcome))
-    if written is not None:
+
+    def announce(written: SagaRecord) -> None:
         after = _step(written, name)
         phase = _PHASES[outcome.kind] if after.state is not StepState.EXECUTING else Phase.FAILED
         duration = int((time.monotonic() - started) * 1000)
         engine.emit(written, after, Stage.EXECUTION, phase, outcome.error_code, duration)
+
+    try:
+        # A retry stays in this delivery, so only a final outcome is merged with what follows.
+        merge = outcome.kind != "errored"
+        return _settle(engine, claimed, _forward_move(engine, options, step, outcome), announce,
+                       merge=merge)
+    except PayloadTooLarge:
+        logger.warning("saga %s step %s: result over the payload limit", claimed.saga_id, name)
+        outcome = _Outcome("errored", error_code=codes.PAYLOAD_TOO_LARGE)
+        move = _forward_move(engine, options, step, outcome)
+        return _settle(engine, claimed, move, announce, merge=False)
+
+
+def _settle(engine: Engine, claimed: SagaRecord, move: Callable[[SagaRecord], SagaRecord],
+            announce: Callable[[SagaRecord], None], *, merge: bool) -> SagaRecord | None:
+    """Record an outcome, merged with the saga's next decision in one write when it can be."""
+    if merge:
+        try:
+            return engine.settle(claimed, move(claimed), announce)
+        except (SagaConcurrencyError, StoreError):
+            pass  # somebody else moved the saga, or the store hiccuped: record the outcome alone
+    written = _record(engine, claimed, move)
+    if written is not None:
+        announce(written)
     return written
 
 
@@ -329,11 +348,14 @@ def execute_compensation(
         except Exception as exc:
             logger.warning("saga %s compensator of %s raised %s", saga_id, name, type(exc).__name__)
             error = True
-        written = _record(engine, claimed, _backward_move(engine, claimed, step, error))
-    if written is None:
-        return
-    phase = Phase.FAILED if error else Phase.COMMITTED
-    code = codes.COMPENSATION_FAILED if error else None
-    duration = int((time.monotonic() - started) * 1000)
-    engine.emit(written, _step(written, name), Stage.COMPENSATION, phase, code, duration)
-    engine.advance(saga_id, written)
+
+        def announce(written: SagaRecord) -> None:
+            phase = Phase.FAILED if error else Phase.COMMITTED
+            code = codes.COMPENSATION_FAILED if error else None
+            duration = int((time.monotonic() - started) * 1000)
+            engine.emit(written, _step(written, name), Stage.COMPENSATION, phase, code, duration)
+
+        move = _backward_move(engine, claimed, step, error)
+        written = _settle(engine, claimed, move, announce, merge=True)
+    if written is not None:
+        engine.advance(saga_id, written)

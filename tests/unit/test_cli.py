@@ -426,7 +426,7 @@ def test_resume_is_refused_while_an_outcome_is_unknown(shop: Shop) -> None:
 
     # then
     assert result.exit_code == EXIT_REFUSED
-    assert "resolve it before resuming" in result.stderr
+    assert "resolve it first (resume refused)" in result.stderr
 
 
 def test_cancel_compensates_what_committed(shop: Shop) -> None:
