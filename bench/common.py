@@ -136,6 +136,10 @@ class Progress:
         self.every = 0.2 if self.tty else every
         self._last = 0.0
 
+    def due(self) -> bool:
+        """True when a new line would be shown now (to skip computing one that would not)."""
+        return self.tty or time.monotonic() - self._last >= self.every
+
     def show(self, text: str, force: bool = False) -> None:
         """Show ``text`` if enough time passed since the last line (or ``force``)."""
         now = time.monotonic()
@@ -220,8 +224,8 @@ _IO_LEAVES = ("send_packed_command", "_read_from_socket", "sendall", "recv", "Co
               "_send_query_prepared", "_read_exactly", "select", "poll")
 CATEGORIES = (
     ("broker publish (incl. its I/O)", ("Task.apply_async", "Celery.send_task")),
-    ("bench: chain finish mark", ("bench/bench_app.py",)),
-    ("effect journal (store calls)", ("celery_sagas/journal.py",)),
+    ("bench task bodies (no-op steps, chain finish mark)", ("bench/bench_app.py",)),
+    ("effect journal (store calls)", ("EffectRecorder.",)),
     ("store: waiting on the server", ()),  # decided from the leaf, see _category
     ("store: client Python", ("celery_sagas/stores/",)),
     ("saga engine (Python)", ("celery_sagas/",)),

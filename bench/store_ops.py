@@ -25,13 +25,11 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 import argparse
 import random
 import secrets
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from redis import Redis

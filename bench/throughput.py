@@ -37,16 +37,17 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 import argparse
 import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 from redis import Redis
@@ -184,7 +185,7 @@ def saga_batch(st: Stack, n: int, progress: Progress, poll: str = "scan") -> Bat
     if poll == "scan":
         while store.scan(SAGA, [SagaState.RUNNING.value], limit=1).items:
             _check(st, deadline, "sagas")
-            if progress.tty or time.monotonic() - progress._last > progress.every:
+            if progress.due():
                 left = len(store.scan(SAGA, [SagaState.RUNNING.value], limit=1000).items)
                 progress.show(f"[{st.label}] sagas: {n - left if left < 1000 else '<' + str(n - 999)}"
                               f"/{n} done")
@@ -392,9 +393,6 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
 
 def _script_commands() -> set[str]:
     """Commands the store's Lua scripts call (commandstats counts those too; they are no round trip)."""
-    import re
-    from importlib import resources
-
     found: set[str] = set()
     for entry in resources.files("celery_sagas.stores.redis").joinpath("lua").iterdir():
         if entry.name.endswith(".lua"):
@@ -404,8 +402,6 @@ def _script_commands() -> set[str]:
 
 
 def _sum_counts(directory: Path) -> dict[str, int]:
-    import json
-
     total: dict[str, int] = {}
     for path in directory.glob("*.json"):
         for key, value in json.loads(path.read_text()).items():
