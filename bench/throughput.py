@@ -132,8 +132,10 @@ def _cleanup(built: Stack) -> None:
     for tag in built.tags:
         built.marks.delete(f"bench:marks:{tag}")
     built.marks.close()
-    with built.bench.app.connection_for_write() as connection, contextlib.suppress(Exception):
-        connection.default_channel.queue_delete(built.config.queue)
+    # kombu's queue_delete only knows the bindings its own channel declared: delete the keys
+    queue = built.config.queue
+    with Redis.from_url(built.config.broker) as broker:
+        broker.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
