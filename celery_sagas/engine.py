@@ -11,7 +11,9 @@ same effect id.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -76,6 +78,40 @@ def _new_effect_id() -> str:
     return str(uuid.uuid4())
 
 
+class RecentSagas:
+    """A small, thread-safe LRU of saga records this process last saw (small records only)."""
+
+    def __init__(self, capacity: int = 512, max_body: int = 64 * 1024) -> None:
+        self._lock = threading.Lock()
+        self._records: OrderedDict[str, SagaRecord] = OrderedDict()
+        self._capacity = capacity
+        self._max_body = max_body
+
+    def remember(self, record: SagaRecord, body_size: int) -> None:
+        """Keep ``record`` as the latest known version of its saga."""
+        with self._lock:
+            known = self._records.get(record.saga_id)
+            if known is not None and known.version > record.version:
+                return
+            if body_size > self._max_body:
+                self._records.pop(record.saga_id, None)
+                return
+            self._records[record.saga_id] = record
+            self._records.move_to_end(record.saga_id)
+            while len(self._records) > self._capacity:
+                self._records.popitem(last=False)
+
+    def forget(self, saga_id: str) -> None:
+        """Drop a saga known to have changed elsewhere."""
+        with self._lock:
+            self._records.pop(saga_id, None)
+
+    def get(self, saga_id: str) -> SagaRecord | None:
+        """The last version seen, which may be stale."""
+        with self._lock:
+            return self._records.get(saga_id)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """Limits the engine applies (sizes in bytes, durations in ms)."""
@@ -108,6 +144,9 @@ class Engine:
         self.new_id = new_id
         self.settings = settings or EngineSettings()
         self.active = ActiveEffects()
+        # The last version of each saga this process read or wrote: a claim may try its
+        # compare-and-set on it without reading first (a stale guess just loses the CAS).
+        self.recent = RecentSagas()
         # Journals every step execution and compensation as an effect record (SPEC §2.1).
         self.journal = journal
         self.approvals: ApprovalGate | None = None
@@ -124,7 +163,11 @@ class Engine:
         """The saga record, or None when absent."""
         values.saga_id(saga_id)
         envelope = self.store.get(SAGA, saga_id)
-        return None if envelope is None else saga_from_envelope(envelope, saga_id)
+        if envelope is None:
+            return None
+        record = saga_from_envelope(envelope, saga_id)
+        self.recent.remember(record, len(envelope.body))
+        return record
 
     def load(self, saga_id: str) -> SagaRecord:
         """The saga record; SagaNotFound when absent."""
@@ -141,7 +184,9 @@ class Engine:
         # record for an already-applied retry of this very call).
         envelope = unique_write(saga_to_envelope(after, limit=limit), limit=limit + _WRITE_ID_ROOM)
         if not self.store.compare_and_set(envelope, before.version, fence=fence):
+            self.recent.forget(before.saga_id)
             raise SagaConcurrencyError(f"saga {before.saga_id!r} changed under us")
+        self.recent.remember(after, len(envelope.body))
         return after
 
     def definition_of(self, saga: SagaRecord) -> SagaDefinition:

@@ -103,8 +103,31 @@ def _settle_vanished(engine: Engine, saga: SagaRecord, step: StepRecord) -> bool
     return False
 
 
+def _claim_cached(engine: Engine, saga_id: str, name: str, effect_id: str, tag: str,
+                  retrying: bool) -> SagaRecord | None:
+    """Claim on the version this process last saw, without reading; None: read and judge."""
+    saga = engine.recent.get(saga_id)
+    step = None if saga is None else saga.step(name)
+    if saga is None or step is None or step.effect_id != effect_id:
+        return None
+    fresh = step.state is StepState.EXECUTING and step.started_at_ms is None
+    if not fresh or saga.state is not SagaState.RUNNING or saga.rolling_back:
+        return None
+    now = engine.now()
+    if not retrying and step.next_attempt_at_ms is not None and now < step.next_attempt_at_ms:
+        return None
+    try:
+        return engine.write(saga, moves.claim_step(saga, name, effect_id, tag, now))
+    except SagaConcurrencyError:
+        return None
+
+
 def _claim_step(engine: Engine, saga_id: str, name: str, effect_id: str, tag: str, *,
                 retrying: bool = False) -> SagaRecord | None:
+    claimed = _claim_cached(engine, saga_id, name, effect_id, tag, retrying)
+    if claimed is not None:
+        engine.emit(claimed, _step(claimed, name), Stage.EXECUTION, Phase.EXECUTING)
+        return claimed
     for _ in range(engine.settings.max_races):
         found = _lookup(engine, saga_id, name, effect_id, compensation=False)
         if found is None:

@@ -38,6 +38,7 @@ from .clock import Clock, now_ms
 from .errors import (
     IllegalTransition,
     NonDurableStoreError,
+    PayloadTooLarge,
     SagaConcurrencyError,
     SagaConflictError,
     SagaError,
@@ -128,13 +129,18 @@ def unique_write(envelope: Envelope, *, limit: int = values.DEFAULT_PAYLOAD_LIMI
 
     A store reports a compare-and-set whose exact record is already stored as applied, so a
     driver retry is harmless; two writers that computed the same next record from the same
-    version would otherwise both be told they won. Decoders ignore the extra key. ``limit``
-    bounds the re-encoded body (bytes).
+    version would otherwise both be told they won. Decoders ignore the extra key. The key is
+    appended to the canonical JSON text (it sorts after every record key, so the body stays
+    canonical) instead of decoding and encoding the body again; ``limit`` bounds the result.
     """
-    body = values.decode_json(envelope.body)
-    body["write_id"] = secrets.token_hex(8)
-    encoded = values.encode_json(body, field=f"{envelope.kind} record", limit=limit)
-    return replace(envelope, body=encoded)
+    body = envelope.body
+    if not (body.startswith("{") and body.endswith("}")):
+        raise SagaValidationError(f"{envelope.kind} record body is not a JSON object")
+    separator = "" if body == "{}" else ","
+    stamped = f'{body[:-1]}{separator}"write_id":"{secrets.token_hex(8)}"}}'
+    if len(stamped) > limit and len(stamped.encode("utf-8")) > limit:
+        raise PayloadTooLarge(f"{envelope.kind} record is over the {limit}-byte limit")
+    return replace(envelope, body=stamped)
 
 
 class EffectJournal:
