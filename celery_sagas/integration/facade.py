@@ -52,6 +52,8 @@ logger = logging.getLogger("celery_sagas")
 _REQUIRED: Any = object()
 _REFUSED_OPTIONS = ("autoretry_for", "max_retries", "retry_backoff", "acks_late", "reject_on_worker_lost")
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
+_PICKLE = ("pickle", "application/x-python-serialize")
+_MAX_TIME_LIMIT_S = 366 * 24 * 3600  # as the duration settings: past it, "now + limit" means nothing
 # The Sagas created on each app, held weakly both ways (the CLI finds it through sagas_of).
 _BY_APP: weakref.WeakKeyDictionary[Celery, weakref.ref[Sagas]] = weakref.WeakKeyDictionary()
 
@@ -113,9 +115,14 @@ class Sagas:
         self.app = app
         self.settings = SagaSettings.load(app.conf, options)
         _refuse_pickle(app.conf.get("task_serializer"))
+        _refuse_pickle_accepted(app.conf.get("accept_content"))
         chosen = store if store is not None else self.settings.store
         if chosen is None:
             raise SagaConfigurationError("Sagas needs store= (a URL or a Store) or sagas_store")
+        if not isinstance(chosen, str) and not callable(getattr(chosen, "compare_and_set", None)):
+            raise SagaConfigurationError(
+                f"the saga store must be a URL or a Store object, got {type(chosen).__name__}"
+            )
         self._store_arg: str | Store = chosen
         self.registry = Registry()
         self.events = EventBus()
@@ -237,6 +244,7 @@ class Sagas:
         options = dict(options)
         options.setdefault("name", self.app.gen_task_name(fn.__name__, fn.__module__))
         options.setdefault("time_limit", self.settings.timing.default_time_limit_ms / 1000)
+        _check_time_limit(options["time_limit"])
         options["shared"] = False
         return options
 
@@ -400,8 +408,33 @@ def _checked_secrets(secrets: tuple[bytes | str, ...]) -> tuple[bytes | str, ...
     return secrets
 
 
+def _check_time_limit(seconds: object) -> None:
+    """A saga task needs a hard limit: past it (plus grace) a silent attempt is judged."""
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+            or not 0 < seconds <= _MAX_TIME_LIMIT_S):
+        raise SagaConfigurationError(
+            f"time_limit must be a positive number of seconds, at most {_MAX_TIME_LIMIT_S}, "
+            f"got {seconds!r}"
+        )
+
+
+def _is_pickle(serializer: object) -> bool:
+    return isinstance(serializer, str) and serializer.lower() in _PICKLE
+
+
+def _refuse_pickle_accepted(accepted: object) -> None:
+    """Workers that accept pickle run whatever anyone who can write to the broker sends."""
+    if isinstance(accepted, str):
+        accepted = (accepted,)
+    if isinstance(accepted, (list, tuple, set, frozenset)) and any(map(_is_pickle, accepted)):
+        raise SagaConfigurationError(
+            "celery_sagas refuses accept_content with pickle: anyone who can write to the "
+            "broker could run code in your workers. Use accept_content=['json']."
+        )
+
+
 def _refuse_pickle(serializer: object) -> None:
-    if isinstance(serializer, str) and serializer.lower() in ("pickle", "application/x-python-serialize"):
+    if _is_pickle(serializer):
         raise SagaConfigurationError(
             "celery_sagas refuses the pickle serializer: anyone who can write to the broker "
             "could run code in your workers. Use task_serializer='json'."

@@ -55,6 +55,13 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+def _queue(value: Any) -> str | None:
+    """``sagas_queue``: a queue name, or None (or "") for Celery's default queue."""
+    if value is not None and not isinstance(value, str):
+        raise SagaConfigurationError("sagas_queue must be a queue name (a str) or None")
+    return value or None
+
+
 def _registry(value: Any) -> Any:
     """``sagas_metrics``: a bool, or a prometheus_client registry (anything with ``register``)."""
     if value is None or isinstance(value, bool):
@@ -126,12 +133,12 @@ class SagaSettings:
             payload_limit=limit,
             key_prefix=values.identifier(raw["key_prefix"], field="sagas_key_prefix"),
             table_prefix=values.identifier(raw["table_prefix"], field="sagas_table_prefix"),
-            queue=raw["queue"],
+            queue=_queue(raw["queue"]),
             sweep_lease_ms=_seconds_ms("sweep_lease", raw["sweep_lease"]),
             sweep_page_size=page,
             approval_secrets=tuple(secrets),
             approval_ttl_ms=_seconds_ms("approval_ttl", raw["approval_ttl"]),
-            allow_non_durable=bool(raw["allow_non_durable"]),
+            allow_non_durable=_flag("allow_non_durable", raw["allow_non_durable"]),
             journal=_flag("journal", raw["journal"]),
             metrics=raw["metrics"] is not False and raw["metrics"] is not None,
             metrics_registry=_registry(raw["metrics"]),

@@ -1,0 +1,228 @@
+"""The Celery wiring of ``Sagas``: settings validation, the task options it enforces, beat.
+
+Each test builds a fresh Celery app (not the current one) with a MemoryStore; nothing connects
+to a broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_sagas import MemoryStore, SagaConfigurationError, Sagas
+from celery_sagas.integration.dispatcher import ADVANCE_TASK, SWEEP_TASK
+
+PICKLE = ["pickle", "PICKLE", "application/x-python-serialize"]
+
+
+def fresh_app(**conf: Any) -> Celery:
+    app = Celery("settings-test", set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+def make(app: Celery | None = None, **options: Any) -> Sagas:
+    options.setdefault("allow_non_durable", True)
+    return Sagas(app or fresh_app(), store=MemoryStore(), **options)
+
+
+def reserve(sku: str) -> dict[str, str]:
+    return {"sku": sku}
+
+
+def release(sku: str, *, result: Any = None) -> None:
+    return None
+
+
+# ------------------------------------------------------------ pickle
+
+
+@pytest.mark.parametrize("serializer", PICKLE)
+def test_an_app_whose_task_serializer_is_pickle_is_refused(serializer: str) -> None:
+    # given
+    app = fresh_app(task_serializer=serializer)
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match="pickle"):
+        make(app)
+
+
+@pytest.mark.parametrize("serializer", PICKLE)
+def test_an_app_whose_workers_accept_pickle_is_refused(serializer: str) -> None:
+    # given: JSON to send, but workers that would unpickle whatever the broker holds
+    app = fresh_app(task_serializer="json", accept_content=["json", serializer])
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match="accept_content"):
+        make(app)
+
+
+def test_a_json_only_app_is_accepted() -> None:
+    # given
+    app = fresh_app(task_serializer="json", accept_content=["json"])
+
+    # when / then
+    assert make(app).settings.queue is None
+
+
+@pytest.mark.parametrize("decorator", ["step", "compensator"])
+def test_a_saga_task_asking_for_pickle_is_refused(decorator: str) -> None:
+    # given
+    sagas = make()
+    options: dict[str, Any] = {"compensate": None} if decorator == "step" else {}
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match="pickle"):
+        getattr(sagas, decorator)(name="t.pickled", serializer="pickle", **options)(reserve)
+
+
+# ------------------------------------------------------------ task options
+
+
+def test_steps_and_compensators_ack_late_requeue_on_worker_loss_and_speak_json() -> None:
+    # given: an app whose defaults are the opposite
+    app = fresh_app(task_acks_late=False, task_reject_on_worker_lost=False)
+    sagas = make(app)
+
+    # when
+    sagas.compensator(name="t.release")(release)
+    sagas.step(compensate="t.release", name="t.reserve")(reserve)
+
+    # then
+    for name in ("t.reserve", "t.release"):
+        task = app.tasks[name]
+        assert (task.acks_late, task.reject_on_worker_lost, task.serializer) == (True, True, "json")
+        assert task.ignore_result is True
+
+
+def test_the_internal_tasks_ack_late_and_speak_json() -> None:
+    # given
+    app = fresh_app(task_acks_late=False)
+
+    # when
+    make(app)
+
+    # then
+    for name in (ADVANCE_TASK, SWEEP_TASK):
+        assert (app.tasks[name].acks_late, app.tasks[name].serializer) == (True, "json")
+
+
+@pytest.mark.parametrize("option", ["acks_late", "reject_on_worker_lost", "autoretry_for",
+                                    "max_retries", "retry_backoff"])
+def test_celery_retry_and_ack_options_are_refused_on_saga_tasks(option: str) -> None:
+    # given
+    sagas = make()
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match=option):
+        sagas.step(compensate=None, name="t.opt", **{option: False})(reserve)
+
+
+def test_a_step_without_a_time_limit_gets_the_default_one() -> None:
+    # given
+    app = fresh_app()
+    sagas = make(app, default_time_limit=42.0)
+
+    # when
+    sagas.step(compensate=None, name="t.default")(reserve)
+
+    # then
+    assert app.tasks["t.default"].time_limit == 42.0
+    assert sagas.registry.step("t.default").time_limit_ms == 42_000
+
+
+def test_a_step_time_limit_in_seconds_is_kept_in_milliseconds() -> None:
+    # given
+    app = fresh_app()
+    sagas = make(app)
+
+    # when
+    sagas.step(compensate=None, name="t.limited", time_limit=2.5)(reserve)
+
+    # then
+    assert app.tasks["t.limited"].time_limit == 2.5
+    assert sagas.registry.step("t.limited").time_limit_ms == 2_500
+
+
+@pytest.mark.parametrize("decorator", ["step", "compensator"])
+@pytest.mark.parametrize("limit", [None, "10", 0, -1, float("nan"), float("inf"), True])
+def test_a_time_limit_that_is_not_a_positive_number_of_seconds_is_refused(
+    decorator: str, limit: Any
+) -> None:
+    # given: a saga task needs a hard limit, or a silent attempt is never judged
+    app = fresh_app()
+    sagas = make(app)
+    options: dict[str, Any] = {"compensate": None} if decorator == "step" else {}
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match="time_limit"):
+        getattr(sagas, decorator)(name="t.bad-limit", time_limit=limit, **options)(reserve)
+    assert "t.bad-limit" not in app.tasks
+
+
+# ------------------------------------------------------------ beat
+
+
+def test_the_sweep_is_scheduled_once_every_sweep_interval_on_the_saga_queue() -> None:
+    # given
+    app = fresh_app()
+
+    # when: created twice on one app (a re-import), the entry is replaced, not doubled
+    make(app, sweep_interval=7.0, queue="sagas")
+    make(app, sweep_interval=9.0, queue="sagas")
+
+    # then
+    entries = [e for e in app.conf.beat_schedule.values() if e["task"] == SWEEP_TASK]
+    assert len(entries) == 1
+    assert entries[0]["schedule"] == 9.0
+    assert entries[0]["options"] == {"queue": "sagas"}
+
+
+# ------------------------------------------------------------ settings
+
+
+def test_app_conf_settings_are_read_and_keyword_arguments_win() -> None:
+    # given
+    app = fresh_app(sagas_sweep_interval=10.0, sagas_queue="from-conf", sagas_stale_after=60)
+
+    # when
+    sagas = make(app, queue="from-kwarg")
+
+    # then
+    assert sagas.settings.sweep_interval_s == 10.0
+    assert sagas.settings.timing.stale_ms == 60_000
+    assert sagas.settings.queue == "from-kwarg"
+
+
+def test_an_unknown_keyword_is_refused_by_name() -> None:
+    with pytest.raises(SagaConfigurationError, match="sweep_intervall"):
+        make(sweep_intervall=3)
+
+
+@pytest.mark.parametrize("value", ["false", "no", 0, 1, None])
+def test_allow_non_durable_must_be_a_bool(value: Any) -> None:
+    # given: a string from the environment must not quietly allow a store that keeps nothing
+    app = fresh_app(sagas_allow_non_durable=value)
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match="sagas_allow_non_durable"):
+        Sagas(app, store=MemoryStore(), journal=False)
+
+
+@pytest.mark.parametrize("value", [123, b"sagas", ["sagas"]])
+def test_the_queue_must_be_a_name(value: Any) -> None:
+    with pytest.raises(SagaConfigurationError, match="sagas_queue"):
+        make(queue=value)
+
+
+@pytest.mark.parametrize("store", [123, {"url": "redis://"}, object()])
+def test_a_store_that_is_neither_a_url_nor_a_store_is_refused_at_once(store: Any) -> None:
+    with pytest.raises(SagaConfigurationError, match="store"):
+        Sagas(fresh_app(), store=store, allow_non_durable=True)
+
+
+def test_a_missing_store_is_refused_at_once() -> None:
+    with pytest.raises(SagaConfigurationError, match="sagas_store"):
+        Sagas(fresh_app())
