@@ -1,6 +1,7 @@
 """The approval ledger: the storage side of human approvals (SPEC §2.3, §4).
 
-An approval moves ``pending -> approved | denied | expired`` and ``approved -> consumed``.
+An approval moves ``pending -> approved | denied | expired`` and ``approved -> consumed |
+expired`` (an approval whose token was not used in time expires too).
 Every move is a compare-and-set; a writer that loses the race reloads and judges again, so of
 any number of concurrent deciders exactly one decides, and of any number of concurrent
 consumers exactly one consumes while the others see ``ApprovalTokenReplay``.
@@ -260,13 +261,18 @@ def expire_due(store: Store, clock: Clock, *, limit: int = 100) -> list[Approval
 
 
 def expire(store: Store, clock: Clock, approval_id: str) -> ApprovalRecord | None:
-    """Mark one pending approval past its expiry as expired; None if it is not (or no longer)."""
+    """Mark one pending or approved (unused) approval past its expiry as expired; else None."""
     return _expire(store, values.approval_id(approval_id), now_ms(clock))
 
 
+_EXPIRABLE = (ApprovalState.PENDING, ApprovalState.APPROVED)
+
+
 def _expire(store: Store, approval_id: str, now: int) -> ApprovalRecord | None:
+    # Writing the expiry (rather than only judging it) makes a consume that judged the
+    # approval usable a moment earlier lose its compare-and-set: one of them wins, not both.
     def judge(record: ApprovalRecord | None) -> ApprovalRecord | None:
-        if record is None or record.state is not ApprovalState.PENDING:
+        if record is None or record.state not in _EXPIRABLE:
             return None
         if now < record.expires_at_ms:
             return None

@@ -107,7 +107,10 @@ class SagaApprovals:
             digest=binding.get("digest"),
         )
         record, changed = self._settle(saga_id, step.name, approval_id, _decision(consumed), None)
-        if not changed:
+        gate = record.step(step.name)
+        # Only one consume succeeds, so a gate already committed was passed for this one (a
+        # sweep repaired it first); any other closed gate was closed by someone else.
+        if not changed and (gate is None or gate.state is not StepState.COMMITTED):
             raise ApprovalTokenReplay(f"approval {approval_id!r} was already used",
                                       approval_id=approval_id)
         return record
@@ -121,20 +124,42 @@ class SagaApprovals:
             if record is None:
                 self._reopen(saga, step)
                 continue
-            outcome = self._outcome(record)
-            if outcome is not None:
+            if self._due(record):
+                record = self._expired(record.approval_id)
+            outcome = None if record is None else self._outcome(record)
+            if record is not None and outcome is not None:
                 saga, _ = self._settle(saga.saga_id, step.name, record.approval_id, *outcome,
                                        fence=fence)
         return saga
 
     def expire(self, record: ApprovalRecord, fence: Fence | None = None) -> None:
-        """Expire one pending approval past its expiry and fail its saga's gate."""
-        if record.saga_id and record.step:
-            self._settle(record.saga_id, record.step, record.approval_id, None,
-                         codes.APPROVAL_EXPIRED, fence=fence)
-        expire(self.gate.store, self.gate.clock, record.approval_id)
+        """Expire one approval past its expiry, then settle its saga's gate as it now stands.
+
+        ``record`` may be stale (read by a sweep): the gate follows the stored approval, so an
+        approval consumed in time meanwhile passes the gate instead of failing it.
+        """
+        current = self._expired(record.approval_id)
+        if current is None or not (current.saga_id and current.step):
+            return
+        outcome = self._outcome(current)
+        if outcome is not None:
+            self._settle(current.saga_id, current.step, current.approval_id, *outcome,
+                         fence=fence)
 
     # ------------------------------------------------------------ internals
+
+    def _due(self, record: ApprovalRecord) -> bool:
+        # An approved approval can be consumed, so its expiry is written before its gate fails
+        # (a consume that judged it usable a moment ago then loses). A pending one cannot; the
+        # approvals pass of the same sweep writes its expiry (and counts it).
+        approved = record.state is ApprovalState.APPROVED
+        return approved and self._engine().now() >= record.expires_at_ms
+
+    def _expired(self, approval_id: str) -> ApprovalRecord | None:
+        """Write the expiry of an unused approval past it (the approval first, the saga
+        second), then return the approval as stored."""
+        moved = expire(self.gate.store, self.gate.clock, approval_id)
+        return moved if moved is not None else self.gate.get(approval_id)
 
     def _outcome(self, record: ApprovalRecord) -> tuple[dict[str, Any] | None, str | None] | None:
         if record.state is ApprovalState.CONSUMED:

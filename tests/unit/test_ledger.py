@@ -12,6 +12,7 @@ from celery_sagas.approvals.ledger import (
     consume,
     create_approval,
     decide,
+    expire,
     expire_due,
     get_approval,
 )
@@ -354,6 +355,58 @@ def test_concurrent_consumers_exactly_one_consumes(store: MemoryStore, clock: Fr
 
 
 # ------------------------------------------------------------------ expiry sweep
+
+
+def test_expire_moves_an_unused_approved_approval_past_expiry_to_expired(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    create(store, clock)
+    approve(store, clock)
+    assert expire(store, clock, "a1") is None  # not yet
+    clock.advance(TTL)
+    expired = expire(store, clock, "a1")
+    assert expired is not None and expired.state is ApprovalState.EXPIRED
+    with pytest.raises(ApprovalTokenExpired):
+        use(store, clock)
+
+
+@pytest.mark.parametrize("final", ["denied", "consumed"])
+def test_expire_leaves_a_settled_approval_alone(
+    store: MemoryStore, clock: FrozenClock, final: str
+) -> None:
+    create(store, clock)
+    if final == "denied":
+        decide(store, clock, "a1", tenant_id="t1", decision="denied", decided_by="bob")
+    else:
+        approve(store, clock)
+        use(store, clock)
+    before = raw(store)
+    clock.advance(TTL)
+    assert expire(store, clock, "a1") is None
+    assert raw(store) == before
+
+
+def test_a_consume_and_an_expiry_racing_on_one_version_one_wins(store: MemoryStore) -> None:
+    # given: the consumer's clock is still before the expiry, the sweeper's is past it
+    early, late = FrozenClock(T0), FrozenClock(T0 + TTL)
+    create(store, early)
+    approve(store, early)
+    racing = ReadTogether(store, 2)
+
+    # when
+    results = race(
+        lambda i: use(racing, early) if i == 0 else expire(racing, late, "a1"), 2
+    )
+
+    # then: exactly one of them changed the approval
+    consumed, expired = results
+    stored = get_approval(store, "a1")
+    assert stored is not None
+    if isinstance(consumed, ApprovalRecord):
+        assert expired is None and stored.state is ApprovalState.CONSUMED
+    else:
+        assert isinstance(consumed, ApprovalTokenExpired), results
+        assert stored.state is ApprovalState.EXPIRED
 
 
 def test_expire_due_expires_only_pending_approvals_past_expiry(
