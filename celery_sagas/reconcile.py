@@ -28,14 +28,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .engine import Engine
-from .errors import FencedWriteRefused, LeaseLost, SagaError, SagaValidationError
+from .errors import (
+    FencedWriteRefused,
+    InvalidRecordError,
+    LeaseLost,
+    SagaError,
+    SagaValidationError,
+)
 from .leases import Leases
 from .protocol.findings import Finding, FindingKind, effect_finding, saga_finding
 from .records import EffectRecord, EffectState, SagaRecord, SagaState
 from .reports import corrupt_finding, count_sagas, finding_event, window_of
 from .scans import CorruptRecord, RecordPage, scan_effects, scan_sagas
-from .stores.base import Envelope, Fence, Lease
-from .wakeups import DUE, WAKEUP, fired, wakeup_from_envelope
+from .stores.base import Fence, Lease
+from .wakeups import DUE, WAKEUP, Wakeup, fired, wakeup_from_envelope
 
 __all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "sweep"]
 
@@ -73,6 +79,7 @@ class Pass:
 def _saga_pass(engine: Engine, state: SagaState, stale_ms: int | None, act: bool) -> Pass:
     now = engine.now()
     before = None if stale_ms is None else now - stale_ms
+    stale_before = now - engine.settings.timing.stale_ms
 
     def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
         page = scan_sagas(engine.store, [state], updated_before_ms=before, cursor=cursor, limit=limit)
@@ -85,11 +92,26 @@ def _saga_pass(engine: Engine, state: SagaState, stale_ms: int | None, act: bool
         after = engine.advance(record.saga_id, record, fence) if act else record
         if after.version != record.version:
             report.acted += 1
-        finding = saga_finding(after, now - engine.settings.timing.stale_ms)
+        if _reported_elsewhere(state, record, after, stale_before):
+            return
+        finding = saga_finding(after, stale_before)
         if finding is not None and finding.kind is not FindingKind.STALE:
             report.findings.append(finding)
 
     return Pass(f"sagas:{state}", fetch, handle)
+
+
+def _reported_elsewhere(state: SagaState, record: SagaRecord, after: SagaRecord,
+                        stale_before: int) -> bool:
+    """Whether this pass must leave a saga's finding out: once per sweep, operators only.
+
+    A saga this pass sent to manual review is reported by the manual-review pass that follows;
+    a saga updated since ``stale_before`` (a compensation just dispatched) is work in flight,
+    as in ``reports.page_findings``.
+    """
+    if state is SagaState.MANUAL_REVIEW:
+        return False
+    return after.state is SagaState.MANUAL_REVIEW or record.updated_at_ms >= stale_before
 
 
 def _wakeup_pass(engine: Engine) -> Pass:
@@ -99,11 +121,21 @@ def _wakeup_pass(engine: Engine) -> Pass:
     def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
         page = engine.store.scan(WAKEUP, [DUE], updated_before_ms=now + 1, cursor=cursor,
                                  limit=limit)
-        return RecordPage(tuple(page.items), (), page.cursor)
+        wakeups: list[Wakeup] = []
+        corrupt: list[CorruptRecord] = []
+        for envelope in page.items:
+            # A corrupt wake-up stays due: reported like any corrupt record, never acted on.
+            try:
+                if envelope.kind != WAKEUP or envelope.state != DUE:
+                    raise InvalidRecordError(kind=WAKEUP, record_id=envelope.id)
+                wakeups.append(wakeup_from_envelope(envelope))
+            except InvalidRecordError:
+                corrupt.append(CorruptRecord(WAKEUP, envelope.id, "failed read validation"))
+        return RecordPage(tuple(wakeups), tuple(corrupt), page.cursor)
 
     def handle(record: object, fence: Fence, report: SweepReport) -> None:
-        assert isinstance(record, Envelope)
-        wakeup = wakeup_from_envelope(record)
+        assert isinstance(record, Wakeup)
+        wakeup = record
         saga = engine.get(wakeup.saga_id)
         if saga is not None:
             after = engine.advance(saga.saga_id, saga, fence)
@@ -179,9 +211,11 @@ def sweep(
     report.acquired, report.fence = True, lease.fence
     # Start and end lines bracket the time the lease is held: their fences prove who swept when.
     logger.info("sweep start fence=%d owner=%s", lease.fence, owner, extra={"fence": lease.fence})
-    passes = default_passes(engine) + list(extra_passes or [])
     try:
+        passes = default_passes(engine) + list(extra_passes or [])
         _walk(engine, leases, lease, passes, lease_ms, page_size, report, on_page)
+        if count_cap:
+            report.states = count_sagas(engine.store, cap=count_cap)
     except (LeaseLost, FencedWriteRefused) as exc:
         report.lease_lost = True
         logger.warning("sweep stopped fence=%d: %s", lease.fence, exc, extra={"fence": lease.fence})
@@ -195,8 +229,6 @@ def sweep(
         raise
     finally:
         _report_findings(engine, report)
-    if count_cap:
-        report.states = count_sagas(engine.store, cap=count_cap)
     logger.info(
         "sweep end fence=%d examined=%d acted=%d pages=%d",
         lease.fence, report.examined, report.acted, report.pages, extra={"fence": lease.fence},
@@ -210,18 +242,22 @@ def _walk(
     page_size: int, report: SweepReport, on_page: Callable[[Lease, SweepReport], None] | None,
 ) -> None:
     index, cursor = _position(lease.cursor, passes)
+    # Only the cursor read from the checkpoint may be one this version cannot read; a cursor
+    # the store just returned that it then refuses is a bug, and restarting would loop forever.
+    from_checkpoint = cursor is not None
     while index < len(passes):
         current = passes[index]
         try:
             page = current.fetch(cursor, page_size)
         except SagaValidationError:
-            if cursor is None:
+            if not from_checkpoint:
                 raise
             # A checkpoint this version cannot read (other bucket count, other pass order) would
             # fail every sweep from now on: walk this pass again from the top instead.
             logger.warning("sweep %s: unreadable checkpoint, restarting the pass", current.name)
-            cursor = None
+            cursor, from_checkpoint = None, False
             continue
+        from_checkpoint = False
         report.pages += 1
         report.corrupt.extend(page.corrupt)
         for record in page.records:

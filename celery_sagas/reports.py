@@ -50,6 +50,7 @@ __all__ = [
 OPEN_SAGA_STATES = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 REPORTS = ("all", "sagas", "effects")
 _CURSOR_VERSION = 1
+_MAX_CURSOR_LENGTH = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +138,13 @@ def _encode(report: str, index: int, inner: str | None, window: Window) -> str:
 
 
 def _decode(cursor: object) -> tuple[str, int, str | None, Window]:
-    if not isinstance(cursor, str):
+    # A cursor comes back from callers (CLI, web): bounded, and any garbage is malformed.
+    if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR_LENGTH:
         raise SagaValidationError("malformed findings cursor")
     try:
         fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         version, report, index, inner, stale, in_flight = fields
-    except (ValueError, TypeError, UnicodeError, binascii.Error):
+    except (ValueError, TypeError, UnicodeError, binascii.Error, RecursionError):
         raise SagaValidationError("malformed findings cursor") from None
     numbers_ok = all(type(n) is int and n >= 0 for n in (index, stale, in_flight))
     if (version != _CURSOR_VERSION or report not in REPORTS or not numbers_ok

@@ -15,7 +15,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from .errors import InvalidRecordError
+from . import values
+from .errors import InvalidRecordError, SagaValidationError
 from .stores.base import Envelope, Fence, Store
 
 __all__ = ["WAKEUP", "Wakeup", "fired", "schedule", "wakeup_from_envelope"]
@@ -51,13 +52,19 @@ def schedule(store: Store, saga_id: str, reason: str, due_at_ms: int, now_ms: in
 def wakeup_from_envelope(envelope: Envelope) -> Wakeup:
     """Decode a wake-up; anything off is an invalid record."""
     fail = InvalidRecordError(kind=WAKEUP, record_id=envelope.id)
+    if type(envelope.version) is not int or envelope.version < 1:
+        raise fail
     try:
         body = json.loads(envelope.body)
         saga_id, created = body["saga_id"], body["created_at_ms"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise fail from exc
     if not isinstance(saga_id, str) or type(created) is not int:
         raise fail
+    try:
+        values.saga_id(saga_id)
+    except SagaValidationError:
+        raise fail from None
     return Wakeup(envelope.id, saga_id, envelope.updated_at_ms, created, envelope.version)
 
 
