@@ -119,7 +119,8 @@ def token_hash(token: str) -> str:
     """The SHA-256 hex digest of a token: the only form of it that is ever stored."""
     if not isinstance(token, str):
         raise SagaValidationError("approval token must be a str")
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+    # str.encode, not token.encode: a subclass must not choose the bytes (as in ``_split``).
+    return hashlib.sha256(str.encode(token, "utf-8", "surrogatepass")).hexdigest()
 
 
 def _derive_keys(secrets: Sequence[bytes | str]) -> tuple[bytes, ...]:

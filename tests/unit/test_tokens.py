@@ -291,6 +291,18 @@ def test_str_subclass_is_read_as_plain_text() -> None:
         SIGNER.verify(Sneaky("A" * 3000), now_ms=NOW)
 
 
+class Impostor(str):
+    """A str subclass whose bytes claim to be another token's."""
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        return b"v1.another.token"
+
+
+def test_token_hash_hashes_the_text_that_verify_read() -> None:
+    token = mint()
+    assert token_hash(Impostor(token)) == token_hash(token)
+
+
 # Correctly signed, so only the strict claims parser stands between them and acceptance.
 @pytest.mark.parametrize(
     "claims_json",
