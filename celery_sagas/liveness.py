@@ -3,7 +3,8 @@
 A claim records ``host:pid`` of the process that started the body. On the same host a dead
 pid proves the attempt vanished (a killed pool child), so a redelivery can settle it at once
 instead of waiting for the time limit; across hosts nothing is known and the time limit plus
-grace decides.
+grace decides. "Host" includes the pid namespace (Linux): containers sharing a hostname (host
+networking) each see only their own pids, so they never judge each other's claims.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from .records import StepRecord, StepState
 
 __all__ = ["ActiveEffects", "claim_tag", "claimer_id", "dead_effects"]
 
-_HOST = socket.gethostname().replace(" ", "_")[:200] or "host"
+
+def _pid_namespace() -> str:
+    """``~<inode>`` of this process's pid namespace, or nothing where there is none to read."""
+    try:
+        return f"~{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+_HOST = (socket.gethostname().replace(" ", "_")[:200] or "host") + _pid_namespace()
 
 
 def claimer_id() -> str:

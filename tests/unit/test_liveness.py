@@ -1,0 +1,75 @@
+"""Who claimed an effect, and when that claimer is known to be gone: only a process this one
+can see (same host, same pid namespace) is ever judged by its pid."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from celery_sagas.liveness import ActiveEffects, claim_tag, claimer_id, dead_effects
+from celery_sagas.records import StepRecord, StepState
+
+
+def _no_pid(start: int = 4_000_000) -> int:
+    """A pid no process of this namespace has."""
+    pid = start
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 1
+
+
+def _claimed(claimer: str) -> StepRecord:
+    return StepRecord("charge", "shop.charge", "fx-1", "cx-1", StepState.EXECUTING, attempts=1,
+                      started_at_ms=1, claimed_by=claimer)
+
+
+def _other_namespace_claimer() -> str:
+    """The claimer id of a process in a fresh pid namespace of this host (host networking)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not available")
+    code = "from celery_sagas.liveness import claimer_id; print(claimer_id())"
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    if done.returncode != 0:
+        pytest.skip(f"cannot create a pid namespace here: {done.stderr.strip()[-200:]}")
+    return done.stdout.strip()
+
+
+def test_a_claim_by_a_dead_pid_of_this_host_is_gone() -> None:
+    host = claimer_id().rpartition(":")[0]
+    step = _claimed(f"{host}:{_no_pid()}/abcd")
+    assert dead_effects([step], ActiveEffects()) == {"fx-1"}
+
+
+def test_a_claim_of_this_process_is_gone_only_once_its_delivery_ended() -> None:
+    active, tag = ActiveEffects(), claim_tag()
+    with active.running(tag):
+        assert dead_effects([_claimed(tag)], active) == frozenset()
+    assert dead_effects([_claimed(tag)], active) == {"fx-1"}
+
+
+def test_a_claim_of_another_host_is_never_judged() -> None:
+    assert dead_effects([_claimed(f"elsewhere:{_no_pid()}/abcd")], ActiveEffects()) == frozenset()
+
+
+def test_a_process_in_another_pid_namespace_of_this_host_has_another_claimer_id() -> None:
+    # given: a worker in another container sharing this hostname (host networking)
+    other = _other_namespace_claimer()
+
+    # then: its pids are not ours to look up, so its claims are never judged by them
+    assert other.rpartition(":")[0] != claimer_id().rpartition(":")[0]
+    pid = int(other.rpartition(":")[2])
+    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{pid}/abcd")],
+                        ActiveEffects()) == frozenset()
+    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{_no_pid()}/abcd")],
+                        ActiveEffects()) == frozenset()
