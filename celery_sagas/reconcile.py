@@ -87,9 +87,10 @@ def _saga_pass(engine: Engine, state: SagaState, stale_ms: int | None, act: bool
 
     def handle(record: object, fence: Fence, report: SweepReport) -> None:
         assert isinstance(record, SagaRecord)
+        current = record
         if act and engine.reconcile_gates is not None and record.state is SagaState.RUNNING:
-            record = engine.reconcile_gates(record, fence)
-        after = engine.advance(record.saga_id, record, fence) if act else record
+            current = engine.reconcile_gates(record, fence)
+        after = engine.advance(record.saga_id, current, fence) if act else record
         if after.version != record.version:
             report.acted += 1
         if _reported_elsewhere(state, record, after, stale_before):
