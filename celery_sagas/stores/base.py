@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ..errors import SagaValidationError
-from ..values import identifier, timestamp_ms, token
+from ..values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
 
 __all__ = [
     "MAX_SCAN_LIMIT",
@@ -35,10 +35,14 @@ __all__ = [
     "Lease",
     "Page",
     "Store",
+    "check_cursor",
     "check_envelope",
+    "check_expected_version",
+    "check_fence",
     "check_key",
     "check_kind",
     "check_lease_args",
+    "check_lease_times",
     "check_scan_args",
 ]
 
@@ -173,6 +177,25 @@ def check_envelope(envelope: Envelope) -> None:
         raise SagaValidationError(f"version must be positive, got {envelope.version}")
     if not isinstance(envelope.body, str):
         raise SagaValidationError("body must be JSON text")
+    if not envelope.body.isascii():
+        # A lone surrogate cannot be stored as UTF-8: refuse it here, not as a driver error.
+        try:
+            envelope.body.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SagaValidationError("body must be valid UTF-8 text") from None
+
+
+def check_expected_version(envelope: Envelope, expected_version: int) -> None:
+    """Refuse a compare-and-set whose new version is not ``expected_version + 1``."""
+    if type(expected_version) is not int or envelope.version != expected_version + 1:
+        raise SagaValidationError("the new version must be expected_version + 1")
+
+
+def check_fence(fence: Fence) -> None:
+    """Refuse a fence whose lease name is not a token or whose number is not a safe int."""
+    token(fence.lease, field="lease name", max_len=128)
+    if type(fence.number) is not int or not 0 <= fence.number <= MAX_SAFE_INTEGER:
+        raise SagaValidationError(f"fence number must be a non-negative int: {fence.number!r}")
 
 
 def check_scan_args(kind: str, states: Sequence[str], limit: int, updated_before_ms: int | None) -> None:
@@ -193,3 +216,16 @@ def check_lease_args(name: str, owner: str, lease_token: str) -> None:
     token(name, field="lease name", max_len=128)
     token(owner, field="lease owner", max_len=255)
     token(lease_token, field="lease token", max_len=128)
+
+
+def check_lease_times(now_ms: int, lease_ms: int) -> int:
+    """Refuse a bad clock reading or lease duration; return the expiry ``now_ms + lease_ms``."""
+    timestamp_ms(now_ms, field="now_ms")
+    duration_ms(lease_ms, field="lease_ms")
+    return timestamp_ms(now_ms + lease_ms, field="lease expiry")
+
+
+def check_cursor(cursor: str | None) -> None:
+    """Refuse a lease cursor that is neither a string nor None."""
+    if cursor is not None and not isinstance(cursor, str):
+        raise SagaValidationError("lease cursor must be a str or None")

@@ -8,15 +8,20 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..errors import FencedWriteRefused, SagaValidationError
+from ..errors import FencedWriteRefused
+from ..values import timestamp_ms
 from .base import (
     Envelope,
     Fence,
     Lease,
     Page,
+    check_cursor,
     check_envelope,
+    check_expected_version,
+    check_fence,
     check_key,
     check_lease_args,
+    check_lease_times,
     check_scan_args,
 )
 from .cursor import decode_cursor, encode_cursor
@@ -61,8 +66,9 @@ class MemoryStore:
     ) -> bool:
         """Replace the record if its stored version is ``expected_version``."""
         check_envelope(envelope)
-        if envelope.version != expected_version + 1:
-            raise SagaValidationError("the new version must be expected_version + 1")
+        check_expected_version(envelope, expected_version)
+        if fence is not None:
+            check_fence(fence)
         with self._lock:
             if fence is not None and self._fences.get(fence.lease, 0) > fence.number:
                 raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
@@ -86,6 +92,7 @@ class MemoryStore:
     ) -> Page:
         """Walk the (kind, state) indexes in the order given, oldest first."""
         check_scan_args(kind, states, limit, updated_before_ms)
+        states = list(dict.fromkeys(states))  # a state named twice is walked once
         start_state, after, _ = decode_cursor(cursor, states)
         items: list[Envelope] = []
         last: _Position = (0, "")
@@ -111,28 +118,34 @@ class MemoryStore:
     ) -> Lease | None:
         """Grant the lease unless an unexpired one exists."""
         check_lease_args(name, owner, token)
+        expires_at_ms = check_lease_times(now_ms, lease_ms)
         with self._lock:
             held = self._leases.get(name)
             if held is not None and held.expires_at_ms > now_ms:
                 return None
             fence = self._fences.get(name, 0) + 1
             self._fences[name] = fence
-            lease = Lease(name, owner, token, now_ms + lease_ms, fence, self._cursors.get(name))
+            lease = Lease(name, owner, token, expires_at_ms, fence, self._cursors.get(name))
             self._leases[name] = lease
             return lease
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
         """Extend an unexpired lease held with this owner and token."""
+        check_lease_args(lease.name, lease.owner, lease.token)
+        expires_at_ms = check_lease_times(now_ms, lease_ms)
         with self._lock:
             held = self._held(lease, now_ms)
             if held is None:
                 return None
-            renewed = replace(held, expires_at_ms=now_ms + lease_ms)
+            renewed = replace(held, expires_at_ms=expires_at_ms)
             self._leases[lease.name] = renewed
             return renewed
 
     def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
         """Save the cursor of an unexpired lease held with this owner and token."""
+        check_lease_args(lease.name, lease.owner, lease.token)
+        check_cursor(cursor)
+        timestamp_ms(now_ms, field="now_ms")
         with self._lock:
             held = self._held(lease, now_ms)
             if held is None:
@@ -143,6 +156,7 @@ class MemoryStore:
 
     def release_lease(self, lease: Lease) -> bool:
         """Free the lease if held with this owner and token; the cursor stays."""
+        check_lease_args(lease.name, lease.owner, lease.token)
         with self._lock:
             held = self._leases.get(lease.name)
             if held is None or not _same_holder(held, lease):

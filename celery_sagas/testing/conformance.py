@@ -295,6 +295,7 @@ class StoreConformance:
             {"state": "has space"},
             {"state": ""},
             {"body": b"{}"},
+            {"body": '{"lone":"\ud800"}'},
         ],
         ids=str,
     )
@@ -313,6 +314,17 @@ class StoreConformance:
     def test_bad_scan_states_raise(self, states: Any) -> None:
         with pytest.raises(SagaValidationError):
             self._store().scan("saga", states)
+
+    def test_bad_cas_arguments_are_refused(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        second = _next(first, updated_at_ms=T0 + 1)
+        for expected in (True, 1.0):
+            with pytest.raises(SagaValidationError):
+                self._store().compare_and_set(second, expected)  # type: ignore[arg-type]
+        for fence in (Fence("bad name", 1), Fence(_fresh("lease"), -1), Fence(_fresh("lease"), 2**53)):
+            with pytest.raises(SagaValidationError):
+                self._store().compare_and_set(second, 1, fence=fence)
+        assert self._store().get("saga", first.id) == first
 
     @pytest.mark.parametrize("cursor", ["!!!", "not-a-cursor", "e30"], ids=repr)
     def test_a_malformed_cursor_raises(self, cursor: str) -> None:
@@ -409,6 +421,15 @@ class StoreConformance:
         for limit in (1, 2, 1000):
             seen = _page_ids(self._store(), "saga", [state], limit, updated_before_ms=T0 + 5)
             assert sorted(seen) == sorted(old)
+
+    def test_a_state_named_twice_is_scanned_once(self) -> None:
+        state, other = _fresh("st"), _fresh("other")
+        expected = set()
+        for i, in_state in enumerate([state, other] * 3):
+            expected.add(self._created(_envelope(_fresh("r"), in_state, T0 + i)).id)
+        for limit in (1, 2, 1000):
+            seen = _page_ids(self._store(), "saga", [state, other, state, other], limit)
+            assert sorted(seen) == sorted(expected)
 
     def test_scanned_envelopes_equal_what_get_returns(self) -> None:
         state = _fresh("st")
@@ -592,6 +613,42 @@ class StoreConformance:
     def test_bad_lease_arguments_are_refused(self, args: tuple[str, str, str]) -> None:
         with pytest.raises(SagaValidationError):
             self._store().acquire_lease(*args, T0, 1000)
+
+    @pytest.mark.parametrize(
+        ("now_ms", "lease_ms"),
+        [(T0, 0), (T0, -1), (T0, 1.5), (T0, True), (-1, 1000), (2**53, 1000)],
+        ids=repr,
+    )
+    def test_bad_lease_times_are_refused(self, now_ms: Any, lease_ms: Any) -> None:
+        name = _fresh("lease")
+        with pytest.raises(SagaValidationError):
+            self._store().acquire_lease(name, "alice", "tok", now_ms, lease_ms)
+        lease = self._granted(name, "alice", T0)
+        with pytest.raises(SagaValidationError):
+            self._store().renew_lease(lease, now_ms, lease_ms)
+        assert self._acquire(name, "bob", T0 + 999) is None
+
+    @pytest.mark.parametrize(
+        "changes", [{"name": "bad name"}, {"owner": "bad owner"}, {"token": "t\nk"}], ids=repr
+    )
+    def test_bad_lease_fields_are_refused_by_every_lease_call(self, changes: dict[str, Any]) -> None:
+        lease = self._granted(_fresh("lease"), "alice", T0)
+        bad = replace(lease, **changes)
+        with pytest.raises(SagaValidationError):
+            self._store().renew_lease(bad, T0 + 1, 1000)
+        with pytest.raises(SagaValidationError):
+            self._store().checkpoint_lease(bad, "c", T0 + 1)
+        with pytest.raises(SagaValidationError):
+            self._store().release_lease(bad)
+
+    def test_a_bad_checkpoint_is_refused(self) -> None:
+        lease = self._granted(_fresh("lease"), "alice", T0)
+        with pytest.raises(SagaValidationError):
+            self._store().checkpoint_lease(lease, 5, T0 + 1)  # type: ignore[arg-type]
+        with pytest.raises(SagaValidationError):
+            self._store().checkpoint_lease(lease, "c", -1)
+        assert self._store().release_lease(lease) is True
+        assert self._granted(lease.name, "bob", T0 + 2).cursor is None
 
     # ------------------------------------------------------------ approvals over the store
 

@@ -48,13 +48,14 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
-from ...values import duration_ms, identifier, timestamp_ms, token
+from ...values import duration_ms, identifier, timestamp_ms
 from ..base import (
     Envelope,
     Fence,
     Lease,
     Page,
     check_envelope,
+    check_fence,
     check_key,
     check_lease_args,
     check_scan_args,
@@ -68,7 +69,7 @@ from .dialects import (
     prepare_engine,
     update_returning,
 )
-from .schema import LEASE_NAME_LEN, Tables, build_tables
+from .schema import Tables, build_tables
 
 __all__ = ["SqlStore"]
 
@@ -188,7 +189,7 @@ class SqlStore:
         if type(expected_version) is not int or envelope.version != expected_version + 1:
             raise SagaValidationError("the new version must be expected_version + 1")
         if fence is not None:
-            _check_fence(fence)
+            check_fence(fence)
         params: dict[str, Any] = {
             "p_kind": envelope.kind,
             "p_id": envelope.id,
@@ -243,6 +244,7 @@ class SqlStore:
         """One index-backed query: up to ``limit`` records of ``kind`` in ``states`` (walked in
         the order given, oldest first), keyset-paged after the opaque ``cursor``."""
         check_scan_args(kind, states, limit, updated_before_ms)
+        states = list(dict.fromkeys(states))  # a state named twice is walked once
         start, after, _ = decode_cursor(cursor, states)
         stmt = self._scan_statement(kind, states[start:], after, updated_before_ms, limit + 1)
         with self._driver_errors("scan"), self._engine.begin() as conn:
@@ -465,12 +467,6 @@ def _envelope(kind: str, row: Row[Any]) -> Envelope:
     ):
         raise InvalidRecordError(kind=kind, record_id=str(record_id))
     return Envelope(kind, record_id, version, state, updated_at_ms, body)
-
-
-def _check_fence(fence: Fence) -> None:
-    token(fence.lease, field="fence lease", max_len=LEASE_NAME_LEN)
-    if type(fence.number) is not int or fence.number < 0:
-        raise SagaValidationError(f"fence number must be a non-negative int: {fence.number!r}")
 
 
 def _expiry(now_ms: int, lease_ms: int) -> int:
