@@ -195,8 +195,8 @@ class RedisStore:
                 found = self._index_range(key, resume, updated_before_ms, limit + 1 - len(positions))
                 positions.extend((index, bucket, score, member) for score, member in found)
                 if len(positions) > limit:
-                    return self._page(kind, wanted, positions[:limit], positions[limit])
-        return self._page(kind, wanted, positions, None)
+                    return self._page(kind, wanted, positions[:limit], positions[limit], updated_before_ms)
+        return self._page(kind, wanted, positions, None, updated_before_ms)
 
     # ------------------------------------------------------------------ leases
 
@@ -310,41 +310,70 @@ class RedisStore:
     def _index_range(
         self, key: str, start: tuple[int, str] | None, before_ms: int | None, want: int
     ) -> list[tuple[int, str]]:
-        """Up to ``want`` (updated_at_ms, id) of one index, from ``start`` on (inclusive)."""
-        low: int | str = start[0] if start else "-inf"
+        """Up to ``want`` (updated_at_ms, id) of one index, from ``start`` on (inclusive).
+
+        Ties at the start's score sort by member, and the ones before ``start`` are read and
+        dropped; when they fill a reply, reading goes on by offset. Each further read begins
+        with the last row of the one before: if that row is not where it was, a concurrent
+        write shifted the offsets, and reading starts again just after that row, so a shift
+        can repeat a row already dropped but never skip one.
+        """
         high = f"({before_ms}" if before_ms is not None else "+inf"
+        low: int | str = start[0] if start else "-inf"
+        after: tuple[int, str] | None = None  # rows up to it were read already
         found: list[tuple[int, str]] = []
         offset = 0
+        last: tuple[int, str] | None = None  # the row the next read must begin with
         while len(found) < want:
-            count = want - len(found)
+            count = want - len(found) + (last is not None)
             with self._driver("scan"):
                 rows: Any = self._client.zrange(
                     key, low, high, byscore=True, offset=offset, num=count, withscores=True
                 )
-            for member, score in rows:
-                position = (int(score), _text(member))
-                # Ties at the cursor's score sort by member; skip the ones before it.
-                if start is None or position >= start:
+            read = [(int(score), _text(member)) for member, score in rows]
+            if last is not None:
+                if not read or read[0] != last:
+                    after = last if after is None else max(after, last)
+                    low, offset, last = after[0], 0, None
+                    continue
+                read = read[1:]
+            for position in read:
+                if (start is None or position >= start) and (after is None or position > after):
                     found.append(position)
             if len(rows) < count:
                 break
-            offset += len(rows)
+            offset += len(rows) - 1
+            last = read[-1]  # a full reply holds at least one row past the one repeated
         return found
 
     def _page(
-        self, kind: str, states: list[str], positions: list[_Position], following: _Position | None
+        self,
+        kind: str,
+        states: list[str],
+        positions: list[_Position],
+        following: _Position | None,
+        before_ms: int | None,
     ) -> Page:
         """Fetch the records of ``positions`` in one pipeline; the cursor names ``following``.
 
         The cursor is the first position of the next page (inclusive), not the last one
         returned, so the next page does not walk again the empty buckets between them.
+        A record written again since its index entry was read is returned at once if it still
+        matches and its new position is one this scan has passed (it would never be met
+        again), and left to its new position otherwise.
         """
         fetched = self._fetch(kind, [position[3] for position in positions])
         items: list[Envelope] = []
-        for (index, _, score, member), fields in zip(positions, fetched, strict=True):
+        returned: set[str] = set()
+        for (index, bucket, score, member), fields in zip(positions, fetched, strict=True):
             envelope = _scanned(kind, states[index], score, member, fields)
-            if envelope is not None:
+            if envelope.id in returned:
+                continue  # moved between two indexes this page read: returned once
+            if (envelope.state, envelope.updated_at_ms) == (states[index], score) or _passed(
+                envelope, bucket, states, before_ms, following
+            ):
                 items.append(envelope)
+                returned.add(envelope.id)
         cursor = None
         if following is not None:
             index, bucket, score, member = following
@@ -475,8 +504,18 @@ def _parse_record(kind: str, record_id: str, fields: Mapping[Any, Any]) -> Envel
     return Envelope(kind, record_id, version, state, updated, text["body"])
 
 
-def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) -> Envelope | None:
-    """The envelope a scan returns for one index entry, None when it no longer matches."""
+def _passed(
+    envelope: Envelope, bucket: int, states: list[str], before_ms: int | None, following: _Position | None
+) -> bool:
+    """True if ``envelope`` still matches the scan at a position before ``following``."""
+    if envelope.state not in states or (before_ms is not None and envelope.updated_at_ms >= before_ms):
+        return False
+    position = (states.index(envelope.state), bucket, envelope.updated_at_ms, envelope.id)
+    return following is None or position < following
+
+
+def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) -> Envelope:
+    """The envelope of one index entry as fetched: a placeholder if it is corrupt."""
     placeholder = Envelope(kind, record_id, 0, state, score, "")
     if isinstance(fields, ResponseError) and _wrong_type(fields):
         return placeholder
@@ -485,10 +524,6 @@ def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) 
     if isinstance(fields, SagaValidationError) or not isinstance(fields, Mapping) or not fields:
         return placeholder
     try:
-        envelope = _parse_record(kind, record_id, fields)
+        return _parse_record(kind, record_id, fields)
     except InvalidRecordError:
         return placeholder
-    # Written again since the index was read: it is (or was) seen at its new position.
-    if envelope.state != state or envelope.updated_at_ms != score:
-        return None
-    return envelope
