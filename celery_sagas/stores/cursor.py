@@ -11,6 +11,9 @@ from ..errors import SagaValidationError
 
 __all__ = ["decode_cursor", "encode_cursor"]
 
+# A real cursor is a few dozen characters; anything far longer is not one of ours.
+_MAX_CURSOR = 4096
+
 
 def encode_cursor(states: Sequence[str], state: str, position: tuple[int, str], *extra: int) -> str:
     """Encode the last position returned (and any store-specific numbers) as an opaque string."""
@@ -24,10 +27,12 @@ def decode_cursor(
     """Decode a cursor into (state index, last position, extras); None starts at the top."""
     if cursor is None:
         return 0, None, (0,) * extras
+    if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR:
+        raise SagaValidationError("malformed scan cursor")
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         fields = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-    except (ValueError, UnicodeError, binascii.Error) as exc:
+    except (ValueError, UnicodeError, binascii.Error, RecursionError) as exc:
         raise SagaValidationError("malformed scan cursor") from exc
     if (
         not isinstance(fields, list)

@@ -31,6 +31,7 @@ with ``THREADS`` real threads released together by a ``threading.Barrier``.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 import time
@@ -326,7 +327,11 @@ class StoreConformance:
                 self._store().compare_and_set(second, 1, fence=fence)
         assert self._store().get("saga", first.id) == first
 
-    @pytest.mark.parametrize("cursor", ["!!!", "not-a-cursor", "e30"], ids=repr)
+    @pytest.mark.parametrize("cursor", [
+        "!!!", "not-a-cursor", "e30",
+        base64.urlsafe_b64encode(b"[" * 2500).decode(),  # nested past the JSON parser's depth
+        "A" * 100_000,
+    ], ids=lambda c: repr(c[:12]))
     def test_a_malformed_cursor_raises(self, cursor: str) -> None:
         self._created(_envelope(_fresh("r"), "running", T0))
         with pytest.raises(SagaValidationError):
