@@ -38,6 +38,10 @@ def _parse_ref(ref: Any) -> tuple[str, str]:
     return ref["id"], ref["step"]
 
 
+# What a saga task relies on; Celery applies task_annotations after the class is made.
+_GUARDED: dict[str, object] = {"acks_late": True, "reject_on_worker_lost": True, "serializer": "json"}
+
+
 class _SagaTaskBase(Task):  # type: ignore[misc]
     """Shared settings: late ack, requeue on worker loss, JSON only, no result stored."""
 
@@ -50,6 +54,17 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
     # argument check would refuse it.
     typing = False
     sagas: ClassVar[Sagas | None] = None
+
+    @classmethod
+    def annotate(cls) -> None:
+        """Apply the app's ``task_annotations``, refusing any that would weaken a saga task."""
+        super().annotate()
+        weakened = sorted(name for name, value in _GUARDED.items() if getattr(cls, name) != value)
+        if weakened:
+            raise SagaConfigurationError(
+                f"task_annotations change {', '.join(weakened)} of saga task {cls.name!r}; saga "
+                "tasks need acks_late=True, reject_on_worker_lost=True and serializer='json'"
+            )
 
     def _sagas(self) -> Sagas:
         if self.sagas is None:

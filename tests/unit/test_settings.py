@@ -97,6 +97,33 @@ def test_steps_and_compensators_ack_late_requeue_on_worker_loss_and_speak_json()
         assert task.ignore_result is True
 
 
+@pytest.mark.parametrize("annotation", [
+    {"acks_late": False}, {"reject_on_worker_lost": False}, {"serializer": "pickle"},
+], ids=lambda a: next(iter(a)))
+def test_task_annotations_that_weaken_a_saga_task_are_refused(annotation: dict[str, Any]) -> None:
+    # given: annotations applied to every task when the app finalizes
+    app = fresh_app(task_annotations={"*": annotation})
+    sagas = make(app)
+    sagas.step(compensate=None, name="t.reserve")(reserve)
+
+    # when / then
+    with pytest.raises(SagaConfigurationError, match=next(iter(annotation))):
+        app.tasks["t.reserve"]
+
+
+def test_task_annotations_that_keep_a_saga_task_safe_are_applied() -> None:
+    # given
+    app = fresh_app(task_annotations={"*": {"rate_limit": "10/s"}})
+    sagas = make(app)
+    sagas.step(compensate=None, name="t.reserve")(reserve)
+
+    # when
+    task = app.tasks["t.reserve"]
+
+    # then
+    assert (task.rate_limit, task.acks_late) == ("10/s", True)
+
+
 def test_the_internal_tasks_ack_late_and_speak_json() -> None:
     # given
     app = fresh_app(task_acks_late=False)
