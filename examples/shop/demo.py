@@ -45,7 +45,7 @@ def _embedded_worker(app: Any, sagas: Any) -> Iterator[None]:
 
     thread = threading.Thread(target=sweeper, name="demo-sweeper", daemon=True)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=30, hostname="demo@localhost"):
+                      loglevel="WARNING", shutdown_timeout=30):
         thread.start()
         try:
             yield

@@ -349,6 +349,11 @@ def _sweep_tasks_done(processes: list[Any]) -> list[float]:
     return [float(m[1]) for p in processes for m in map(_DONE.match, p.text().splitlines()) if m]
 
 
+def _contended(processes: list[Any], intervals: list[tuple[int, float, float]]) -> bool:
+    """Whether a sweep task finished while another process held the lease."""
+    return any(start < done < end for done in _sweep_tasks_done(processes) for _, start, end in intervals)
+
+
 def _sweep_lines(processes: list[Any]) -> list[tuple[float, str, int]]:
     found = []
     for process in processes:
@@ -365,7 +370,7 @@ def _intervals(lines: list[tuple[float, str, int]]) -> list[tuple[int, float, fl
     ends = {fence: at for at, what, fence in lines if what != "start"}
     assert len({fence for fence, _ in starts}) == len(starts), "a fence was granted twice"
     unfinished = [fence for fence, _ in starts if fence not in ends]
-    assert unfinished in ([], [starts[-1][0]]), f"sweeps {unfinished} never ended"
+    assert unfinished in ([], [starts[-1][0]] if starts else []), f"sweeps {unfinished} never ended"
     return [(fence, at, ends.get(fence, float("inf"))) for fence, at in starts]
 
 
@@ -395,9 +400,10 @@ def test_two_beats_and_two_workers_never_sweep_at_once(sweep_stack: Stack) -> No
     beats = [stack.beat(), stack.beat()]
 
     def enough() -> bool:
-        return len(_intervals(_sweep_lines(workers))) >= 8
+        intervals = _intervals(_sweep_lines(workers))
+        return len(intervals) >= 8 and _contended(workers, intervals)
 
-    wait_until(enough, timeout=90, what="eight sweeps")
+    wait_until(enough, timeout=90, what="eight sweeps, one of them contended")
     for process in beats + workers:
         process.stop()
 
@@ -409,7 +415,7 @@ def test_two_beats_and_two_workers_never_sweep_at_once(sweep_stack: Stack) -> No
         assert start <= end < next_start, f"sweep {fence} overlaps sweep {later}"
         assert later > fence
     # and the lease was contended: sweep tasks finished while another process held it
-    assert any(start < done < end for done in _sweep_tasks_done(workers) for _, start, end in intervals)
+    assert _contended(workers, intervals)
     logs = "\n".join(w.text() for w in workers)
     assert re.search(r"corrupt.*\bgarbage\b", logs), "the corrupt record was not reported"
     assert re.search(r"sweep end fence=\d+ examined=1500 ", logs), "a sweep did not walk every page"
