@@ -172,7 +172,10 @@ def build(config: Config) -> Shop:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         broker_connection_retry_on_startup=True,
+        # kombu restores unacked messages on a timer (10 s by default): with a short visibility
+        # timeout, look as often as it expires so a redelivery happens while bodies run.
         broker_transport_options={"visibility_timeout": config.visibility_timeout,
+                                  "unacked_restore_interval": min(10.0, config.visibility_timeout),
                                   "confirm_publish": True},
         worker_hijack_root_logger=False,
         beat_schedule_filename=str(config.workdir / "beat-schedule"),
