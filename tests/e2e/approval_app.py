@@ -22,7 +22,7 @@ from typing import Any
 from celery import Celery
 
 from celery_sagas import Sagas
-from tests.e2e.app import Config, Shop
+from tests.e2e.app import Config, Shop, worker_app
 
 __all__ = ["SETTINGS_FILE", "build", "write_settings"]
 
@@ -40,18 +40,7 @@ def _settings(config: Config) -> dict[str, Any]:
 
 
 def _app(config: Config) -> Celery:
-    app = Celery("e2e-approvals", broker=config.broker)
-    app.conf.update(
-        task_default_queue=config.queue,
-        worker_prefetch_multiplier=1,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        broker_connection_retry_on_startup=True,
-        broker_transport_options={"confirm_publish": True},
-        worker_hijack_root_logger=False,
-        beat_schedule_filename=str(config.control / "beat-schedule"),
-    )
-    return app
+    return worker_app("e2e-approvals", config.broker, config.queue, config.control)
 
 
 def build(config: Config) -> Shop:

@@ -154,8 +154,8 @@ class Stack:
         _cleanup(self)
 
 
-def _cleanup(stack: Stack) -> None:
-    store = stack.sagas.store
+def wipe_store(store: Any) -> None:
+    """Remove what a test wrote to a shared store: its SQL tables or its Redis key prefix."""
     if hasattr(store, "drop_tables"):
         store.drop_tables()
     elif hasattr(store, "layout"):
@@ -163,6 +163,11 @@ def _cleanup(stack: Stack) -> None:
         keys = list(client.scan_iter(match=store.layout.pattern(), count=1000))
         if keys:
             client.delete(*keys)
+
+
+def _cleanup(stack: Stack) -> None:
+    store = stack.sagas.store
+    wipe_store(store)
     store.close()
     # The queue may not exist on this broker.
     with stack.shop.app.connection_for_write() as connection, contextlib.suppress(Exception):

@@ -33,6 +33,7 @@ from typing import Any
 from celery import Celery
 
 from celery_sagas import Sagas, StepNotCommitted
+from tests.e2e.app import worker_app
 from tests.reliability.recording import SkewedClock, TracingStore, append_line
 
 DEFINITION = "rel-order"
@@ -165,21 +166,11 @@ def _pause(plan: dict[str, Any], op: str) -> None:
 
 def build(config: Config) -> Shop:
     """Build the reliability app for ``config`` (the harness builds one; workers use the env)."""
-    app = Celery("reliability", broker=config.broker)
-    app.conf.update(
-        task_default_queue=config.queue,
-        worker_prefetch_multiplier=1,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        broker_connection_retry_on_startup=True,
-        # kombu restores unacked messages on a timer (10 s by default): with a short visibility
-        # timeout, look as often as it expires so a redelivery happens while bodies run.
-        broker_transport_options={"visibility_timeout": config.visibility_timeout,
-                                  "unacked_restore_interval": min(10.0, config.visibility_timeout),
-                                  "confirm_publish": True},
-        worker_hijack_root_logger=False,
-        beat_schedule_filename=str(config.workdir / "beat-schedule"),
-    )
+    # kombu restores unacked messages on a timer (10 s by default): with a short visibility
+    # timeout, look as often as it expires so a redelivery happens while bodies run.
+    app = worker_app("reliability", config.broker, config.queue, config.workdir,
+                     visibility_timeout=config.visibility_timeout,
+                     unacked_restore_interval=min(10.0, config.visibility_timeout))
     store = TracingStore(config.store, prefix=config.prefix, trace=config.fences,
                          scan_delay_ms=config.scan_delay_ms)
     clock = SkewedClock(config.clock_skew_ms) if config.clock_skew_ms else None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from celery_sagas import Sagas
-from tests.e2e.conftest import ROOT, Process, wait_until
+from tests.e2e.conftest import ROOT, Process, wait_until, wipe_store
 from tests.reliability.app import Config, Shop, build
 
 
@@ -236,14 +236,7 @@ def _drop_store(cluster: Cluster) -> None:
     config = cluster.config
     if cluster.redis is not None and config.store.startswith(cluster.redis.url):
         return
-    inner = cluster.shop.store.inner
-    if hasattr(inner, "drop_tables"):
-        inner.drop_tables()
-    elif hasattr(inner, "layout"):
-        client = inner._client
-        keys = list(client.scan_iter(match=inner.layout.pattern(), count=1000))
-        if keys:
-            client.delete(*keys)
+    wipe_store(cluster.shop.store.inner)
     if not config.broker.startswith("redis"):
         with cluster.shop.app.connection_for_write() as connection, \
                 contextlib.suppress(Exception):
