@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -106,11 +108,30 @@ def prepare_engine(engine: Engine) -> None:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS:d}")
             if wal:  # concurrent readers alongside the single writer
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cursor)
         finally:
             cursor.close()
 
     event.listen(engine, "connect", on_connect)
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL, waiting out connections that switch it at the same moment.
+
+    SQLite answers a concurrent journal-mode change with "database is locked" at once, without
+    its busy handler, so stores opening a fresh file together retry here until the timeout.
+    """
+    import sqlite3  # only SQLite engines get here; some Python builds lack the module
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
 
 
 def insert_if_absent(engine: Engine, table: Table, values: Mapping[str, Any]) -> bool:
