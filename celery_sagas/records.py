@@ -430,8 +430,12 @@ def approval_from_envelope(envelope: Envelope | None, approval_id: str) -> Appro
         version=envelope.version,
         target=_checked(fail, values.target, body.maybe("target", str)),
         digest=_checked(fail, values.digest, body.maybe("digest", str)),
-        decided_by=body.maybe("decided_by", str),
-        saga_id=body.maybe("saga_id", str),
-        step=body.maybe("step", str),
-        nonce=body.maybe("nonce", str),
+        decided_by=_checked(fail, _decider, body.maybe("decided_by", str)),
+        saga_id=_checked(fail, values.saga_id, body.maybe("saga_id", str)),
+        step=_checked(fail, values.step_name, body.maybe("step", str)),
+        nonce=_checked(fail, values.nonce, body.maybe("nonce", str)),
     )
+
+
+def _decider(value: object) -> str:
+    return values.principal_id(value, field="decided by")

@@ -29,6 +29,7 @@ __all__ = [
     "error_code",
     "identifier",
     "json_value",
+    "nonce",
     "principal_id",
     "saga_id",
     "step_name",
@@ -47,6 +48,7 @@ _CAPABILITY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _ERROR_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+_NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
 def _shown(value: object) -> str:
@@ -134,6 +136,13 @@ def identifier(value: object, *, field: str) -> str:
         raise SagaValidationError(
             f"{field} must be letters, digits and underscores (max 32): {_shown(value)}"
         )
+    return value
+
+
+def nonce(value: object) -> str:
+    """An approval token nonce: 16..64 url-safe base64 characters (never echoed in errors)."""
+    if not isinstance(value, str) or not _NONCE.fullmatch(value):
+        raise SagaValidationError("nonce must be 16..64 url-safe base64 characters")
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from celery_sagas.errors import (
     ApprovalTokenExpired,
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
+    InvalidRecordError,
     SagaConflictError,
     SagaValidationError,
 )
@@ -448,6 +450,25 @@ def test_expire_due_skips_a_corrupt_record_and_goes_on(store: MemoryStore, clock
         store._records[key] = replace(store._records[key], body="not json {")
     clock.advance(TTL)
     assert [r.approval_id for r in expire_due(store, clock, limit=10)] == ["good"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("nonce", "short"), ("nonce", "x" * 65), ("nonce", "bad nonce with spaces!"), ("saga_id", ""),
+     ("saga_id", "a b"), ("step", "{tag}"), ("decided_by", ""), ("decided_by", "x" * 300)],
+)
+def test_an_approval_read_back_with_a_bad_field_is_a_corrupt_record(
+    store: MemoryStore, clock: FrozenClock, field: str, value: str
+) -> None:
+    create(store, clock, "a1", nonce="n" * 22, saga_id="s1", step="refund")
+    assert get_approval(store, "a1") is not None
+    with store._lock:
+        key = ("approval", "a1")
+        body = decode_json(store._records[key].body)
+        body[field] = value
+        store._records[key] = replace(store._records[key], body=json.dumps(body))
+    with pytest.raises(InvalidRecordError):
+        get_approval(store, "a1")
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1001, True, "5"])
