@@ -42,7 +42,7 @@ from ..records import (
     approval_to_envelope,
 )
 from ..scans import scan_approvals
-from ..stores.base import MAX_SCAN_LIMIT, Store
+from ..stores.base import MAX_SCAN_LIMIT, Fence, Store
 
 __all__ = ["consume", "create_approval", "decide", "expire", "expire_due", "get_approval"]
 
@@ -70,13 +70,19 @@ def _moved(
     )
 
 
-def _settle(store: Store, approval_id: str, judge: Callable[[ApprovalRecord | None], T]) -> T:
-    """Load, judge, compare-and-set; on a lost race reload and judge again."""
+def _settle(
+    store: Store,
+    approval_id: str,
+    judge: Callable[[ApprovalRecord | None], T],
+    fence: Fence | None = None,
+) -> T:
+    """Load, judge, compare-and-set (fenced for a sweep); on a lost race reload and judge again."""
     for _ in range(MAX_ATTEMPTS):
         moved = judge(get_approval(store, approval_id))
         if moved is None:
             return moved
-        if store.compare_and_set(unique_write(approval_to_envelope(moved)), moved.version - 1):
+        envelope = unique_write(approval_to_envelope(moved))
+        if store.compare_and_set(envelope, moved.version - 1, fence=fence):
             return moved
     raise SagaConcurrencyError(f"approval {approval_id!r} kept changing; gave up")
 
@@ -260,15 +266,23 @@ def expire_due(store: Store, clock: Clock, *, limit: int = 100) -> list[Approval
     return expired
 
 
-def expire(store: Store, clock: Clock, approval_id: str) -> ApprovalRecord | None:
-    """Mark one pending or approved (unused) approval past its expiry as expired; else None."""
-    return _expire(store, values.approval_id(approval_id), now_ms(clock))
+def expire(
+    store: Store, clock: Clock, approval_id: str, *, fence: Fence | None = None
+) -> ApprovalRecord | None:
+    """Mark one pending or approved (unused) approval past its expiry as expired; else None.
+
+    A sweep passes its lease's ``fence``: once a newer grant exists the write is refused
+    (``FencedWriteRefused``), as its saga writes are.
+    """
+    return _expire(store, values.approval_id(approval_id), now_ms(clock), fence)
 
 
 _EXPIRABLE = (ApprovalState.PENDING, ApprovalState.APPROVED)
 
 
-def _expire(store: Store, approval_id: str, now: int) -> ApprovalRecord | None:
+def _expire(
+    store: Store, approval_id: str, now: int, fence: Fence | None = None
+) -> ApprovalRecord | None:
     # Writing the expiry (rather than only judging it) makes a consume that judged the
     # approval usable a moment earlier lose its compare-and-set: one of them wins, not both.
     def judge(record: ApprovalRecord | None) -> ApprovalRecord | None:
@@ -278,4 +292,4 @@ def _expire(store: Store, approval_id: str, now: int) -> ApprovalRecord | None:
             return None
         return _moved(record, ApprovalState.EXPIRED, now)
 
-    return _settle(store, approval_id, judge)
+    return _settle(store, approval_id, judge, fence)

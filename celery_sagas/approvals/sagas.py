@@ -125,7 +125,7 @@ class SagaApprovals:
                 self._reopen(saga, step)
                 continue
             if self._due(record):
-                record = self._expired(record.approval_id)
+                record = self._expired(record.approval_id, fence)
             outcome = None if record is None else self._outcome(record)
             if record is not None and outcome is not None:
                 saga, _ = self._settle(saga.saga_id, step.name, record.approval_id, *outcome,
@@ -138,7 +138,7 @@ class SagaApprovals:
         ``record`` may be stale (read by a sweep): the gate follows the stored approval, so an
         approval consumed in time meanwhile passes the gate instead of failing it.
         """
-        current = self._expired(record.approval_id)
+        current = self._expired(record.approval_id, fence)
         if current is None or not (current.saga_id and current.step):
             return
         outcome = self._outcome(current)
@@ -155,10 +155,10 @@ class SagaApprovals:
         approved = record.state is ApprovalState.APPROVED
         return approved and self._engine().now() >= record.expires_at_ms
 
-    def _expired(self, approval_id: str) -> ApprovalRecord | None:
+    def _expired(self, approval_id: str, fence: Fence | None) -> ApprovalRecord | None:
         """Write the expiry of an unused approval past it (the approval first, the saga
-        second), then return the approval as stored."""
-        moved = expire(self.gate.store, self.gate.clock, approval_id)
+        second; both fenced for a sweep), then return the approval as stored."""
+        moved = expire(self.gate.store, self.gate.clock, approval_id, fence=fence)
         return moved if moved is not None else self.gate.get(approval_id)
 
     def _outcome(self, record: ApprovalRecord) -> tuple[dict[str, Any] | None, str | None] | None:

@@ -23,11 +23,14 @@ from celery_sagas.errors import (
     ApprovalTokenExpired,
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
+    FencedWriteRefused,
     SagaConfigurationError,
     SagaNotFound,
 )
 from celery_sagas.events import LifecycleEvent
+from celery_sagas.reconcile import SWEEP_LEASE
 from celery_sagas.records import ApprovalState, SagaState, StepState
+from celery_sagas.stores.base import Fence
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Shop, kinds
@@ -349,6 +352,36 @@ def test_an_approval_never_used_before_expiry_counts_as_expired(shop: Shop, gate
     record = shop.record()
     assert (record.state, record.error_code) == (SagaState.COMPENSATED, "approval_expired")
     assert shop.sagas.approvals.pending("o-1") == []
+
+
+@pytest.mark.parametrize("approved", [False, True])
+def test_a_sweeper_that_lost_its_lease_cannot_expire_an_approval(
+    shop: Shop, gated: Any, store: MemoryStore, approved: bool
+) -> None:
+    # given: an approval past its expiry, seen by a sweeper whose lease another one then took
+    pending = parked(shop, gated)
+    if approved:
+        decide(shop, pending)
+    record = shop.sagas.approvals.get(pending.approval_id)
+    assert record is not None
+    now = shop.clock.advance(TTL_MS)
+    stale = store.acquire_lease(SWEEP_LEASE, "beat-1", "t" * 32, now, 1_000)
+    assert stale is not None
+    now = shop.clock.advance(1_000)
+    newer = store.acquire_lease(SWEEP_LEASE, "beat-2", "u" * 32, now, 30_000)
+    assert newer is not None and newer.fence > stale.fence
+
+    # when / then: its expiry write is refused, and neither the approval nor the gate moved
+    with pytest.raises(FencedWriteRefused):
+        shop.sagas.approvals.expire(record, Fence.of(stale))
+    expected = ApprovalState.APPROVED if approved else ApprovalState.PENDING
+    assert approval_state(shop, pending) == expected
+    assert shop.step(GATE).state == StepState.AWAITING_APPROVAL
+
+    # and the current holder's write goes through
+    shop.sagas.approvals.expire(record, Fence.of(newer))
+    assert approval_state(shop, pending) == ApprovalState.EXPIRED
+    assert shop.step(GATE).error_code == "approval_expired"
 
 
 # ---------------------------------------------------------------- crash repair and cancel
