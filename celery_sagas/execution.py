@@ -205,11 +205,20 @@ def _forward_move(engine: Engine, options: StepOptions, step: StepRecord, outcom
     code = outcome.error_code or codes.STEP_ERROR
     if outcome.kind == "failed":
         return lambda s: moves.fail_step(s, name, effect, attempt, code, now)
+    delay = None
     if attempt < options.max_attempts:
         delay = check_backoff(_safe_backoff(options.backoff, attempt))
-        if delay is not None:
-            return lambda s: moves.release_step(s, name, effect, attempt, now + delay, code, now)
-    return lambda s: moves.step_ambiguous(s, name, effect, attempt, code, now)
+    if delay is None:
+        return lambda s: moves.step_ambiguous(s, name, effect, attempt, code, now)
+    retry_at = now + delay
+
+    def release(s: SagaRecord) -> SagaRecord:
+        # No retry is claimed while the saga rolls back (the reload of a lost race may see it).
+        if s.rolling_back:
+            return moves.step_ambiguous(s, name, effect, attempt, code, now)
+        return moves.release_step(s, name, effect, attempt, retry_at, code, now)
+
+    return release
 
 
 def _safe_backoff(backoff: Callable[[int], int], attempt: int) -> object:

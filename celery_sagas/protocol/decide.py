@@ -92,7 +92,12 @@ def _in_flight(
         if not live:
             continue
         if saga.rolling_back and step.state is StepState.EXECUTING and step.started_at_ms is None:
-            return Abandon(step)
+            if step.attempts == 0:
+                return Abandon(step)
+            # An idempotent step released for a retry: its last attempt may have committed,
+            # and no retry starts while rolling back, so its outcome stays unknown.
+            return Vanished(step, compensation=False, retry=False,
+                            error_code=step.error_code or codes.STEP_ERROR)
         verdict = judge_in_flight(step, now_ms, policy, dead, rolling_back=saga.rolling_back)
         if not isinstance(verdict, Wait):
             return verdict

@@ -223,7 +223,9 @@ def claim_step(saga: SagaRecord, name: str, effect_id: str, claimer: str, now_ms
 
 
 def _attempt_matches(step: StepRecord, attempt: int) -> bool:
-    return step.attempts == attempt and step.started_at_ms is not None
+    # An ambiguous step released for a retry before its saga rolled back was never re-claimed.
+    started = step.started_at_ms is not None or step.state is StepState.AMBIGUOUS
+    return step.attempts == attempt and started
 
 
 def commit_step(
@@ -254,9 +256,14 @@ def fail_step(
 def step_ambiguous(
     saga: SagaRecord, name: str, effect_id: str, attempt: int, error_code: str, now_ms: int
 ) -> SagaRecord:
-    """A started step's outcome is unknown: never guessed, sent to review once others settle."""
+    """A started step's outcome is unknown: never guessed, sent to review once others settle.
+
+    While rolling back this also takes a step released for a retry that will not run now.
+    """
     step = _find(saga, name, effect_id, "step_ambiguous", compensation=False)
-    _need(saga, step, "step_ambiguous", (StepState.EXECUTING,), _ANY_OPEN, started=True)
+    released = saga.rolling_back and step.started_at_ms is None and step.attempts > 0
+    _need(saga, step, "step_ambiguous", (StepState.EXECUTING,), _ANY_OPEN,
+          started=None if released else True)
     if step.attempts != attempt:
         raise _illegal(saga, "step_ambiguous: another attempt", step)
     return _step_move(saga, step, now_ms, state=StepState.AMBIGUOUS, error_code=_code(error_code))
@@ -266,9 +273,14 @@ def release_step(
     saga: SagaRecord, name: str, effect_id: str, attempt: int, retry_at_ms: int,
     error_code: str, now_ms: int,
 ) -> SagaRecord:
-    """Put a started idempotent step back to be re-dispatched at ``retry_at_ms``."""
+    """Put a started idempotent step back to be re-dispatched at ``retry_at_ms``.
+
+    Never while rolling back: no retry would be claimed, so the attempt is ambiguous instead.
+    """
     step = _find(saga, name, effect_id, "release_step", compensation=False)
     _need(saga, step, "release_step", (StepState.EXECUTING,), _LIVE, started=True)
+    if saga.rolling_back:
+        raise _illegal(saga, "release_step while rolling back", step)
     if step.attempts != attempt:
         raise _illegal(saga, "release_step: another attempt", step)
     return _write(
@@ -288,6 +300,8 @@ def abandon_step(saga: SagaRecord, name: str, effect_id: str, now_ms: int) -> Sa
           started=False)
     if not saga.rolling_back:
         raise _illegal(saga, "abandon_step while going forward", step)
+    if step.attempts > 0:  # an earlier attempt began: its outcome is not "never happened"
+        raise _illegal(saga, "abandon_step after an attempt", step)
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=codes.NOT_STARTED)
 
 

@@ -305,6 +305,13 @@ def test_compensating_abandons_an_unclaimed_intent_first() -> None:
     assert decide(back(step(CM, "a"), s), never, NOW, POLICY) == Abandon(s)
 
 
+def test_compensating_judges_a_step_released_for_a_retry_ambiguous() -> None:
+    # its last attempt began and may have committed; no retry is claimed while rolling back
+    s = step(XR, "b")
+    decision = decide(back(step(CM, "a"), s), never, NOW, POLICY)
+    assert decision == Vanished(s, compensation=False, retry=False, error_code=codes.TIME_LIMIT)
+
+
 def test_compensating_waits_for_a_claimed_step_to_report() -> None:
     assert decide(back(step(CM, "a"), step(X1, "b")), never, NOW, POLICY) == Wait(DEADLINE)
 

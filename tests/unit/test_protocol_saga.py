@@ -79,6 +79,7 @@ def where(contexts: frozenset[str], variants: frozenset[str] | tuple[str, ...]) 
 
 
 ALL = frozenset(VARIANTS)
+ROLLING_BACK = frozenset(c for c in OPEN if CONTEXTS[c][1])  # open contexts rolling back
 KNOWN = ALL - AMBIGUOUS_VARIANTS
 
 MOVES = [
@@ -108,7 +109,8 @@ MOVES = [
         "step_ambiguous",
         lambda s, st, now: moves.step_ambiguous(s, st.name, st.effect_id, st.attempts,
                                                 codes.TIME_LIMIT, now),
-        where(OPEN, (X1,)),
+        # while rolling back also a step released for a retry that will not be claimed now
+        lambda c, v: where(OPEN, (X1,))(c, v) or where(ROLLING_BACK, (XR,))(c, v),
         lambda st, now: replace(st, state=S.AMBIGUOUS, error_code=codes.TIME_LIMIT),
         settles=True,
     ),
@@ -116,14 +118,14 @@ MOVES = [
         "release_step",
         lambda s, st, now: moves.release_step(s, st.name, st.effect_id, st.attempts, RETRY_AT,
                                               codes.WORKER_LOST, now),
-        where(LIVE, (X1,)),
+        where(frozenset({RUNNING}), (X1,)),
         lambda st, now: replace(st, started_at_ms=None, claimed_by=None, next_attempt_at_ms=RETRY_AT,
                                 error_code=codes.WORKER_LOST, dispatched_at_ms=None),
     ),
     Move(
         "abandon_step",
         lambda s, st, now: moves.abandon_step(s, st.name, st.effect_id, now),
-        where(frozenset({COMPENSATING}), (X0, XR, AW)),
+        where(frozenset({COMPENSATING}), (X0, AW)),
         lambda st, now: replace(st, state=S.FAILED, error_code=codes.NOT_STARTED),
         settles=True,
     ),
