@@ -142,9 +142,15 @@ class SagaApprovals:
         if current is None or not (current.saga_id and current.step):
             return
         outcome = self._outcome(current)
-        if outcome is not None:
+        if outcome is None:
+            return
+        try:
             self._settle(current.saga_id, current.step, current.approval_id, *outcome,
                          fence=fence)
+        except SagaResolutionError:
+            # No gate holds it: the write that recorded its step lost a race and the retry
+            # opened another approval. Nothing waits on this one; expiring it was all.
+            return
 
     # ------------------------------------------------------------ internals
 

@@ -384,6 +384,27 @@ def test_a_sweeper_that_lost_its_lease_cannot_expire_an_approval(
     assert shop.step(GATE).error_code == "approval_expired"
 
 
+def test_an_approval_no_gate_holds_just_expires(shop: Shop, gated: Any) -> None:
+    # given: besides the real gate's approval, one whose step intent lost its write
+    pending = parked(shop, gated)
+    shop.sagas.approvals.gate.open(
+        effect_id="e-lost-intent", approval_id="ap-lost-intent", capability="orders.approve",
+        target=ORDER["id"], saga_id="o-1", step=GATE, **BINDING,
+    )
+
+    # when
+    shop.clock.advance(TTL_MS)
+    report = shop.sagas.sweep()
+    shop.driver.run_until_idle()
+
+    # then: both expired, the sweep saw no error, and the saga rolled back on its own gate
+    orphan = shop.sagas.approvals.get("ap-lost-intent")
+    assert orphan is not None and orphan.state is ApprovalState.EXPIRED
+    assert approval_state(shop, pending) == ApprovalState.EXPIRED
+    assert report.errors == 0
+    assert shop.record().state is SagaState.COMPENSATED
+
+
 # ---------------------------------------------------------------- crash repair and cancel
 
 
