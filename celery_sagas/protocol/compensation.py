@@ -8,11 +8,19 @@ whose attempts reached the maximum sends the saga to manual review.
 from __future__ import annotations
 
 from ..records import SagaRecord, StepRecord, StepState
-from ..values import MAX_SAFE_INTEGER
 from . import codes
 from .decisions import BeginCompensation, Decision, FinishCompensation, Review, Wait
 
-__all__ = ["check_backoff", "commit_order", "default_backoff_ms", "plan_compensation"]
+__all__ = [
+    "MAX_BACKOFF_MS",
+    "check_backoff",
+    "commit_order",
+    "default_backoff_ms",
+    "plan_compensation",
+]
+
+# Past a year "now + delay" stops meaning anything (and near 2**53 it leaves the safe range).
+MAX_BACKOFF_MS = 366 * 24 * 3600 * 1000
 
 
 def default_backoff_ms(attempt: int) -> int:
@@ -21,10 +29,10 @@ def default_backoff_ms(attempt: int) -> int:
 
 
 def check_backoff(delay: object) -> int | None:
-    """A backoff value as a non-negative integer of ms, or None when it is invalid."""
+    """A backoff value as an integer of ms in 0..MAX_BACKOFF_MS, or None when it is invalid."""
     if isinstance(delay, bool) or not isinstance(delay, int):
         return None
-    if not 0 <= delay <= MAX_SAFE_INTEGER:
+    if not 0 <= delay <= MAX_BACKOFF_MS:
         return None
     return delay
 

@@ -181,8 +181,10 @@ def _raises(_: int) -> int:
 
 @pytest.mark.parametrize(
     "backoff",
-    [lambda _: -1, lambda _: 1.5, _raises, lambda _: True, lambda _: "100", lambda _: 2**53],
-    ids=["negative", "float", "raises", "bool", "str", "over-safe-integer"],
+    [lambda _: -1, lambda _: 1.5, _raises, lambda _: True, lambda _: "100", lambda _: 2**53,
+     lambda _: 2**53 - 1, lambda _: 367 * 24 * 3600 * 1000],
+    ids=["negative", "float", "raises", "bool", "str", "over-safe-integer", "past-safe-when-added",
+         "over-a-year"],
 )
 def test_an_invalid_backoff_sends_the_saga_to_manual_review(
     shop: Shop, backoff: Callable[[int], Any]

@@ -6,6 +6,7 @@ import pytest
 
 from celery_sagas.protocol import codes
 from celery_sagas.protocol.compensation import (
+    MAX_BACKOFF_MS,
     check_backoff,
     commit_order,
     default_backoff_ms,
@@ -130,14 +131,15 @@ def test_default_backoff(attempt: int, expected: int) -> None:
     assert type(default_backoff_ms(attempt)) is int
 
 
-@pytest.mark.parametrize("delay", [1, 100, 60_000, MAX_SAFE_INTEGER])
+@pytest.mark.parametrize("delay", [0, 1, 100, 60_000, MAX_BACKOFF_MS])
 def test_valid_backoff_is_kept(delay: int) -> None:
     assert check_backoff(delay) == delay
 
 
 @pytest.mark.parametrize(
     "delay",
-    [-1, -60_000, 1.0, 100.5, float("nan"), float("inf"), True, False, MAX_SAFE_INTEGER + 1, 10**30,
+    [-1, -60_000, 1.0, 100.5, float("nan"), float("inf"), True, False, MAX_BACKOFF_MS + 1,
+     MAX_SAFE_INTEGER, MAX_SAFE_INTEGER + 1, 10**30,
      None, "100", [100]],
     ids=repr,
 )
