@@ -237,9 +237,19 @@ def commit_step(
     if not _attempt_matches(step, attempt):
         raise _illegal(saga, "commit_step: another attempt", step)
     return _step_move(
-        saga, step, now_ms, state=StepState.COMMITTED, result=result, committed_at_ms=now_ms,
-        error_code=None,
+        saga, step, now_ms, state=StepState.COMMITTED, result=result,
+        committed_at_ms=_commit_stamp(saga, step, now_ms), error_code=None,
     )
+
+
+def _commit_stamp(saga: SagaRecord, step: StepRecord, now_ms: int) -> int:
+    """When ``step`` commits: ``now``, but after every earlier commit of the saga.
+
+    Compensation walks commits newest first; a worker whose clock runs behind must not make
+    its commit look older than one already recorded.
+    """
+    earlier = [s.committed_at_ms for s in saga.steps if s is not step and s.committed_at_ms]
+    return max([now_ms, *(t + 1 for t in earlier)])
 
 
 def fail_step(
@@ -329,7 +339,7 @@ def pass_gate(saga: SagaRecord, name: str, approval_id: str, result: Any, now_ms
     if saga.rolling_back or saga.state is not SagaState.RUNNING:
         raise _illegal(saga, "pass_gate while not going forward", step)
     return _step_move(saga, step, now_ms, state=StepState.COMMITTED, result=result,
-                      committed_at_ms=now_ms, attempts=1)
+                      committed_at_ms=_commit_stamp(saga, step, now_ms), attempts=1)
 
 
 def fail_gate(saga: SagaRecord, name: str, approval_id: str, error_code: str,

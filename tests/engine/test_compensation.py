@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from celery_sagas import StepNotCommitted
 from celery_sagas.records import SagaState, StepState
 from tests.engine.conftest import CardDeclined, Shop, kinds
 
@@ -222,3 +223,24 @@ def test_a_step_without_a_compensator_is_skipped_when_compensating(shop: Shop) -
     # then
     assert shop.record("r-1").state == SagaState.COMPENSATED
     assert shop.script.names() == ["reserve", "notify", "charge", "release"]
+
+
+def test_compensation_walks_back_in_commit_order_when_a_worker_clock_runs_behind(
+    shop: Shop,
+) -> None:
+    # given: the charge commits on a worker whose clock is 5 s behind the reservation's
+    shop.script.then("ship", StepNotCommitted("out_of_stock"))
+    shop.start_order()
+    shop.deliver_next()  # advance
+    shop.deliver_next()  # reserve commits
+    shop.clock.set(shop.clock.now_ms() - 5_000)
+    shop.deliver_next()  # charge commits, stamped before the reservation by its clock
+
+    # when: shipping is declined
+    shop.driver.run_until_idle()
+
+    # then: the later commit is undone first all the same
+    assert [n for n in shop.script.names() if n in ("refund", "release")] == ["refund", "release"]
+    reserve, charge = shop.step("shop.reserve"), shop.step("shop.charge")
+    assert reserve.committed_at_ms is not None and charge.committed_at_ms is not None
+    assert charge.committed_at_ms > reserve.committed_at_ms
