@@ -54,6 +54,7 @@ class CompensatorOptions:
     name: str
     idempotent: bool = False
     capability: str = "saga.compensate"
+    time_limit_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,7 @@ class Registry:
             name: StepPolicy(o.idempotent, o.max_attempts) for name, o in self.steps.items()
         }
         idempotent = frozenset(n for n, o in self.compensators.items() if o.idempotent)
+        limits = {n: o.time_limit_ms for n, o in self.compensators.items() if o.time_limit_ms}
         policy = SagaPolicy(
             max_compensation_attempts=definition.max_attempts,
             stale_ms=timing.stale_ms,
@@ -148,6 +150,7 @@ class Registry:
             default_time_limit_ms=timing.default_time_limit_ms,
             steps=steps,
             compensators_idempotent=idempotent,
+            compensator_time_limits=limits,
         )
         self._policies[key] = policy
         return policy

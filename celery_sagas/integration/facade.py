@@ -285,6 +285,7 @@ class Sagas:
             self.registry.add_compensator(CompensatorOptions(
                 opts["name"], idempotent,
                 values.capability(capability) if capability else "saga.compensate",
+                time_limit_ms=int(opts["time_limit"] * 1000),
             ))
             return task
 

@@ -66,7 +66,8 @@ def judge_in_flight(
     effect = step.compensation_effect_id if compensation else step.effect_id
     if effect in dead_effects:
         return _vanished(step, policy, rolling_back, codes.WORKER_LOST)
-    limit = step.time_limit_ms or policy.default_time_limit_ms
+    own = policy.compensator_time_limits.get(step.compensator or "") if compensation else None
+    limit = (own if compensation else step.time_limit_ms) or policy.default_time_limit_ms
     deadline = step.started_at_ms + limit + policy.grace_ms
     if now_ms >= deadline:
         return _vanished(step, policy, rolling_back, codes.TIME_LIMIT)

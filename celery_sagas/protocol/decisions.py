@@ -43,6 +43,7 @@ class SagaPolicy:
     default_time_limit_ms: int = 300_000
     steps: Mapping[str, StepPolicy] = field(default_factory=dict)
     compensators_idempotent: frozenset[str] = frozenset()
+    compensator_time_limits: Mapping[str, int] = field(default_factory=dict)
 
     def step(self, task: str) -> StepPolicy:
         """The policy of a step task (defaults when unknown)."""

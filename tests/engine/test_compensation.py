@@ -244,3 +244,45 @@ def test_compensation_walks_back_in_commit_order_when_a_worker_clock_runs_behind
     reserve, charge = shop.step("shop.reserve"), shop.step("shop.charge")
     assert reserve.committed_at_ms is not None and charge.committed_at_ms is not None
     assert charge.committed_at_ms > reserve.committed_at_ms
+
+
+def test_a_running_compensator_is_judged_by_its_own_time_limit(shop: Shop) -> None:
+    # given: a 10 s step whose 600 s compensator was claimed on another host
+    @shop.sagas.step(name="t.quick", compensate="t.slow_undo", time_limit=10)
+    def quick(x: int) -> Any:
+        return {"ok": x}
+
+    @shop.sagas.compensator(name="t.slow_undo", time_limit=600)
+    def slow_undo(x: int, *, result: Any = None) -> None:
+        return None
+
+    @shop.sagas.step(name="t.decline", compensate=None)
+    def decline() -> Any:
+        raise StepNotCommitted("declined")
+
+    @shop.sagas.saga("slow-undo")
+    def run(ctx: Any, _: Any) -> None:
+        ctx.step(quick, 1)
+        ctx.step(decline)
+
+    run.start({}, saga_id="tl-1")
+    for _ in range(3):
+        shop.deliver_next()  # advance, quick, decline
+    [sent] = shop.driver.take()
+    assert (sent.kind, sent.step) == ("compensation", "t.quick")
+    shop.claim_as("other-host:4242/abcd", "t.quick", saga_id="tl-1", compensation=True)
+    grace_ms = shop.sagas.settings.timing.grace_ms
+
+    # when: past the step's limit but within the compensator's
+    shop.clock.advance(10_000 + grace_ms + 1_000)
+    shop.sagas.sweep()
+
+    # then: it is left running
+    assert shop.record("tl-1").state is SagaState.COMPENSATING
+    assert shop.driver.take() == []
+
+    # and past its own limit it is an unknown outcome, never guessed
+    shop.clock.advance(600_000)
+    shop.sagas.sweep()
+    record = shop.record("tl-1")
+    assert (record.state, record.error_code) == (SagaState.MANUAL_REVIEW, "ambiguous_compensation")

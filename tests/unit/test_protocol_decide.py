@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -156,6 +157,16 @@ def test_unclaimed_compensator_is_redispatched_when_stale() -> None:
     assert sent is not None
     assert judge(s, sent + 1) == Wait(sent + STALE)
     assert judge(s, sent + STALE) == Redispatch(s, compensation=True)
+
+
+def test_a_claimed_compensator_is_judged_by_its_own_time_limit_not_its_steps() -> None:
+    s = replace(step(P1), time_limit_ms=1_000)  # the step's own limit: not the compensator's
+    started = s.started_at_ms
+    assert started is not None and s.compensator is not None
+    policy = replace(POLICY, compensator_time_limits={s.compensator: 3 * LIMIT})
+    assert judge_in_flight(s, started + LIMIT + GRACE, policy) == Wait(started + 3 * LIMIT + GRACE)
+    # a compensator the policy does not know gets the default limit, still not the step's
+    assert judge(s, started + 1_000 + GRACE) == Wait(started + LIMIT + GRACE)
 
 
 def test_claimed_compensator_judged_like_a_step() -> None:
