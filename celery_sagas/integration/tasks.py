@@ -8,14 +8,16 @@ stay in the saga store (never in the broker). Called without ``_saga`` (directly
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task
 
 from ..context import StepContext, step_accepts
-from ..errors import SagaConfigurationError
+from ..errors import SagaConfigurationError, StepNotCommitted
 from ..execution import execute_compensation, execute_step
+from ..protocol import codes
 
 if TYPE_CHECKING:
     from .facade import Sagas
@@ -93,10 +95,26 @@ class SagaStepTask(_SagaTaskBase):
         saga_id, step = _parse_ref(ref)
 
         def body(ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any]) -> Any:
-            return self.run(*step_args, **self._body_kwargs(step_kwargs, ctx))
+            call_kwargs = self._body_kwargs(step_kwargs, ctx)
+            _refuse_unbindable(self.run, step_args, call_kwargs)
+            return self.run(*step_args, **call_kwargs)
 
         execute_step(self._sagas().engine, saga_id, step, self.request.id, body)
         return None
+
+
+def _refuse_unbindable(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+                       ) -> None:
+    """Arguments recorded for a function that no longer takes them never reach its body (a
+    deploy changed it): the step provably did not begin, so it did not commit."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return  # nothing to check against; calling it will tell
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        raise StepNotCommitted(codes.ARGUMENTS_MISMATCH) from None
 
 
 class CompensatorTask(_SagaTaskBase):

@@ -348,3 +348,30 @@ def test_a_due_idempotent_retry_is_sent_by_the_next_sweep_even_before_the_saga_i
 
     # then
     assert kinds(driver.take()) == [("step", "shop.ping")]
+
+
+def test_recorded_arguments_the_function_no_longer_takes_fail_the_step_before_its_body(
+    shop: Shop,
+) -> None:
+    # given: a step recorded with two arguments, run by code that takes one (a deploy changed it)
+    ran: list[int] = []
+
+    @shop.sagas.step(name="t.one", compensate=None)
+    def one(a: int) -> None:
+        ran.append(a)
+
+    @shop.sagas.saga("changed-signature")
+    def run(ctx: Any, _: Any) -> None:
+        ctx.step(shop.tasks["reserve"], "sku-1", 1)
+        ctx.step(one, 1, 2)
+
+    # when
+    run.start({}, saga_id="b-1")
+    shop.driver.run_until_idle()
+
+    # then: the body never began, so the step did not commit and the saga rolled back
+    step = shop.step("t.one", "b-1")
+    assert (step.state, step.error_code) == (StepState.FAILED, "arguments_mismatch")
+    assert ran == []
+    assert shop.record("b-1").state is SagaState.COMPENSATED
+    assert "release" in shop.script.names()
