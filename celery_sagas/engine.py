@@ -35,7 +35,7 @@ from .errors import (
 )
 from .events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
 from .journal import EffectRecorder, unique_write
-from .liveness import ActiveEffects, dead_effects
+from .liveness import PROCESS_ACTIVE, dead_effects
 from .protocol import codes
 from .protocol import saga as moves
 from .protocol.decide import decide
@@ -143,7 +143,7 @@ class Engine:
         self.events = events or EventBus()
         self.new_id = new_id
         self.settings = settings or EngineSettings()
-        self.active = ActiveEffects()
+        self.active = PROCESS_ACTIVE
         # The last version of each saga this process read or wrote: a claim may try its
         # compare-and-set on it without reading first (a stale guess just loses the CAS).
         self.recent = RecentSagas()

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from .records import StepRecord, StepState
 
-__all__ = ["ActiveEffects", "claim_tag", "claimer_id", "dead_effects"]
+__all__ = ["PROCESS_ACTIVE", "ActiveEffects", "claim_tag", "claimer_id", "dead_effects"]
 
 
 def _pid_namespace() -> str:
@@ -72,6 +72,11 @@ class ActiveEffects:
     def __contains__(self, tag: object) -> bool:
         with self._lock:
             return tag in self._tags
+
+
+# One per process, shared by every engine in it: a claim tag names the process, not the
+# engine, so two Sagas instances (a tasks module imported under two names) must agree.
+PROCESS_ACTIVE = ActiveEffects()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -5,9 +5,17 @@ unclaimed step whose message was lost is re-sent by the sweep under the same eff
 
 from __future__ import annotations
 
-from celery_sagas import StepNotCommitted
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from celery_sagas import MemoryStore, Sagas, StepNotCommitted
 from celery_sagas.dispatch import Sent
 from celery_sagas.records import SagaState, StepState
+from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import HOST, Shop, kinds
 
 
@@ -436,3 +444,54 @@ def test_the_sweep_marks_a_compensator_silent_past_its_time_limit_and_grace_ambi
     assert before_deadline == SagaState.COMPENSATING
     record = shop.record()
     assert (record.state, record.error_code) == (SagaState.MANUAL_REVIEW, "ambiguous_compensation")
+
+
+def test_a_second_sagas_instance_in_the_process_leaves_a_running_delivery_alone() -> None:
+    # given: two Sagas on one store in one process (a tasks module imported under two names)
+    store, clock, runs = MemoryStore(), FrozenClock(), []
+    seen: dict[str, StepState] = {}
+    first, second = _pay_sagas(store, clock, runs), _pay_sagas(store, clock, runs)
+    first_driver, second_driver = SagaDriver(first[0]), SagaDriver(second[0])
+    first[1].start({}, saga_id="x-1")
+    first_driver.deliver(first_driver.take()[0])
+    [pay] = first_driver.take()
+
+    def duplicate_through_the_second() -> None:
+        second_driver.deliver(pay)
+        record = second[0].get("x-1")
+        assert record is not None
+        step = record.step("t.pay")
+        assert step is not None
+        seen["state"] = step.state
+
+    first[2].append(duplicate_through_the_second)
+
+    # when: the message is delivered again, to the other instance, while the body runs
+    first_driver.deliver(pay)
+
+    # then: the duplicate saw a running claim and waited; the body ran once and committed
+    assert seen["state"] is StepState.EXECUTING
+    assert len(runs) == 1
+    record = first[0].get("x-1")
+    assert record is not None and record.state is SagaState.COMPLETED
+
+
+def _pay_sagas(store: MemoryStore, clock: FrozenClock, runs: list[int]
+               ) -> tuple[Sagas, Any, list[Callable[[], None]]]:
+    """A Sagas with one step, ``t.pay``, whose body calls the hooks appended to the list."""
+    app = Celery(f"two-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock)
+    hooks: list[Callable[[], None]] = []
+
+    @sagas.step(name="t.pay", compensate=None)
+    def pay() -> Any:
+        runs.append(1)
+        for hook in hooks:
+            hook()
+        return {"ok": 1}
+
+    @sagas.saga("two-instances")
+    def run(ctx: Any, _: Any) -> None:
+        ctx.step(pay)
+
+    return sagas, run, hooks
