@@ -42,8 +42,8 @@ __all__ = [
 MAX_SAFE_INTEGER = 2**53 - 1
 DEFAULT_PAYLOAD_LIMIT = 1024 * 1024
 
-# Printable ASCII without space; braces are kept out too because they delimit Redis hash tags.
-_TOKEN = re.compile(r"[\x21-\x7a\x7c\x7e]+")
+# Printable ASCII without space (SPEC §1).
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 _CAPABILITY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _ERROR_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
@@ -57,14 +57,14 @@ def _shown(value: object) -> str:
 
 
 def token(value: object, *, field: str, max_len: int) -> str:
-    """Accept a non-empty printable-ASCII string without spaces or braces, up to max_len."""
+    """Accept a non-empty printable-ASCII string without spaces, up to max_len."""
     if not isinstance(value, str):
         raise SagaValidationError(f"{field} must be a str, got {type(value).__name__}")
     if not 0 < len(value) <= max_len:
         raise SagaValidationError(f"{field} must have 1..{max_len} characters, got {len(value)}")
     if not _TOKEN.fullmatch(value):
         raise SagaValidationError(
-            f"{field} must be printable ASCII without spaces or braces: {_shown(value)}"
+            f"{field} must be printable ASCII without spaces: {_shown(value)}"
         )
     return value
 

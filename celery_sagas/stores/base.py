@@ -42,6 +42,7 @@ __all__ = [
     "check_key",
     "check_kind",
     "check_lease_args",
+    "check_lease_name",
     "check_lease_times",
     "check_scan_args",
 ]
@@ -191,9 +192,16 @@ def check_expected_version(envelope: Envelope, expected_version: int) -> None:
         raise SagaValidationError("the new version must be expected_version + 1")
 
 
+def check_lease_name(name: str) -> None:
+    """Refuse a lease name that is not a token, or has braces (it names a Redis hash tag)."""
+    token(name, field="lease name", max_len=128)
+    if "{" in name or "}" in name:
+        raise SagaValidationError(f"lease name cannot contain braces: {name[:40]!r}")
+
+
 def check_fence(fence: Fence) -> None:
-    """Refuse a fence whose lease name is not a token or whose number is not a safe int."""
-    token(fence.lease, field="lease name", max_len=128)
+    """Refuse a fence whose lease name is not valid or whose number is not a safe int."""
+    check_lease_name(fence.lease)
     if type(fence.number) is not int or not 0 <= fence.number <= MAX_SAFE_INTEGER:
         raise SagaValidationError(f"fence number must be a non-negative int: {fence.number!r}")
 
@@ -213,7 +221,7 @@ def check_scan_args(kind: str, states: Sequence[str], limit: int, updated_before
 
 def check_lease_args(name: str, owner: str, lease_token: str) -> None:
     """Refuse lease names, owners and tokens that are not tokens."""
-    token(name, field="lease name", max_len=128)
+    check_lease_name(name)
     token(owner, field="lease owner", max_len=255)
     token(lease_token, field="lease token", max_len=128)
 

@@ -368,7 +368,7 @@ def test_a_table_prefix_that_is_not_an_identifier_is_refused(prefix: str, tmp_pa
         engine.dispose()
 
 
-BAD_IDS = ["", "has space", "x" * 256, "{tag}", "quote'; DROP TABLE t; --", "nul\x00", "caf\u00e9"]
+BAD_IDS = ["", "has space", "x" * 256, "quote'; DROP TABLE t; --", "nul\x00", "caf\u00e9"]
 
 
 @pytest.mark.parametrize("bad_id", BAD_IDS, ids=lambda v: repr(v[:10]))

@@ -133,7 +133,7 @@ def test_admitting_an_effect_id_with_other_values_is_a_conflict(
         ("e1", {"tenant_id": "t1"}),
         ("e1", {"principal_id": "alice"}),
         ("e1", {"tenant_id": "t 1", "principal_id": "alice"}),
-        ("e1", {"saga_id": "{s}"}),
+        ("e1", {"saga_id": "s\t1"}),
         ("e1", {"step": "a\nb"}),
         ("e1", {"stage": "bogus"}),
     ],

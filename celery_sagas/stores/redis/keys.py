@@ -15,9 +15,10 @@ The bucket count is part of the layout: changing it for existing data hides reco
 
 The prefix is letters, digits, ``_``, ``-``, ``.`` and ``:`` (at most 64, starting with a
 letter or digit): colons are allowed for the usual ``app:sagas`` namespacing, braces and
-whitespace never, since they would break the hash tag. Callers validate ids, kinds, states and
-lease names with ``stores.base`` first; the checks here are a last guard against a key that
-could escape its hash tag.
+whitespace never, since they would break the hash tag. Record ids and states follow the tag,
+where Redis no longer looks for one, so they may hold braces; kinds and lease names are inside
+it and may not. Callers validate ids, kinds, states and lease names with ``stores.base`` first;
+the checks here are a last guard against a key that could escape its hash tag.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ DEFAULT_BUCKETS = 16
 MAX_BUCKETS = 1024
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
-# Printable ASCII without space or braces: what stores.base lets through, nothing more.
-_PART = re.compile(r"[\x21-\x7a\x7c\x7e]+")
+# Printable ASCII without space: what stores.base lets through, nothing more. Braces only
+# after the hash tag (Redis takes the tag from the first "{" to the next "}").
+_AFTER_TAG = re.compile(r"[\x21-\x7e]+")
+_IN_TAG = re.compile(r"[\x21-\x7a\x7c\x7e]+")
 
 
-def _part(value: str, field: str) -> str:
-    if not _PART.fullmatch(value):
+def _part(value: str, field: str, *, in_tag: bool = False) -> str:
+    if not (_IN_TAG if in_tag else _AFTER_TAG).fullmatch(value):
         raise SagaValidationError(f"{field} cannot be part of a Redis key: {value[:40]!r}")
     return value
 
@@ -97,7 +100,7 @@ class KeyLayout:
         """The hash tag shared by a bucket's records and state indexes."""
         if not 0 <= bucket < self.buckets:
             raise SagaValidationError(f"bucket must be in 0..{self.buckets - 1}, got {bucket}")
-        return f"{{{self.prefix}:{_part(kind, 'record kind')}:{bucket}}}"
+        return f"{{{self.prefix}:{_part(kind, 'record kind', in_tag=True)}:{bucket}}}"
 
     def record(self, kind: str, record_id: str) -> str:
         """The hash holding one record."""
@@ -113,7 +116,7 @@ class KeyLayout:
 
     def lease(self, name: str) -> LeaseKeys:
         """The holder, fence counter and cursor keys of a lease name."""
-        tag = f"{{{self.prefix}:lease:{_part(name, 'lease name')}}}"
+        tag = f"{{{self.prefix}:lease:{_part(name, 'lease name', in_tag=True)}}}"
         return LeaseKeys(f"{tag}:holder", f"{tag}:fence", f"{tag}:cursor")
 
     def pattern(self) -> str:
