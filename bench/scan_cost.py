@@ -7,7 +7,7 @@ Builds two stores side by side on each backend, under fresh prefixes:
   half compensated, all updated long before the staleness cut-off).
 
 Then it times, alternating (a) and (b) so a busy machine slows both alike, one reconciliation
-pass (``celery_sagas.reconcile.sweep`` with every default pass, as beat runs it) and a scan-only
+pass (``celery_sagas._sweep.sweep`` with every default pass, as beat runs it) and a scan-only
 walk of the states that pass reads (stale ``running``, ``compensating``, ``manual-review``).
 The stale sagas wait on a step running elsewhere, so a pass examines every one of them and
 writes nothing: each repetition does the same work. It prints the median ratio (b)/(a) per
@@ -34,16 +34,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from celery_sagas.context import SagaContext
-from celery_sagas.definitions import Registry, SagaDefinition, StepOptions, Timing
-from celery_sagas.dispatch import RecordingDispatcher
-from celery_sagas.engine import Engine, EngineSettings
-from celery_sagas.reconcile import sweep
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
+from celery_sagas._context import SagaContext
+from celery_sagas._definitions import Registry, SagaDefinition, StepOptions, Timing
+from celery_sagas._dispatch import RecordingDispatcher
+from celery_sagas._engine import Engine, EngineSettings
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
+from celery_sagas._sweep import sweep
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
-from celery_sagas.stores.sql.schema import build_tables
+from celery_sagas.stores.sql._schema import build_tables
 
 TARGET = 1.5
 STALE_MS = 30_000

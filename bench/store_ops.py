@@ -35,7 +35,7 @@ from typing import Any
 from redis import Redis
 
 from bench.common import RESULTS, Progress, git_commit, machine, median, percentile, write_json
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
 from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Lease, Store
 

@@ -70,8 +70,8 @@ from bench.common import (
     wait_until,
     write_json,
 )
-from celery_sagas.integration.settings import SETTING_DOCS
-from celery_sagas.records import SAGA, SagaState
+from celery_sagas._celery.settings import SETTING_DOCS
+from celery_sagas._records import SAGA, SagaState
 
 STORES = {
     "redis": "redis://127.0.0.1:6379/13",

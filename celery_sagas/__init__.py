@@ -6,7 +6,10 @@ SQL, and Celery beat drives compensation retries and reconciliation sweeps.
 
 from __future__ import annotations
 
-from .context import SagaContext, StepContext
+from ._celery import Saga, SagaHandle, Sagas
+from ._context import SagaContext, StepContext
+from ._events import LifecycleEvent
+from ._records import SagaRecord, SagaState, StepRecord, StepState
 from .errors import (
     ApprovalBindingError,
     ApprovalDecisionError,
@@ -37,9 +40,6 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
-from .events import LifecycleEvent
-from .integration import Saga, SagaHandle, Sagas
-from .records import SagaRecord, SagaState, StepRecord, StepState
 from .stores import MemoryStore, open_store
 
 __version__ = "0.1.0"

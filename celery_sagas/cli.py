@@ -21,7 +21,11 @@ import click
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from . import cli_format as fmt
+from . import _cli_format as fmt
+from ._celery.facade import Sagas, sagas_of
+from ._findings import REPORTS, page_findings, window_of
+from ._records import SagaRecord, SagaState
+from ._scans import CorruptRecord, scan_sagas
 from .errors import (
     InvalidRecordError,
     SagaConfigurationError,
@@ -30,10 +34,6 @@ from .errors import (
     SagaValidationError,
     StoreError,
 )
-from .integration.facade import Sagas, sagas_of
-from .records import SagaRecord, SagaState
-from .reports import REPORTS, page_findings, window_of
-from .scans import CorruptRecord, scan_sagas
 from .stores.base import MAX_SCAN_LIMIT
 
 __all__ = [

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from .._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
 from ..errors import SagaValidationError
-from ..values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
 
 __all__ = [
     "MAX_SCAN_LIMIT",

@@ -8,8 +8,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
+from .._values import timestamp_ms
 from ..errors import FencedWriteRefused
-from ..values import timestamp_ms
+from ._cursor import decode_cursor, encode_cursor
 from .base import (
     Envelope,
     Fence,
@@ -24,7 +25,6 @@ from .base import (
     check_lease_times,
     check_scan_args,
 )
-from .cursor import decode_cursor, encode_cursor
 
 __all__ = ["MemoryStore"]
 

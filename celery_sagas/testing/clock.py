@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ..values import duration_ms, timestamp_ms
+from .._values import duration_ms, timestamp_ms
 
 __all__ = ["FrozenClock"]
 

@@ -42,15 +42,8 @@ from typing import Any
 
 import pytest
 
-from ..approvals.ledger import consume, create_approval, decide
-from ..errors import (
-    ApprovalDecisionError,
-    ApprovalTokenReplay,
-    FencedWriteRefused,
-    InvalidRecordError,
-    SagaValidationError,
-)
-from ..records import (
+from .._approvals.ledger import consume, create_approval, decide
+from .._records import (
     ApprovalRecord,
     ApprovalState,
     SagaRecord,
@@ -58,7 +51,14 @@ from ..records import (
     saga_from_envelope,
     saga_to_envelope,
 )
-from ..scans import scan_sagas
+from .._scans import scan_sagas
+from ..errors import (
+    ApprovalDecisionError,
+    ApprovalTokenReplay,
+    FencedWriteRefused,
+    InvalidRecordError,
+    SagaValidationError,
+)
 from ..stores.base import Envelope, Fence, Lease, Store
 from .clock import FrozenClock
 from .racing import ReadTogether, race

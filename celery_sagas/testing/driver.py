@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..dispatch import RecordingDispatcher, Sent
-from ..integration.dispatcher import ADVANCE_TASK
-from ..integration.tasks import SAGA_REF, saga_ref
+from .._celery.dispatcher import ADVANCE_TASK
+from .._celery.tasks import SAGA_REF, saga_ref
+from .._dispatch import RecordingDispatcher, Sent
 
 if TYPE_CHECKING:
-    from ..integration.facade import Sagas
+    from .._celery.facade import Sagas
 
 __all__ = ["SagaDriver"]
 

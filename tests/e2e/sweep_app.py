@@ -27,17 +27,17 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from celery_sagas.context import SagaContext
-from celery_sagas.definitions import Registry, SagaDefinition, StepOptions, Timing
-from celery_sagas.engine import Engine, EngineSettings
+from celery_sagas._context import SagaContext
+from celery_sagas._definitions import Registry, SagaDefinition, StepOptions, Timing
+from celery_sagas._engine import Engine, EngineSettings
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
+from celery_sagas._sweep import SweepReport, sweep
 from celery_sagas.errors import FencedWriteRefused
-from celery_sagas.reconcile import SweepReport, sweep
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
 from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
-from celery_sagas.stores.sql.schema import build_tables
+from celery_sagas.stores.sql._schema import build_tables
 
 DEFINITION = "sweep-test"
 STEP_TASK = "sweep.work"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.records import SagaRecord
+from celery_sagas._records import SagaRecord
 from tests.e2e.conftest import Stack, wait_until
 from tests.e2e.parallel_app import build
 

@@ -27,12 +27,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from celery_sagas.definitions import Timing
-from celery_sagas.dispatch import RecordingDispatcher
-from celery_sagas.engine import Engine, EngineSettings
-from celery_sagas.leases import Leases
-from celery_sagas.reconcile import SWEEP_LEASE, Pass, SweepReport, sweep
-from celery_sagas.records import (
+from celery_sagas._definitions import Timing
+from celery_sagas._dispatch import RecordingDispatcher
+from celery_sagas._engine import Engine, EngineSettings
+from celery_sagas._leases import Leases
+from celery_sagas._records import (
     SagaRecord,
     SagaState,
     StepRecord,
@@ -40,10 +39,11 @@ from celery_sagas.records import (
     saga_from_envelope,
     saga_to_envelope,
 )
-from celery_sagas.scans import RecordPage, scan_sagas
+from celery_sagas._scans import RecordPage, scan_sagas
+from celery_sagas._sweep import SWEEP_LEASE, Pass, SweepReport, sweep
+from celery_sagas._wakeups import WAKEUP, schedule
 from celery_sagas.stores.base import Fence, Lease, Store
 from celery_sagas.testing import FrozenClock
-from celery_sagas.wakeups import WAKEUP, schedule
 from tests.e2e.conftest import REDIS_BROKER, ROOT, Stack, _make_stack, wait_until
 from tests.e2e.sweep_app import (
     HOUR_MS,

@@ -26,12 +26,12 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
-from celery_sagas.dispatch import Sent
-from celery_sagas.events import LifecycleEvent
-from celery_sagas.liveness import claimer_id
-from celery_sagas.protocol import saga as moves
-from celery_sagas.reconcile import SweepReport
-from celery_sagas.records import SagaRecord, SagaState, StepRecord
+from celery_sagas._dispatch import Sent
+from celery_sagas._events import LifecycleEvent
+from celery_sagas._liveness import claimer_id
+from celery_sagas._protocol import moves
+from celery_sagas._records import SagaRecord, SagaState, StepRecord
+from celery_sagas._sweep import SweepReport
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 

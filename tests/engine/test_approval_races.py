@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from celery_sagas import MemoryStore
+from celery_sagas._records import APPROVAL, ApprovalState, SagaState, StepState
 from celery_sagas.errors import ApprovalTokenExpired
-from celery_sagas.records import APPROVAL, ApprovalState, SagaState, StepState
 from tests.engine.conftest import ORDER, Shop
 from tests.engine.test_approvals import (  # noqa: F401  (fixtures)
     BINDING,

@@ -14,7 +14,10 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
-from celery_sagas.approvals.gate import PendingApproval
+from celery_sagas._approvals.gate import PendingApproval
+from celery_sagas._events import LifecycleEvent
+from celery_sagas._records import ApprovalState, SagaState, StepState
+from celery_sagas._sweep import SWEEP_LEASE
 from celery_sagas.errors import (
     ApprovalBindingError,
     ApprovalDecisionError,
@@ -27,9 +30,6 @@ from celery_sagas.errors import (
     SagaConfigurationError,
     SagaNotFound,
 )
-from celery_sagas.events import LifecycleEvent
-from celery_sagas.reconcile import SWEEP_LEASE
-from celery_sagas.records import ApprovalState, SagaState, StepState
 from celery_sagas.stores.base import Fence
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from celery_sagas._records import SagaState, StepState
 from celery_sagas.errors import SagaResolutionError
-from celery_sagas.records import SagaState, StepState
 from tests.engine.conftest import Shop, kinds
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from celery_sagas import StepNotCommitted
-from celery_sagas.records import SagaState, StepState
+from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import CardDeclined, Shop, kinds
 
 BACKOFF_MS = 1_000

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_sagas import StepNotCommitted
-from celery_sagas.events import LifecycleEvent
+from celery_sagas._events import LifecycleEvent
 from tests.engine.conftest import Shop
 
 MARKERS = ("MARKER-INPUT", "MARKER-ARG", "MARKER-RESULT", "MARKER-EXC")

@@ -3,7 +3,7 @@ and the continuation to the next step costs no extra broker message."""
 
 from __future__ import annotations
 
-from celery_sagas.records import SagaState, StepState
+from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import ORDER, Shop, kinds
 
 

@@ -14,9 +14,9 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
+from celery_sagas._journal import EffectJournal, EffectRecorder, journal_target
+from celery_sagas._records import EffectRecord, EffectState, SagaState, StepState, effect_from_envelope
 from celery_sagas.errors import NonDurableStoreError, StoreUnavailable
-from celery_sagas.journal import EffectJournal, EffectRecorder, journal_target
-from celery_sagas.records import EffectRecord, EffectState, SagaState, StepState, effect_from_envelope
 from celery_sagas.stores.base import Envelope, Fence, Page
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver

@@ -16,9 +16,9 @@ from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
+from celery_sagas._events import FindingEvent, LifecycleEvent
+from celery_sagas._records import EffectState, SagaState
 from celery_sagas.errors import ApprovalTokenInvalid
-from celery_sagas.events import FindingEvent, LifecycleEvent
-from celery_sagas.records import EffectState, SagaState
 from celery_sagas.stores.base import Envelope
 from celery_sagas.testing import FrozenClock
 from tests.engine.conftest import ORDER, Shop

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.records import SagaState, StepState
+from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import CardDeclined, Shop, kinds
 
 A, B, C = "shop.reserve", "shop.reserve#2", "shop.charge"

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from celery_sagas import MemoryStore, StepNotCommitted
-from celery_sagas.dispatch import Sent
-from celery_sagas.events import LifecycleEvent
-from celery_sagas.records import SAGA, SagaRecord, SagaState, StepState, saga_from_envelope
+from celery_sagas._dispatch import Sent
+from celery_sagas._events import LifecycleEvent
+from celery_sagas._records import SAGA, SagaRecord, SagaState, StepState, saga_from_envelope
 from celery_sagas.stores.base import Envelope, Fence
 from celery_sagas.testing.racing import race
 from tests.engine.conftest import Shop, kinds

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_sagas import StepNotCommitted
-from celery_sagas.records import SagaState, StepState
+from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import Shop
 
 # Module-level state a careless run() depends on: flipping it between replays changes the steps.

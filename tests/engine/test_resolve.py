@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from celery_sagas._records import SagaState, StepState
 from celery_sagas.errors import SagaResolutionError
-from celery_sagas.records import SagaState, StepState
 from tests.engine.conftest import HOST, Shop, kinds
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from celery_sagas import StepNotCommitted
-from celery_sagas.protocol import codes
-from celery_sagas.records import SagaState, StepState
+from celery_sagas._protocol import codes
+from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import Shop
 
 BOOK = "t.book"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from celery_sagas import MemoryStore
+from celery_sagas._records import SagaState
 from celery_sagas.errors import PayloadTooLarge, SagaConflictError, SagaValidationError
-from celery_sagas.records import SagaState
 from tests.engine.conftest import ORDER, Shop, kinds, nothing_stored
 
 

@@ -8,10 +8,10 @@ import uuid
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
-from celery_sagas.leases import Leases
-from celery_sagas.protocol.findings import FindingKind
-from celery_sagas.reconcile import SWEEP_LEASE, SweepReport, sweep
-from celery_sagas.records import SagaState
+from celery_sagas._leases import Leases
+from celery_sagas._protocol.findings import FindingKind
+from celery_sagas._records import SagaState
+from celery_sagas._sweep import SWEEP_LEASE, SweepReport, sweep
 from celery_sagas.stores.base import Envelope
 from celery_sagas.testing import FrozenClock
 from tests.engine.conftest import Shop, kinds

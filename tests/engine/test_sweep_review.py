@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from celery_sagas import MemoryStore
+from celery_sagas._findings import page_findings, window_of
+from celery_sagas._leases import Leases
+from celery_sagas._records import SagaState
+from celery_sagas._scans import RecordPage, scan_sagas
+from celery_sagas._sweep import SWEEP_LEASE, Pass, SweepReport, sweep
+from celery_sagas._wakeups import WAKEUP
 from celery_sagas.errors import SagaValidationError, StoreError
-from celery_sagas.leases import Leases
-from celery_sagas.reconcile import SWEEP_LEASE, Pass, SweepReport, sweep
-from celery_sagas.records import SagaState
-from celery_sagas.reports import page_findings, window_of
-from celery_sagas.scans import RecordPage, scan_sagas
 from celery_sagas.stores.base import Envelope, Fence, Lease, Page
-from celery_sagas.wakeups import WAKEUP
 from tests.engine.conftest import Shop
 
 

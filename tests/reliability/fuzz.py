@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
-from celery_sagas.dispatch import RecordingDispatcher
+from celery_sagas._celery.settings import SETTING_DOCS
+from celery_sagas._delivery import execute_compensation, execute_step
+from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas.errors import SagaError
-from celery_sagas.execution import execute_compensation, execute_step
-from celery_sagas.integration.settings import SETTING_DOCS
 from tests.reliability.harness import Report
 from tests.reliability.invariants import Violation
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_sagas._records import SagaRecord
 from celery_sagas.errors import SagaError
-from celery_sagas.records import SagaRecord
 from tests.reliability.app import DEFINITION
 from tests.reliability.cluster import Cluster
 from tests.reliability.invariants import SETTLED, Violation, check, fence_stats

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery_sagas.records import SagaRecord, SagaState, StepState
+from celery_sagas._records import SagaRecord, SagaState, StepState
 from tests.reliability.app import NON_IDEMPOTENT_STEPS
 
 SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)

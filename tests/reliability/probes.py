@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from celery_sagas.clock import SystemClock
+from celery_sagas._celery.dispatcher import SWEEP_TASK
+from celery_sagas._clock import SystemClock
+from celery_sagas._leases import Leases
+from celery_sagas._sweep import SWEEP_LEASE
 from celery_sagas.errors import SagaError
-from celery_sagas.integration.dispatcher import SWEEP_TASK
-from celery_sagas.leases import Leases
-from celery_sagas.reconcile import SWEEP_LEASE
 from celery_sagas.stores.base import Lease
 from celery_sagas.testing.racing import race
 from tests.e2e.conftest import wait_until

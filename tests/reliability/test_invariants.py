@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
 from tests.reliability.invariants import check
 
 pytestmark = pytest.mark.e2e

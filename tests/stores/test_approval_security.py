@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from celery_sagas import Sagas
-from celery_sagas.approvals.gate import ApprovalGate
-from celery_sagas.approvals.tokens import MAX_TOKEN_BYTES, token_hash
+from celery_sagas._approvals.gate import ApprovalGate
+from celery_sagas._approvals.tokens import MAX_TOKEN_BYTES, token_hash
+from celery_sagas._events import LifecycleEvent
+from celery_sagas._records import ApprovalState, SagaState
 from celery_sagas.errors import (
     ApprovalBindingError,
     ApprovalDecisionError,
@@ -39,8 +41,6 @@ from celery_sagas.errors import (
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
 )
-from celery_sagas.events import LifecycleEvent
-from celery_sagas.records import ApprovalState, SagaState
 from celery_sagas.stores.base import Store
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock, ReadTogether, race
@@ -541,7 +541,7 @@ def test_no_lifecycle_event_shows_a_token(flow: Flow) -> None:
 
 
 def test_no_metric_shows_a_token(flow: Flow) -> None:
-    metrics = pytest.importorskip("celery_sagas.metrics")
+    metrics = pytest.importorskip("celery_sagas._metrics")
     prometheus = pytest.importorskip("prometheus_client")
     registry = prometheus.CollectorRegistry()
     metrics.SagaMetrics(registry).attach(flow.sagas.events)

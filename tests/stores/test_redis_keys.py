@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from celery_sagas.errors import SagaValidationError
-from celery_sagas.stores.redis import keys
-from celery_sagas.stores.redis.keys import KeyLayout, bucket_of, check_buckets, check_prefix
+from celery_sagas.stores.redis import _keys as keys
+from celery_sagas.stores.redis._keys import KeyLayout, bucket_of, check_buckets, check_prefix
 
 
 def _crc16(data: bytes) -> int:

@@ -17,7 +17,7 @@ import redis
 
 from celery_sagas.stores.base import Envelope
 from celery_sagas.stores.redis import RedisStore
-from celery_sagas.stores.redis.keys import KeyLayout
+from celery_sagas.stores.redis._keys import KeyLayout
 
 T0 = 1_700_000_000_000
 

@@ -28,11 +28,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_sagas.errors import FencedWriteRefused, InvalidRecordError, SagaValidationError, StoreError
+from celery_sagas.stores._cursor import encode_cursor
 from celery_sagas.stores.base import Envelope, Fence, Lease, Store
-from celery_sagas.stores.cursor import encode_cursor
 from celery_sagas.stores.redis import RedisStore
-from celery_sagas.stores.redis.keys import KeyLayout
-from celery_sagas.stores.redis.scripts import SCRIPT_NAMES, Scripts, script_text
+from celery_sagas.stores.redis._keys import KeyLayout
+from celery_sagas.stores.redis._scripts import SCRIPT_NAMES, Scripts, script_text
 
 T0 = 1_700_000_000_000
 THREADS = 16

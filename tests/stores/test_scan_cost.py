@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import Engine as SqlEngine
 
-from celery_sagas.definitions import Timing
-from celery_sagas.dispatch import RecordingDispatcher
-from celery_sagas.engine import Engine, EngineSettings
-from celery_sagas.reconcile import SweepReport, sweep
-from celery_sagas.records import saga_to_envelope
+from celery_sagas._definitions import Timing
+from celery_sagas._dispatch import RecordingDispatcher
+from celery_sagas._engine import Engine, EngineSettings
+from celery_sagas._records import saga_to_envelope
+from celery_sagas._sweep import SweepReport, sweep
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore

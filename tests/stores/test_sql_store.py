@@ -27,7 +27,7 @@ from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Fence, Lease
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.stores.sql import SqlStore
-from celery_sagas.stores.sql.schema import Tables, build_tables
+from celery_sagas.stores.sql._schema import Tables, build_tables
 
 T0 = 1_700_000_000_000
 BACKENDS = [

@@ -13,10 +13,8 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.errors import IllegalTransition
-from celery_sagas.protocol import codes
-from celery_sagas.protocol import saga as moves
-from celery_sagas.protocol.decisions import (
+from celery_sagas._protocol import codes, moves
+from celery_sagas._protocol.decisions import (
     Abandon,
     Append,
     BeginCompensation,
@@ -29,7 +27,8 @@ from celery_sagas.protocol.decisions import (
     Vanished,
     Wait,
 )
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas.errors import IllegalTransition
 
 T0 = 1_700_000_000_000
 NOW = T0 + 1_000

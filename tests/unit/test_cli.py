@@ -22,7 +22,10 @@ from celery.bin.celery import celery as celery_root
 from click.testing import CliRunner, Result
 
 from celery_sagas import MemoryStore, Sagas, SagaState, StepState
-from celery_sagas.approvals import ledger
+from celery_sagas._approvals import ledger
+from celery_sagas._celery.facade import sagas_of
+from celery_sagas._leases import Leases
+from celery_sagas._sweep import SWEEP_LEASE
 from celery_sagas.cli import (
     COMMANDS,
     EXIT_NOT_FOUND,
@@ -42,9 +45,6 @@ from celery_sagas.errors import (
     SagaValidationError,
     StoreError,
 )
-from celery_sagas.integration.facade import sagas_of
-from celery_sagas.leases import Leases
-from celery_sagas.reconcile import SWEEP_LEASE
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, Shop, register_shop

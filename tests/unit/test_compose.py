@@ -132,7 +132,7 @@ def test_every_celery_command_names_an_app_module_and_a_subcommand(compose: dict
     from celery import Celery
     from celery.bin.celery import celery as celery_root
 
-    from celery_sagas.integration.facade import sagas_of
+    from celery_sagas._celery.facade import sagas_of
 
     # then
     checked = 0

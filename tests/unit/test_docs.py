@@ -19,9 +19,9 @@ import click
 import pytest
 from celery import current_app
 
+from celery_sagas._celery.settings import SETTING_DOCS
+from celery_sagas._protocol import codes
 from celery_sagas.cli import main
-from celery_sagas.integration.settings import SETTING_DOCS
-from celery_sagas.protocol import codes
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from celery_sagas.events import EventBus, FindingEvent, LifecycleEvent, Stage, effect_stage
-from celery_sagas.records import StepState
+from celery_sagas._events import EventBus, FindingEvent, LifecycleEvent, Stage, effect_stage
+from celery_sagas._records import StepState
 
 
 def lifecycle(phase: str = "committed", **changes: object) -> LifecycleEvent:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_sagas.clock import now_ms
+from celery_sagas._clock import now_ms
 from celery_sagas.errors import SagaValidationError
 from celery_sagas.testing import FrozenClock
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.approvals.gate import DEFAULT_TTL_MS, ApprovalGate, PendingApproval
-from celery_sagas.approvals.tokens import TokenSigner, token_hash
+from celery_sagas._approvals.gate import DEFAULT_TTL_MS, ApprovalGate, PendingApproval
+from celery_sagas._approvals.tokens import TokenSigner, token_hash
+from celery_sagas._records import APPROVAL, ApprovalState
 from celery_sagas.errors import (
     ApprovalBindingError,
     ApprovalDenied,
@@ -26,7 +27,6 @@ from celery_sagas.errors import (
     SagaConflictError,
     SagaValidationError,
 )
-from celery_sagas.records import APPROVAL, ApprovalState
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock
 
@@ -199,7 +199,7 @@ def test_pending_view_and_signal_hide_the_token(gate: ApprovalGate) -> None:
 def test_a_record_without_a_nonce_has_no_token_to_show(
     gate: ApprovalGate, store: MemoryStore
 ) -> None:
-    from celery_sagas.approvals.ledger import create_approval
+    from celery_sagas._approvals.ledger import create_approval
 
     create_approval(store, gate.clock, approval_id="a9", effect_id="e9",
                     token_hash=hashlib.sha256(b"x").hexdigest(), ttl_ms=TTL, **BINDING)

@@ -76,22 +76,22 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
 # ---------------------------------------------------------------- the layers
 
 PURE_NAMED = (
-    "celery_sagas.values",
-    "celery_sagas.records",
+    "celery_sagas._values",
+    "celery_sagas._records",
     "celery_sagas.errors",
-    "celery_sagas.approvals.tokens",
-    "celery_sagas.stores.redis.keys",
+    "celery_sagas._approvals.tokens",
+    "celery_sagas.stores.redis._keys",
     "celery_sagas.stores.base",
-    "celery_sagas.stores.cursor",
+    "celery_sagas.stores._cursor",
 )
-PURE = sorted({m for m in MODULES if _within(m, ("celery_sagas.protocol",))} | set(PURE_NAMED))
+PURE = sorted({m for m in MODULES if _within(m, ("celery_sagas._protocol",))} | set(PURE_NAMED))
 NEVER_IN_PURE = frozenset({"time", "random", "secrets", "logging", "uuid", "os", "socket"})
 
 ENGINE_REQUIRED = (
-    "engine", "execution", "context", "definitions", "reconcile", "journal", "leases", "scans",
-    "events", "dispatch", "liveness", "approvals.ledger",
+    "_engine", "_delivery", "_context", "_definitions", "_sweep", "_journal", "_leases", "_scans",
+    "_events", "_dispatch", "_liveness", "_approvals.ledger",
 )
-ENGINE_OPTIONAL = ("approvals.gate",)
+ENGINE_OPTIONAL = ("_approvals.gate",)
 ENGINE = [f"{PACKAGE}.{m}" for m in ENGINE_REQUIRED] + [
     f"{PACKAGE}.{m}" for m in ENGINE_OPTIONAL if f"{PACKAGE}.{m}" in MODULES
 ]
@@ -100,29 +100,29 @@ NEVER_IN_ENGINE = (
     "celery_sagas.stores.redis",
     "celery_sagas.stores.sql",
     "celery_sagas.stores.memory",
-    "celery_sagas.integration",
+    "celery_sagas._celery",
     "celery_sagas.cli",
 )
 
 STORES = sorted(m for m in MODULES if _within(m, ("celery_sagas.stores",)))
 NEVER_IN_STORES = tuple(
-    f"{PACKAGE}.{m}" for m in ("protocol", "engine", "execution", "context", "definitions", "reconcile")
+    f"{PACKAGE}.{m}" for m in ("_protocol", "_engine", "_delivery", "_context", "_definitions", "_sweep")
 )
 
-CELERY_ALLOWED = ("celery_sagas.integration", "celery_sagas.cli", "celery_sagas.testing.driver")
+CELERY_ALLOWED = ("celery_sagas._celery", "celery_sagas.cli", "celery_sagas.testing.driver")
 
 
 def test_every_named_module_exists() -> None:
     missing = [m for m in (*PURE_NAMED, *ENGINE) if m not in MODULES]
     assert not missing
-    assert any(_within(m, ("celery_sagas.protocol",)) and m != "celery_sagas.protocol" for m in PURE)
+    assert any(_within(m, ("celery_sagas._protocol",)) and m != "celery_sagas._protocol" for m in PURE)
 
 
 def test_the_parser_sees_imports_that_are_there() -> None:
-    assert "celery_sagas.records" in imports_of("celery_sagas.protocol.saga")
-    assert "celery_sagas.protocol.codes" in imports_of("celery_sagas.protocol.saga")
-    assert "celery" in {_top(n) for n in imports_of("celery_sagas.integration.facade")}
-    assert "celery_sagas.stores.base" in imports_of("celery_sagas.engine")
+    assert "celery_sagas._records" in imports_of("celery_sagas._protocol.moves")
+    assert "celery_sagas._protocol.codes" in imports_of("celery_sagas._protocol.moves")
+    assert "celery" in {_top(n) for n in imports_of("celery_sagas._celery.facade")}
+    assert "celery_sagas.stores.base" in imports_of("celery_sagas._engine")
 
 
 def pure_violations(module: str) -> list[str]:
@@ -130,7 +130,7 @@ def pure_violations(module: str) -> list[str]:
     bad = []
     for name in sorted(imports_of(module)):
         if _top(name) == PACKAGE:
-            if name not in PURE and name != "celery_sagas.protocol":
+            if name not in PURE and name != "celery_sagas._protocol":
                 bad.append(name)
         elif _top(name) not in sys.stdlib_module_names or _top(name) in NEVER_IN_PURE:
             bad.append(name)
@@ -158,11 +158,11 @@ def celery_violations(module: str) -> list[str]:
 
 
 def test_the_rules_catch_known_offenders() -> None:
-    assert "secrets" in pure_violations("celery_sagas.journal")
-    assert "logging" in pure_violations("celery_sagas.engine")
-    assert "celery" in engine_violations("celery_sagas.integration.facade")
-    assert "celery_sagas.protocol.decide" in store_violations("celery_sagas.engine")
-    assert celery_violations("celery_sagas.integration.facade") == []
+    assert "secrets" in pure_violations("celery_sagas._journal")
+    assert "logging" in pure_violations("celery_sagas._engine")
+    assert "celery" in engine_violations("celery_sagas._celery.facade")
+    assert "celery_sagas._protocol.decide" in store_violations("celery_sagas._engine")
+    assert celery_violations("celery_sagas._celery.facade") == []
 
 
 @pytest.mark.parametrize("module", PURE)

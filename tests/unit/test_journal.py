@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 
+from celery_sagas._journal import EffectJournal
+from celery_sagas._records import EffectRecord, EffectState
+from celery_sagas._values import decode_json
 from celery_sagas.errors import (
     IllegalTransition,
     InvalidRecordError,
@@ -17,12 +20,9 @@ from celery_sagas.errors import (
     SagaNotFound,
     SagaValidationError,
 )
-from celery_sagas.journal import EffectJournal
-from celery_sagas.records import EffectRecord, EffectState
 from celery_sagas.stores.base import Envelope
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock, ReadTogether, race
-from celery_sagas.values import decode_json
 
 T0 = 1_700_000_000_000
 DIGEST = "ab" * 32

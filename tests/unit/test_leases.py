@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from celery_sagas._leases import Leases
 from celery_sagas.errors import FencedWriteRefused, LeaseLost, SagaValidationError
-from celery_sagas.leases import Leases
 from celery_sagas.stores.base import Envelope, Fence
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.approvals.ledger import (
+from celery_sagas._approvals.ledger import (
     consume,
     create_approval,
     decide,
@@ -17,6 +17,8 @@ from celery_sagas.approvals.ledger import (
     expire_due,
     get_approval,
 )
+from celery_sagas._records import ApprovalRecord, ApprovalState
+from celery_sagas._values import decode_json
 from celery_sagas.errors import (
     ApprovalBindingError,
     ApprovalDecisionError,
@@ -29,11 +31,9 @@ from celery_sagas.errors import (
     SagaConflictError,
     SagaValidationError,
 )
-from celery_sagas.records import ApprovalRecord, ApprovalState
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock, ReadTogether, race
-from celery_sagas.values import decode_json
 
 T0 = 1_700_000_000_000
 TTL = 60_000

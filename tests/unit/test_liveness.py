@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from celery_sagas.liveness import ActiveEffects, claim_tag, claimer_id, dead_effects
-from celery_sagas.records import StepRecord, StepState
+from celery_sagas._liveness import ActiveEffects, claim_tag, claimer_id, dead_effects
+from celery_sagas._records import StepRecord, StepState
 
 
 def _no_pid(start: int = 4_000_000) -> int:

@@ -13,9 +13,9 @@ from celery import Celery
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
+from celery_sagas._events import EventBus, FindingEvent, LifecycleEvent
+from celery_sagas._metrics import SagaMetrics
 from celery_sagas.errors import SagaConfigurationError
-from celery_sagas.events import EventBus, FindingEvent, LifecycleEvent
-from celery_sagas.metrics import SagaMetrics
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, register_shop

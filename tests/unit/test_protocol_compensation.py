@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from celery_sagas.protocol import codes
-from celery_sagas.protocol.compensation import (
+from celery_sagas._protocol import codes
+from celery_sagas._protocol.compensation import (
     MAX_BACKOFF_MS,
     check_backoff,
     commit_order,
     default_backoff_ms,
     plan_compensation,
 )
-from celery_sagas.protocol.decisions import BeginCompensation, FinishCompensation, Review, Wait
-from celery_sagas.records import SagaState, StepRecord
-from celery_sagas.values import MAX_SAFE_INTEGER
+from celery_sagas._protocol.decisions import BeginCompensation, FinishCompensation, Review, Wait
+from celery_sagas._records import SagaState, StepRecord
+from celery_sagas._values import MAX_SAFE_INTEGER
 
 from .protocol_builders import AM, CD, CF, CM, FL, NOW, P0, P1, PA, X0, X1, names, saga, step
 

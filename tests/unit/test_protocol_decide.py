@@ -7,10 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from celery_sagas.protocol import codes
-from celery_sagas.protocol import saga as moves
-from celery_sagas.protocol.decide import decide, judge_in_flight
-from celery_sagas.protocol.decisions import (
+from celery_sagas._protocol import codes, moves
+from celery_sagas._protocol.decide import decide, judge_in_flight
+from celery_sagas._protocol.decisions import (
     Abandon,
     Append,
     BeginCompensation,
@@ -25,8 +24,8 @@ from celery_sagas.protocol.decisions import (
     Vanished,
     Wait,
 )
-from celery_sagas.protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
 
 from .protocol_builders import (
     AM,

@@ -6,13 +6,13 @@ import itertools
 
 import pytest
 
-from celery_sagas.errors import IllegalTransition, SagaValidationError
-from celery_sagas.protocol.effect import (
+from celery_sagas._protocol.effect import (
     EFFECT_TRANSITIONS,
     FINAL_EFFECT_STATES,
     transition_effect,
 )
-from celery_sagas.records import EffectRecord, EffectState
+from celery_sagas._records import EffectRecord, EffectState
+from celery_sagas.errors import IllegalTransition, SagaValidationError
 
 from .protocol_builders import T0, frozen_copy
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from celery_sagas.protocol import codes
-from celery_sagas.protocol.findings import Finding, FindingKind, effect_finding, saga_finding
-from celery_sagas.records import EffectRecord, EffectState, SagaState
+from celery_sagas._protocol import codes
+from celery_sagas._protocol.findings import Finding, FindingKind, effect_finding, saga_finding
+from celery_sagas._records import EffectRecord, EffectState, SagaState
 
 from .protocol_builders import (
     AM,

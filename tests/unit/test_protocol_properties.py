@@ -19,15 +19,14 @@ from typing import TypeVar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from celery_sagas._protocol import codes, moves
+from celery_sagas._protocol.decide import decide
+from celery_sagas._protocol.decisions import SagaPolicy, StepPolicy
+from celery_sagas._protocol.effect import FINAL_EFFECT_STATES, transition_effect
+from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
+from celery_sagas._protocol.resolution import Resolution, resolve
+from celery_sagas._records import EffectRecord, EffectState, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition, SagaResolutionError
-from celery_sagas.protocol import codes
-from celery_sagas.protocol import saga as moves
-from celery_sagas.protocol.decide import decide
-from celery_sagas.protocol.decisions import SagaPolicy, StepPolicy
-from celery_sagas.protocol.effect import FINAL_EFFECT_STATES, transition_effect
-from celery_sagas.protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
-from celery_sagas.protocol.resolution import Resolution, resolve
-from celery_sagas.records import EffectRecord, EffectState, SagaRecord, SagaState, StepRecord, StepState
 
 from .protocol_builders import T0, apply_decision, intent
 

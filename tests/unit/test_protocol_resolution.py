@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
+from celery_sagas._protocol import codes
+from celery_sagas._protocol.resolution import Resolution, resolve
+from celery_sagas._records import SagaRecord, SagaState, StepState
 from celery_sagas.errors import SagaResolutionError, SagaValidationError
-from celery_sagas.protocol import codes
-from celery_sagas.protocol.resolution import Resolution, resolve
-from celery_sagas.records import SagaRecord, SagaState, StepState
 
 from .protocol_builders import (
     AM,

@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from celery_sagas._protocol import codes, moves
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition, SagaValidationError
-from celery_sagas.protocol import codes
-from celery_sagas.protocol import saga as moves
-from celery_sagas.records import SagaRecord, SagaState, StepRecord, StepState
 
 from .protocol_builders import (
     AM,

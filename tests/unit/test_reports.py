@@ -12,9 +12,16 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
-from celery_sagas.errors import SagaValidationError
-from celery_sagas.protocol.findings import Finding
-from celery_sagas.records import (
+from celery_sagas._findings import (
+    FindingPage,
+    Window,
+    all_findings,
+    count_sagas,
+    page_findings,
+    window_of,
+)
+from celery_sagas._protocol.findings import Finding
+from celery_sagas._records import (
     EffectRecord,
     EffectState,
     SagaRecord,
@@ -24,14 +31,7 @@ from celery_sagas.records import (
     effect_to_envelope,
     saga_to_envelope,
 )
-from celery_sagas.reports import (
-    FindingPage,
-    Window,
-    all_findings,
-    count_sagas,
-    page_findings,
-    window_of,
-)
+from celery_sagas.errors import SagaValidationError
 from celery_sagas.stores.base import Envelope
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas.errors import SagaValidationError
-from celery_sagas.records import (
+from celery_sagas._records import (
     EffectRecord,
     EffectState,
     SagaRecord,
@@ -17,7 +16,7 @@ from celery_sagas.records import (
     effect_to_envelope,
     saga_to_envelope,
 )
-from celery_sagas.scans import (
+from celery_sagas._scans import (
     CorruptRecord,
     all_approvals,
     all_effects,
@@ -26,6 +25,7 @@ from celery_sagas.scans import (
     scan_effects,
     scan_sagas,
 )
+from celery_sagas.errors import SagaValidationError
 from celery_sagas.stores.base import Envelope, Page
 from celery_sagas.stores.memory import MemoryStore
 

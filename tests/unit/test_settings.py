@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, SagaConfigurationError, Sagas
-from celery_sagas.integration.dispatcher import ADVANCE_TASK, SWEEP_TASK
+from celery_sagas._celery.dispatcher import ADVANCE_TASK, SWEEP_TASK
 
 PICKLE = ["pickle", "PICKLE", "application/x-python-serialize"]
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_sagas.approvals.tokens import Claims, TokenSigner, token_hash
+from celery_sagas._approvals.tokens import Claims, TokenSigner, token_hash
 from celery_sagas.errors import ApprovalTokenExpired, ApprovalTokenInvalid, SagaValidationError
 
 OLD = b"o" * 16 + bytes(range(16))

@@ -37,8 +37,9 @@ from redis import Redis
 from redis.commands.core import Script
 from redis.exceptions import RedisError, ResponseError
 
+from ..._values import MAX_SAFE_INTEGER, duration_ms, timestamp_ms, token
 from ...errors import FencedWriteRefused, InvalidRecordError, SagaValidationError, StoreError
-from ...values import MAX_SAFE_INTEGER, duration_ms, timestamp_ms, token
+from .._cursor import decode_cursor, encode_cursor
 from ..base import (
     Envelope,
     Fence,
@@ -49,9 +50,8 @@ from ..base import (
     check_lease_args,
     check_scan_args,
 )
-from ..cursor import decode_cursor, encode_cursor
-from .keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout
-from .scripts import Scripts
+from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout
+from ._scripts import Scripts
 
 __all__ = ["RedisStore"]
 

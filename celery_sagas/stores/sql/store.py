@@ -41,6 +41,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.sql.dml import Update
 
+from ..._values import duration_ms, identifier, timestamp_ms
 from ...errors import (
     FencedWriteRefused,
     InvalidRecordError,
@@ -48,7 +49,7 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
-from ...values import duration_ms, identifier, timestamp_ms
+from .._cursor import decode_cursor, encode_cursor
 from ..base import (
     Envelope,
     Fence,
@@ -60,8 +61,7 @@ from ..base import (
     check_lease_args,
     check_scan_args,
 )
-from ..cursor import decode_cursor, encode_cursor
-from .dialects import (
+from ._dialects import (
     check_supported,
     engine_settings,
     insert_if_absent,
@@ -69,7 +69,7 @@ from .dialects import (
     prepare_engine,
     update_returning,
 )
-from .schema import Tables, build_tables
+from ._schema import Tables, build_tables
 
 __all__ = ["SqlStore"]
 

@@ -1,0 +1,153 @@
+"""``sagas_*`` settings, read once from ``app.conf`` (keyword arguments win) into a frozen value."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .. import _values as values
+from .._definitions import Timing
+from ..errors import SagaConfigurationError
+
+__all__ = ["SETTING_DOCS", "SagaSettings"]
+
+# name: (default, one-line description); the docs' configuration reference is built from this.
+SETTING_DOCS: dict[str, tuple[Any, str]] = {
+    "store": (None, "store URL (redis://, postgresql+psycopg://, sqlite:///, memory://)"),
+    "sweep_interval": (5.0, "seconds between beat-driven sweeps"),
+    "stale_after": (30.0, "seconds before an unclaimed dispatched step is sent again"),
+    "ambiguity_grace": (30.0, "seconds past a step's time limit before a silent attempt is ambiguous"),
+    "default_time_limit": (300.0, "hard time limit (s) given to steps and compensators that set none"),
+    "payload_limit": (values.DEFAULT_PAYLOAD_LIMIT, "maximum bytes of one saga record"),
+    "key_prefix": ("sagas", "Redis key prefix of the store"),
+    "table_prefix": ("sagas_", "SQL table prefix of the store"),
+    "queue": (None, "queue of the internal advance and sweep tasks (None: the default queue)"),
+    "sweep_lease": (30.0, "seconds a sweeper's lease lasts before another may take over"),
+    "sweep_page_size": (100, "records read per sweep page (1..1000)"),
+    "approval_secrets": ((), "HMAC secrets for approval tokens, newest first (32+ bytes each)"),
+    "approval_ttl": (900.0, "seconds an approval stays decidable"),
+    "allow_non_durable": (False, "allow the memory store outside tests (loses everything on exit)"),
+    "journal": (True, "journal every step execution and compensation as an effect record (SPEC §2.1); "
+                      "off saves three effect writes per step but leaves the effect findings empty"),
+    "metrics": (False, "Prometheus metrics (extra 'metrics'): True for the default registry, or a "
+                       "CollectorRegistry"),
+    "metrics_count_cap": (10_000, "open sagas counted per state for the celery_sagas_sagas gauge"),
+}
+
+
+# Durations are added to and subtracted from "now" (lease expiry, staleness cut-offs): past a
+# year they stop meaning anything and, near the float/2**53 limits, overflow.
+_MAX_SECONDS = 366 * 24 * 3600
+
+
+def _seconds_ms(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_SECONDS:
+        raise SagaConfigurationError(
+            f"sagas_{name} must be a positive number of seconds, at most {_MAX_SECONDS}"
+        )
+    return max(1, int(value * 1000))
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SagaConfigurationError(f"sagas_{name} must be True or False")
+    return value
+
+
+def _queue(value: Any) -> str | None:
+    """``sagas_queue``: a queue name, or None (or "") for Celery's default queue."""
+    if value is not None and not isinstance(value, str):
+        raise SagaConfigurationError("sagas_queue must be a queue name (a str) or None")
+    return value or None
+
+
+def _registry(value: Any) -> Any:
+    """``sagas_metrics``: a bool, or a prometheus_client registry (anything with ``register``)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if not callable(getattr(value, "register", None)):
+        raise SagaConfigurationError("sagas_metrics must be True, False or a CollectorRegistry")
+    return value
+
+
+def _count_cap(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SagaConfigurationError("sagas_metrics_count_cap must be a positive int")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SagaSettings:
+    """Every ``sagas_*`` setting, validated."""
+
+    store: str | None
+    sweep_interval_s: float
+    timing: Timing
+    payload_limit: int
+    key_prefix: str
+    table_prefix: str
+    queue: str | None
+    sweep_lease_ms: int
+    sweep_page_size: int
+    approval_secrets: tuple[bytes | str, ...]
+    approval_ttl_ms: int
+    allow_non_durable: bool
+    journal: bool = True
+    metrics: bool = False
+    metrics_registry: Any = None
+    metrics_count_cap: int = 10_000
+
+    @classmethod
+    def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
+        """Read ``sagas_<name>`` from ``conf``; keyword ``<name>`` in ``overrides`` wins."""
+        unknown = set(overrides) - set(SETTING_DOCS)
+        if unknown:
+            raise SagaConfigurationError(f"unknown saga options: {', '.join(sorted(unknown))}")
+        raw = {
+            name: overrides.get(name, conf.get(f"sagas_{name}", default))
+            for name, (default, _) in SETTING_DOCS.items()
+        }
+        return cls._build(raw)
+
+    @classmethod
+    def _build(cls, raw: Mapping[str, Any]) -> SagaSettings:
+        page = raw["sweep_page_size"]
+        if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= 1000:
+            raise SagaConfigurationError("sagas_sweep_page_size must be an int in 1..1000")
+        limit = raw["payload_limit"]
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1024:
+            raise SagaConfigurationError("sagas_payload_limit must be an int of at least 1024 bytes")
+        secrets = raw["approval_secrets"]
+        if isinstance(secrets, (str, bytes)) or not isinstance(secrets, Sequence):
+            raise SagaConfigurationError("sagas_approval_secrets must be a list of secrets")
+        _seconds_ms("sweep_interval", raw["sweep_interval"])
+        return cls(
+            store=raw["store"],
+            sweep_interval_s=float(raw["sweep_interval"]),
+            timing=Timing(
+                stale_ms=_seconds_ms("stale_after", raw["stale_after"]),
+                grace_ms=_seconds_ms("ambiguity_grace", raw["ambiguity_grace"]),
+                default_time_limit_ms=_seconds_ms("default_time_limit", raw["default_time_limit"]),
+            ),
+            payload_limit=limit,
+            key_prefix=values.identifier(raw["key_prefix"], field="sagas_key_prefix"),
+            table_prefix=values.identifier(raw["table_prefix"], field="sagas_table_prefix"),
+            queue=_queue(raw["queue"]),
+            sweep_lease_ms=_seconds_ms("sweep_lease", raw["sweep_lease"]),
+            sweep_page_size=page,
+            approval_secrets=tuple(secrets),
+            approval_ttl_ms=_seconds_ms("approval_ttl", raw["approval_ttl"]),
+            allow_non_durable=_flag("allow_non_durable", raw["allow_non_durable"]),
+            journal=_flag("journal", raw["journal"]),
+            metrics=raw["metrics"] is not False and raw["metrics"] is not None,
+            metrics_registry=_registry(raw["metrics"]),
+            metrics_count_cap=_count_cap(raw["metrics_count_cap"]),
+        )
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}=<hidden>" if f.name == "approval_secrets" else f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"SagaSettings({shown})"

@@ -1,0 +1,279 @@
+"""The contexts user code sees: ``SagaContext`` for ``run(ctx, input)``, ``StepContext`` for
+step and compensator bodies.
+
+``replay`` runs a definition's ``run`` against a saga record. Each ``ctx.step`` consults the
+record through ``protocol.replay.match_call``: a committed step returns its stored result, an
+uncommitted one stops the replay (by raising a ``BaseException`` that user ``except Exception``
+blocks do not catch), a new one is turned into a step record to append.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import _values as values
+from ._definitions import Registry, SagaDefinition
+from ._protocol import codes
+from ._protocol.replay import (
+    Crashed,
+    Diverged,
+    Mismatch,
+    New,
+    Outcome,
+    Refused,
+    Returned,
+    StepCall,
+    Suspended,
+    match_call,
+    unreached,
+)
+from ._records import SagaRecord, StepRecord, StepState
+from .errors import SagaError, SagaValidationError, StepNotCommitted
+
+__all__ = ["APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "step_accepts"]
+
+# The task name recorded for approval gates: they are steps no task runs.
+APPROVAL_TASK = "celery_sagas.approval"
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """Handed to a step or compensator body that declares a keyword ``saga``."""
+
+    saga_id: str
+    step: str
+    effect_id: str
+    attempt: int
+    stage: str = "execution"
+
+    @property
+    def idempotency_key(self) -> str:
+        """The key to hand to the provider: the effect id."""
+        return self.effect_id
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A step to run inside ``ctx.parallel``; made by ``ctx.call``."""
+
+    task: Any
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    step_name: str | None = None
+
+
+class _Suspend(BaseException):
+    """Stops a replay at uncommitted steps."""
+
+    def __init__(self, new_steps: tuple[StepRecord, ...] = ()) -> None:
+        super().__init__("suspend")
+        self.new_steps = new_steps
+
+
+class _Stop(BaseException):
+    """Stops a replay with a final outcome (divergence or misuse)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__("stop")
+        self.outcome = outcome
+
+
+class SagaContext:
+    """What ``run(ctx, input)`` uses to ask for steps; every call is matched to the record."""
+
+    def __init__(
+        self,
+        saga: SagaRecord,
+        registry: Registry,
+        new_id: Callable[[], str],
+        now_ms: int,
+        payload_limit: int,
+    ) -> None:
+        self._saga = saga
+        self._registry = registry
+        self._new_id = new_id
+        self._now_ms = now_ms
+        self._limit = payload_limit
+        self._position = 0
+        self._names: dict[str, int] = {}
+        self._used: set[str] = set()
+
+    @property
+    def saga_id(self) -> str:
+        """The id of the saga being replayed."""
+        return self._saga.saga_id
+
+    @property
+    def input(self) -> Any:
+        """The saga input (also passed to run as its second argument)."""
+        return self._saga.input
+
+    def step(self, task: Any, *args: Any, step_name: str | None = None, **kwargs: Any) -> Any:
+        """Run ``task(*args, **kwargs)`` as the next step; returns its committed result."""
+        return self.parallel(Call(task, args, kwargs, step_name))[0]
+
+    def call(self, task: Any, *args: Any, step_name: str | None = None, **kwargs: Any) -> Call:
+        """Describe a step for ``ctx.parallel`` without running it."""
+        return Call(task, args, kwargs, step_name)
+
+    def parallel(self, *calls: Call) -> list[Any]:
+        """Run several steps at once; returns their results in order once all committed."""
+        if not calls:
+            return []  # a fan-out whose width comes from the input may be empty
+        if not all(isinstance(c, Call) for c in calls):
+            self._misuse("ctx.parallel takes ctx.call(...) values (unpack a list with *)")
+        group = f"parallel-{self._position + 1}" if len(calls) > 1 else None
+        step_calls = [self._step_call(c, group) for c in calls]
+        matches = [match_call(self._saga, self._position + i, c) for i, c in enumerate(step_calls)]
+        self._position += len(calls)
+        for match in matches:
+            if isinstance(match, Mismatch):
+                raise _Stop(Diverged(match.reason))
+        if all(isinstance(m, New) for m in matches):
+            raise _Suspend(tuple(self._new_step(c) for c in step_calls))
+        if any(isinstance(m, New) for m in matches):
+            raise _Stop(Diverged("a parallel group was recorded only in part"))
+        recorded = [m.step for m in matches if not isinstance(m, (New, Mismatch))]
+        if all(s.state is StepState.COMMITTED for s in recorded):
+            return [s.result for s in recorded]
+        raise _Suspend()
+
+    def approval(
+        self,
+        name: str,
+        *,
+        capability: str,
+        tenant_id: str,
+        principal_id: str,
+        target: str | None = None,
+        digest: str | None = None,
+    ) -> Any:
+        """Stop until a human approves (then return the decision) or denies (then roll back).
+
+        The gate is a step named ``name`` that holds no worker while it waits. The token goes
+        to whoever started the saga (``sagas.approvals.pending(saga_id)``); approving and then
+        ``sagas.approvals.resume(saga_id, token, ...)`` lets the saga go on. A denial or the
+        approval's expiry counts as not committed: what came before is compensated.
+        """
+        binding = {"capability": capability, "tenant_id": tenant_id,
+                   "principal_id": principal_id, "target": target, "digest": digest}
+        try:
+            values.capability(capability)
+            values.tenant_id(tenant_id)
+            values.principal_id(principal_id)
+            _ = target is None or values.target(target)
+            _ = digest is None or values.digest(digest)
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
+        call = StepCall(self._name(name, APPROVAL_TASK), APPROVAL_TASK, (), binding, None)
+        match = match_call(self._saga, self._position, call)
+        self._position += 1
+        if isinstance(match, Mismatch):
+            raise _Stop(Diverged(match.reason))
+        if isinstance(match, New):
+            gate = replace(self._new_step(call), state=StepState.AWAITING_APPROVAL,
+                           approval_id=self._new_id(), dispatched_at_ms=None)
+            raise _Suspend((gate,))
+        if match.step.state is StepState.COMMITTED:
+            return match.step.result
+        raise _Suspend()
+
+    def _misuse(self, reason: str) -> None:
+        raise _Stop(Crashed(codes.INVALID_STEP_CALL, reason))
+
+    def _step_call(self, call: Call, group: str | None) -> StepCall:
+        task = getattr(call.task, "name", call.task)
+        if not isinstance(task, str) or task not in self._registry.steps:
+            self._misuse(f"{task!r} is not a registered saga step")
+        options = self._registry.steps[task]
+        name = self._name(call.step_name, task)
+        try:
+            args = tuple(values.json_value(list(call.args), field=f"arguments of {name}"))
+            kwargs = values.json_value(dict(call.kwargs), field=f"keyword arguments of {name}")
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
+        return StepCall(name, task, args, kwargs, options.compensator, options.time_limit_ms, group)
+
+    def _name(self, explicit: str | None, task: str) -> str:
+        base = explicit if explicit is not None else task
+        count = self._names.get(base, 0) + 1
+        self._names[base] = count
+        name = base if count == 1 else f"{base}#{count}"
+        try:
+            values.step_name(name)
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
+        if name in self._used:
+            # An explicit name can take the "#n" a later default name would get.
+            self._misuse(f"step name {name!r} is used twice in this saga; pass step_name=")
+        self._used.add(name)
+        return name
+
+    def _new_step(self, call: StepCall) -> StepRecord:
+        return StepRecord(
+            name=call.name,
+            task=call.task,
+            effect_id=self._new_id(),
+            compensation_effect_id=self._new_id(),
+            state=StepState.EXECUTING,
+            args=call.args,
+            kwargs=call.kwargs,
+            compensator=call.compensator,
+            time_limit_ms=call.time_limit_ms,
+            dispatched_at_ms=self._now_ms,
+            group=call.group,
+        )
+
+    @property
+    def calls_made(self) -> int:
+        """How many recorded positions this replay has visited."""
+        return self._position
+
+
+def replay(
+    definition: SagaDefinition,
+    saga: SagaRecord,
+    registry: Registry,
+    new_id: Callable[[], str],
+    now_ms: int,
+    payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT,
+) -> Outcome:
+    """Run ``definition.run`` against the record; user errors become outcomes, never escape."""
+    ctx = SagaContext(saga, registry, new_id, now_ms, payload_limit)
+    try:
+        value = definition.run(ctx, saga.input)
+    except _Suspend as suspend:
+        return Suspended(suspend.new_steps)
+    except _Stop as stop:
+        return stop.outcome
+    except StepNotCommitted as exc:
+        code = _code(exc)
+        return Refused(code, f"run() refused to go on ({code})")
+    except SagaError as exc:
+        return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
+    except Exception as exc:
+        return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
+    return unreached(saga, ctx.calls_made) or Returned(value)
+
+
+def _code(exc: StepNotCommitted) -> str:
+    code = getattr(exc, "code", codes.NOT_COMMITTED)
+    try:
+        return values.error_code(code)
+    except SagaValidationError:
+        return codes.NOT_COMMITTED
+
+
+@functools.lru_cache(maxsize=1024)
+def step_accepts(func: Callable[..., Any], keyword: str) -> bool:
+    """True when ``func`` declares ``keyword`` (or takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+

@@ -1,0 +1,67 @@
+"""The dispatch port: how the engine sends work, and a recording implementation for tests."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._records import StepRecord
+
+__all__ = ["Dispatcher", "RecordingDispatcher", "Sent"]
+
+
+class Dispatcher(Protocol):
+    """Sends saga work to workers; each message carries ids only, never payloads."""
+
+    def send_step(self, saga_id: str, step: StepRecord) -> None:
+        """Send the step's task with task id = the step's effect id."""
+        ...
+
+    def send_compensation(self, saga_id: str, step: StepRecord) -> None:
+        """Send the step's compensator with task id = its compensation effect id."""
+        ...
+
+    def send_advance(self, saga_id: str) -> None:
+        """Ask a worker to advance the saga."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One message a RecordingDispatcher was asked to send."""
+
+    kind: str
+    saga_id: str
+    step: str | None = None
+    effect_id: str | None = None
+
+
+class RecordingDispatcher:
+    """Keeps every message instead of sending it (engine tests drive the work by hand)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent: list[Sent] = []
+
+    def send_step(self, saga_id: str, step: StepRecord) -> None:
+        """Record a step message."""
+        self._add(Sent("step", saga_id, step.name, step.effect_id))
+
+    def send_compensation(self, saga_id: str, step: StepRecord) -> None:
+        """Record a compensation message."""
+        self._add(Sent("compensation", saga_id, step.name, step.compensation_effect_id))
+
+    def send_advance(self, saga_id: str) -> None:
+        """Record an advance message."""
+        self._add(Sent("advance", saga_id))
+
+    def take(self) -> list[Sent]:
+        """Return and forget every recorded message."""
+        with self._lock:
+            taken, self.sent = self.sent, []
+        return taken
+
+    def _add(self, sent: Sent) -> None:
+        with self._lock:
+            self.sent.append(sent)

@@ -1,0 +1,237 @@
+"""Lifecycle and finding events (SPEC §5, §8): observers, structured logging, metrics hooks.
+
+Every effect transition becomes one ``LifecycleEvent``; everything a sweep reports for an
+operator (manual review, ambiguity, stale effects, corrupt records) becomes one
+``FindingEvent``. Both go to ``logging`` with structured ``extra`` fields and to their
+observers; the Prometheus metrics (``celery_sagas.metrics``) are one such observer.
+
+Findings travel on their own channel (``subscribe_findings``) rather than as lifecycle events
+with stage ``reconciliation``: a finding is a report about a record, not an effect transition,
+and it has no phase or attempt. Lifecycle observers therefore see exactly the SPEC §8 events.
+
+Events carry ids, names, states and error codes only; saga input, step arguments, results,
+exception messages, free-text reasons and approval tokens never enter them, so neither do
+the logs and metrics fed from them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from ._records import StepState
+
+__all__ = [
+    "EventBus",
+    "FindingEvent",
+    "FindingObserver",
+    "LifecycleEvent",
+    "Observer",
+    "Phase",
+    "Stage",
+    "effect_stage",
+]
+
+logger = logging.getLogger("celery_sagas.events")
+findings_logger = logging.getLogger("celery_sagas.findings")
+
+
+class Stage:
+    """Where an effect happens."""
+
+    EXECUTION = "execution"
+    COMPENSATION = "compensation"
+    RECONCILIATION = "reconciliation"
+
+
+class Phase:
+    """What happened to the effect."""
+
+    INTENT = "intent"
+    EXECUTING = "executing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    AMBIGUOUS = "ambiguous"
+
+
+_COMPENSATION_OUTCOMES = (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+
+
+def effect_stage(stage: str, step_state: StepState) -> str:
+    """The stage of the effect an event is about: a reconciliation (operator resolution)
+    settles the compensation effect when it left the step compensated or compensation-failed,
+    and the execution effect otherwise."""
+    if stage != Stage.RECONCILIATION:
+        return stage
+    return Stage.COMPENSATION if step_state in _COMPENSATION_OUTCOMES else Stage.EXECUTION
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleEvent:
+    """One effect transition; ids and codes only, never payloads."""
+
+    effect_id: str
+    capability: str
+    stage: str
+    phase: str
+    attempt: int
+    saga_id: str
+    definition: str
+    step: str
+    error_code: str | None = None
+    duration_ms: int | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The structured ``extra`` fields of this event's log record."""
+        return {
+            "saga_id": self.saga_id,
+            "saga_definition": self.definition,
+            "saga_step": self.step,
+            "effect_id": self.effect_id,
+            "effect_capability": self.capability,
+            "effect_stage": self.stage,
+            "effect_phase": self.phase,
+            "effect_attempt": self.attempt,
+            "error_code": self.error_code,
+            "duration_ms": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FindingEvent:
+    """One record a sweep reports for an operator (SPEC §5); ids, states and codes only."""
+
+    kind: str
+    record_kind: str
+    record_id: str
+    state: str | None = None
+    step: str | None = None
+    effect_id: str | None = None
+    error_code: str | None = None
+    updated_at_ms: int | None = None
+    fence: int | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The structured ``extra`` fields of this finding's log record."""
+        return {
+            "finding_kind": self.kind,
+            "record_kind": self.record_kind,
+            "record_id": self.record_id,
+            "record_state": self.state,
+            "saga_step": self.step,
+            "effect_id": self.effect_id,
+            "error_code": self.error_code,
+            "updated_at_ms": self.updated_at_ms,
+            "sweep_fence": self.fence,
+        }
+
+
+class Observer(Protocol):
+    """Receives every lifecycle event; must not raise (errors are logged and ignored)."""
+
+    def __call__(self, event: LifecycleEvent, /) -> None:
+        """Handle one event."""
+        ...
+
+
+class FindingObserver(Protocol):
+    """Receives every finding a sweep reports; must not raise (errors are logged and ignored)."""
+
+    def __call__(self, event: FindingEvent, /) -> None:
+        """Handle one finding."""
+        ...
+
+
+E = TypeVar("E")
+
+
+class _Channel(Generic[E]):
+    """A thread-safe list of observers of one event type."""
+
+    def __init__(self) -> None:
+        self._observers: list[Callable[[E], None]] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, observer: Callable[[E], None]) -> Callable[[], None]:
+        with self._lock:
+            self._observers.append(observer)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if observer in self._observers:
+                    self._observers.remove(observer)
+
+        return unsubscribe
+
+    def deliver(self, event: E) -> None:
+        with self._lock:
+            observers = list(self._observers)
+        for observer in observers:
+            try:
+                observer(event)
+            except Exception:
+                logger.exception("saga observer %r failed", observer)
+
+
+_LIFECYCLE_LEVELS = {
+    Phase.INTENT: logging.DEBUG,
+    Phase.EXECUTING: logging.DEBUG,
+    Phase.AMBIGUOUS: logging.WARNING,
+}
+
+
+def _finding_level(event: FindingEvent) -> int:
+    """ERROR for corrupt records, WARNING for what needs an operator now (manual review, an
+    effect past every time limit), INFO for work that is late but may still finish."""
+    if event.kind == "corrupt":
+        return logging.ERROR
+    if event.kind in ("manual-review", "ambiguous") or event.state == "manual-review":
+        return logging.WARNING
+    return logging.INFO
+
+
+class EventBus:
+    """Fans events out to observers and to ``logging`` with structured ``extra`` fields.
+
+    Lifecycle events log on ``celery_sagas.events`` (intent/executing at DEBUG, committed and
+    failed at INFO, ambiguous at WARNING); findings on ``celery_sagas.findings`` (corrupt at
+    ERROR; manual review and effects past every time limit at WARNING; stale sagas, steps
+    still in flight in a stale saga and incomplete effects at INFO).
+    """
+
+    def __init__(self) -> None:
+        self._lifecycle: _Channel[LifecycleEvent] = _Channel()
+        self._findings: _Channel[FindingEvent] = _Channel()
+
+    def subscribe(self, observer: Observer) -> Callable[[], None]:
+        """Register a lifecycle observer; returns a function that unregisters it."""
+        return self._lifecycle.subscribe(observer)
+
+    def subscribe_findings(self, observer: FindingObserver) -> Callable[[], None]:
+        """Register a finding observer; returns a function that unregisters it."""
+        return self._findings.subscribe(observer)
+
+    def emit(self, event: LifecycleEvent) -> None:
+        """Deliver a lifecycle event to the log and every lifecycle observer."""
+        logger.log(
+            _LIFECYCLE_LEVELS.get(event.phase, logging.INFO),
+            "saga %s step %s: %s %s (effect %s, attempt %d, code %s)",
+            event.saga_id, event.step, event.stage, event.phase, event.effect_id,
+            event.attempt, event.error_code or "-",
+            extra=event.log_fields(),
+        )
+        self._lifecycle.deliver(event)
+
+    def report(self, event: FindingEvent) -> None:
+        """Deliver a finding to the log and every finding observer."""
+        findings_logger.log(
+            _finding_level(event),
+            "finding %s: %s %s (%s; step %s, effect %s, code %s)",
+            event.kind, event.record_kind, event.record_id, event.state or "-",
+            event.step or "-", event.effect_id or "-", event.error_code or "-",
+            extra=event.log_fields(),
+        )
+        self._findings.deliver(event)

@@ -1,0 +1,109 @@
+"""Lease semantics over the store's four lease primitives (SPEC §5).
+
+A lease lets one sweeper work at a time. Each grant carries a fresh random token (only the
+holder knows it) and a fencing number that strictly increases with every grant of the name.
+A holder that pauses past its expiry (GC, SIGSTOP) may wake up and write as if it still held
+the lease, so writes made under a lease pass its fence and the store refuses them once a newer
+grant exists::
+
+    leases = Leases(store, clock, owner="beat-1")
+    with leases.held("sweep", lease_ms=30_000) as lease:
+        if lease is None:
+            return                                   # someone else is sweeping
+        store.compare_and_set(envelope, version, fence=Fence.of(lease))
+        leases.checkpoint(lease, cursor)             # LeaseLost: stop at once
+        lease = leases.renew(lease, lease_ms=30_000)  # LeaseLost: stop at once
+
+Renewal and checkpoint failures raise ``LeaseLost``: the holder must stop immediately.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ._clock import Clock, now_ms
+from ._values import duration_ms, principal_id, timestamp_ms
+from .errors import LeaseLost, SagaValidationError
+from .stores.base import Lease, Store, check_lease_args
+
+__all__ = ["MAX_CURSOR_LENGTH", "Leases", "new_lease_token"]
+
+MAX_CURSOR_LENGTH = 1024
+
+
+def new_lease_token() -> str:
+    """A fresh random lease token (256 bits, URL-safe base64)."""
+    return secrets.token_urlsafe(32)
+
+
+def _check_cursor(cursor: object) -> str | None:
+    if cursor is None:
+        return None
+    if (
+        not isinstance(cursor, str)
+        or not 0 < len(cursor) <= MAX_CURSOR_LENGTH
+        or not (cursor.isascii() and cursor.isprintable())
+    ):
+        raise SagaValidationError(
+            f"lease cursor must be printable ASCII of 1..{MAX_CURSOR_LENGTH} characters"
+        )
+    return cursor
+
+
+def _check_lease(lease: object) -> Lease:
+    if not isinstance(lease, Lease):
+        raise SagaValidationError(f"expected a Lease, got {type(lease).__name__}")
+    check_lease_args(lease.name, lease.owner, lease.token)
+    return lease
+
+
+class Leases:
+    """Acquire, renew, checkpoint and release named leases for one ``owner``."""
+
+    def __init__(self, store: Store, clock: Clock, *, owner: str) -> None:
+        self.store = store
+        self.clock = clock
+        self.owner = principal_id(owner, field="lease owner")
+
+    def acquire(self, name: str, lease_ms: int) -> Lease | None:
+        """Grant ``name`` to this owner for ``lease_ms``, or None while another holds it."""
+        lease_token = new_lease_token()
+        check_lease_args(name, self.owner, lease_token)
+        duration = duration_ms(lease_ms, field="lease_ms")
+        now = now_ms(self.clock)
+        timestamp_ms(now + duration, field="lease expiry")
+        return self.store.acquire_lease(name, self.owner, lease_token, now, duration)
+
+    def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        """Extend the lease to now + ``lease_ms``; raise LeaseLost if it expired or moved on."""
+        _check_lease(lease)
+        duration = duration_ms(lease_ms, field="lease_ms")
+        now = now_ms(self.clock)
+        timestamp_ms(now + duration, field="lease expiry")
+        renewed = self.store.renew_lease(lease, now, duration)
+        if renewed is None:
+            raise LeaseLost(f"lease {lease.name!r} could not be renewed: stop at once")
+        return renewed
+
+    def checkpoint(self, lease: Lease, cursor: str | None) -> None:
+        """Save the scan position for the next holder; raise LeaseLost if no longer held."""
+        _check_lease(lease)
+        checked = _check_cursor(cursor)
+        if not self.store.checkpoint_lease(lease, checked, now_ms(self.clock)):
+            raise LeaseLost(f"lease {lease.name!r} was lost before its checkpoint: stop at once")
+
+    def release(self, lease: Lease) -> bool:
+        """Free the lease (its cursor stays); False if it was no longer held by this token."""
+        return self.store.release_lease(_check_lease(lease))
+
+    @contextmanager
+    def held(self, name: str, lease_ms: int) -> Iterator[Lease | None]:
+        """Acquire ``name`` for the block (None if taken) and release it at exit."""
+        lease = self.acquire(name, lease_ms)
+        try:
+            yield lease
+        finally:
+            if lease is not None:
+                self.release(lease)

@@ -1,0 +1,71 @@
+"""The compensation planner and retry-policy checks (SPEC §3, "Compensation").
+
+Committed steps are undone one at a time, in reverse order of commit. A step whose retry is
+not yet due stops the walk for now (the beat-driven sweep comes back when it is due); a step
+whose attempts reached the maximum sends the saga to manual review.
+"""
+
+from __future__ import annotations
+
+from .._records import SagaRecord, StepRecord, StepState
+from . import codes
+from .decisions import BeginCompensation, Decision, FinishCompensation, Review, Wait
+
+__all__ = [
+    "MAX_BACKOFF_MS",
+    "check_backoff",
+    "commit_order",
+    "default_backoff_ms",
+    "plan_compensation",
+]
+
+# Past a year "now + delay" stops meaning anything (and near 2**53 it leaves the safe range).
+MAX_BACKOFF_MS = 366 * 24 * 3600 * 1000
+
+
+def default_backoff_ms(attempt: int) -> int:
+    """The default compensation backoff: min(60 s, 100 ms * 2**(attempt - 1))."""
+    return int(min(60_000, 100 * 2 ** min(attempt - 1, 20)))
+
+
+def check_backoff(delay: object) -> int | None:
+    """A backoff value as an integer of ms in 0..MAX_BACKOFF_MS, or None when it is invalid."""
+    if isinstance(delay, bool) or not isinstance(delay, int):
+        return None
+    if not 0 <= delay <= MAX_BACKOFF_MS:
+        return None
+    return delay
+
+
+def commit_order(saga: SagaRecord) -> list[StepRecord]:
+    """Steps newest-committed first (list position breaks ties)."""
+    indexed = list(enumerate(saga.steps))
+    indexed.sort(key=lambda pair: (pair[1].committed_at_ms or 0, pair[0]), reverse=True)
+    return [step for _, step in indexed]
+
+
+_TO_UNDO = (StepState.COMMITTED, StepState.COMPENSATION_FAILED)
+
+
+def plan_compensation(saga: SagaRecord, now_ms: int, max_attempts: int) -> Decision:
+    """Next compensation action for a saga with nothing in flight."""
+    for step in saga.steps:
+        if step.state is StepState.AMBIGUOUS or (
+            step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION
+        ):
+            return Review(codes.AMBIGUOUS_STEP, f"step {step.name!r} is ambiguous")
+        if step.state in (StepState.EXECUTING, StepState.COMPENSATING):
+            return Wait()
+    for step in commit_order(saga):
+        if step.state not in _TO_UNDO or step.compensator is None:
+            continue
+        # The budget is checked first: once the last attempt failed there is nothing to wait for.
+        if step.compensation_attempts >= max_attempts:
+            return Review(
+                codes.COMPENSATION_EXHAUSTED,
+                f"compensation of step {step.name!r} failed {step.compensation_attempts} times",
+            )
+        if step.next_attempt_at_ms is not None and now_ms < step.next_attempt_at_ms:
+            return Wait(step.next_attempt_at_ms)
+        return BeginCompensation(step)
+    return FinishCompensation()

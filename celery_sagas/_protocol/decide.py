@@ -1,0 +1,147 @@
+"""Choose the single next action for a saga (pure).
+
+``decide`` reads a saga record, the outcome of replaying its ``run`` function, the time and
+the policy, and returns exactly one decision. The engine carries it out with one
+compare-and-set (and a dispatch after it succeeds), then asks again; a lost race means reload
+and decide afresh.
+
+In-flight work is judged the same way forward and backward (SPEC §3): not yet claimed by its
+task means in flight (re-dispatched under the same effect id once stale); claimed and within
+its time limit plus grace means running; claimed and silent past that, or claimed by a process
+known to be gone (``dead_effects``), means the attempt vanished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._records import SagaRecord, SagaState, StepRecord, StepState
+from . import codes
+from .compensation import plan_compensation
+from .decisions import (
+    Abandon,
+    Append,
+    Complete,
+    Decision,
+    Redispatch,
+    Review,
+    SagaPolicy,
+    StartCompensation,
+    Vanished,
+    Wait,
+)
+from .moves import unresolved_ambiguity
+from .replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
+
+__all__ = ["decide", "judge_in_flight"]
+
+
+def _vanished(step: StepRecord, policy: SagaPolicy, rolling_back: bool, code: str) -> Vanished:
+    if step.state is StepState.COMPENSATING:
+        retry = step.compensator in policy.compensators_idempotent
+        return Vanished(step, compensation=True, retry=retry, error_code=code)
+    options = policy.step(step.task)
+    retry = options.idempotent and step.attempts < options.max_attempts and not rolling_back
+    return Vanished(step, compensation=False, retry=retry, error_code=code)
+
+
+def judge_in_flight(
+    step: StepRecord,
+    now_ms: int,
+    policy: SagaPolicy,
+    dead_effects: frozenset[str] = frozenset(),
+    *,
+    rolling_back: bool = False,
+) -> Decision:
+    """Judge one executing or compensating step: wait, re-dispatch, or vanished."""
+    compensation = step.state is StepState.COMPENSATING
+    if step.started_at_ms is None:
+        due = step.next_attempt_at_ms
+        if due is not None and now_ms < due:
+            return Wait(due)
+        sent = step.dispatched_at_ms
+        if sent is not None and now_ms < sent + policy.stale_ms:
+            return Wait(sent + policy.stale_ms)
+        return Redispatch(step, compensation)
+    effect = step.compensation_effect_id if compensation else step.effect_id
+    if effect in dead_effects:
+        return _vanished(step, policy, rolling_back, codes.WORKER_LOST)
+    own = policy.compensator_time_limits.get(step.compensator or "") if compensation else None
+    limit = (own if compensation else step.time_limit_ms) or policy.default_time_limit_ms
+    deadline = step.started_at_ms + limit + policy.grace_ms
+    if now_ms >= deadline:
+        return _vanished(step, policy, rolling_back, codes.TIME_LIMIT)
+    return Wait(deadline)
+
+
+def _earliest(waits: list[Wait]) -> Wait:
+    times = [w.until_ms for w in waits if w.until_ms is not None]
+    return Wait(min(times) if times else None)
+
+
+def _in_flight(
+    saga: SagaRecord, now_ms: int, policy: SagaPolicy, dead: frozenset[str]
+) -> Decision | None:
+    """The first in-flight step needing action, or the earliest wait, or None if none."""
+    waits: list[Wait] = []
+    for step in saga.steps:
+        if saga.rolling_back and step.state is StepState.AWAITING_APPROVAL:
+            return Abandon(step)
+        live = step.state is StepState.EXECUTING or (
+            step.state is StepState.COMPENSATING and step.error_code != codes.AMBIGUOUS_COMPENSATION
+        )
+        if not live:
+            continue
+        if saga.rolling_back and step.state is StepState.EXECUTING and step.started_at_ms is None:
+            if step.attempts == 0:
+                return Abandon(step)
+            # An idempotent step released for a retry: its last attempt may have committed,
+            # and no retry starts while rolling back, so its outcome stays unknown.
+            return Vanished(step, compensation=False, retry=False,
+                            error_code=step.error_code or codes.STEP_ERROR)
+        verdict = judge_in_flight(step, now_ms, policy, dead, rolling_back=saga.rolling_back)
+        if not isinstance(verdict, Wait):
+            return verdict
+        waits.append(verdict)
+    return _earliest(waits) if waits else None
+
+
+def decide(
+    saga: SagaRecord,
+    replay: Callable[[], Outcome] | None,
+    now_ms: int,
+    policy: SagaPolicy,
+    dead_effects: frozenset[str] = frozenset(),
+) -> Decision:
+    """The single next action for ``saga``; ``replay`` runs the definition when needed."""
+    if saga.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
+        return Wait()
+    flight = _in_flight(saga, now_ms, policy, dead_effects)
+    if flight is not None and not isinstance(flight, Wait):
+        return flight
+    if saga.state is SagaState.COMPENSATING:
+        if flight is not None:
+            return flight
+        return plan_compensation(saga, now_ms, policy.max_compensation_attempts)
+    if unresolved_ambiguity(saga) is not None:
+        return flight or Wait()
+    if replay is None:
+        return flight or Wait()
+    return _forward(saga, replay(), flight)
+
+
+def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Decision:
+    if isinstance(outcome, Diverged):
+        return Review(codes.NONDETERMINISTIC, outcome.reason)
+    if isinstance(outcome, Crashed):
+        return Review(outcome.error_code, outcome.reason)
+    if isinstance(outcome, Refused):
+        return StartCompensation(outcome.error_code, outcome.reason)
+    if isinstance(outcome, Returned):
+        if flight is not None:
+            return flight
+        return Complete()
+    assert isinstance(outcome, Suspended)
+    if outcome.new_steps:
+        return Append(outcome.new_steps)
+    return flight or Wait()

@@ -1,0 +1,136 @@
+"""Decisions: what the engine should do next for a saga, as frozen values, and the policy
+those decisions depend on. ``protocol.decide`` chooses them; the engine carries them out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .._records import StepRecord
+
+__all__ = [
+    "Abandon",
+    "Append",
+    "BeginCompensation",
+    "Complete",
+    "Decision",
+    "FinishCompensation",
+    "Redispatch",
+    "Review",
+    "SagaPolicy",
+    "StartCompensation",
+    "StepPolicy",
+    "Vanished",
+    "Wait",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPolicy:
+    """What the definition says about one step task."""
+
+    idempotent: bool = False
+    max_attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SagaPolicy:
+    """Timing and retry limits that decisions depend on (all durations in ms)."""
+
+    max_compensation_attempts: int = 3
+    stale_ms: int = 30_000
+    grace_ms: int = 30_000
+    default_time_limit_ms: int = 300_000
+    steps: Mapping[str, StepPolicy] = field(default_factory=dict)
+    compensators_idempotent: frozenset[str] = frozenset()
+    compensator_time_limits: Mapping[str, int] = field(default_factory=dict)
+
+    def step(self, task: str) -> StepPolicy:
+        """The policy of a step task (defaults when unknown)."""
+        return self.steps.get(task, StepPolicy())
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to do now; look again at ``until_ms`` (None: when something reports)."""
+
+    until_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Record these new steps as executing, then dispatch them."""
+
+    steps: tuple[StepRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Redispatch:
+    """Send an unclaimed step (or its compensator) again under the same effect id."""
+
+    step: StepRecord
+    compensation: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Vanished:
+    """A claimed attempt went silent: retry it (idempotent) or declare it ambiguous."""
+
+    step: StepRecord
+    compensation: bool
+    retry: bool
+    error_code: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """While rolling back, fail a step that was never claimed."""
+
+    step: StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class BeginCompensation:
+    """Record the compensation intent of a committed step, then dispatch its compensator."""
+
+    step: StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Every step committed and run() returned."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishCompensation:
+    """Every committed step is undone."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartCompensation:
+    """run() refused to go on (raised StepNotCommitted): roll back."""
+
+    error_code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """Stop for an operator."""
+
+    error_code: str
+    reason: str
+
+
+Decision = (
+    Wait
+    | Append
+    | Redispatch
+    | Vanished
+    | Abandon
+    | BeginCompensation
+    | Complete
+    | FinishCompensation
+    | StartCompensation
+    | Review
+)

@@ -1,0 +1,499 @@
+"""Saga and step transitions (SPEC §2.2, §3): pure functions of records.
+
+Theory of operation. A saga record is rewritten whole by each transition, which the engine
+stores with one compare-and-set. A transition checks the saga state, the step state and the
+effect id it expects (so a late or duplicate message cannot move a newer attempt), then
+returns a new record with ``version + 1``; an illegal move raises ``IllegalTransition`` and
+leaves the input untouched (records are frozen).
+
+Step moves, forward:
+
+    (intent) --> executing --claim--> executing* --commit--> committed
+                     |                     |------fail----> failed
+                     |                     |---ambiguous--> ambiguous --late commit/fail-->
+                     |                     '----release---> executing (idempotent retry)
+                     '----abandon (rolling back, never claimed)--> failed
+
+Compensation, for a committed step:
+
+    committed | compensation-failed --begin--> compensating --claim--> compensating*
+    compensating* --succeeded--> compensated
+    compensating* --failed-----> compensation-failed (next_attempt_at stored)
+    compensating* --ambiguous--> compensating, saga manual-review
+
+(* = started: ``started_at_ms`` set by the claim.) After every step move, ``settle`` derives
+the saga state: ambiguity with nothing else in flight means manual review; a known failure
+turns a running saga into a compensating one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from .._records import SagaRecord, SagaState, StepRecord, StepState
+from .._values import error_code as check_error_code
+from ..errors import IllegalTransition
+from . import codes
+
+__all__ = [
+    "abandon_step",
+    "append_steps",
+    "begin_compensation",
+    "cancel",
+    "claim_compensation",
+    "claim_step",
+    "commit_step",
+    "compensation_ambiguous",
+    "compensation_failed",
+    "compensation_succeeded",
+    "complete",
+    "direction",
+    "fail_gate",
+    "fail_step",
+    "finish_compensation",
+    "mark_redispatched",
+    "one_write",
+    "pass_gate",
+    "release_step",
+    "resume",
+    "start_compensation",
+    "step_ambiguous",
+    "to_manual_review",
+    "unresolved_ambiguity",
+]
+
+_LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
+_ANY_OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
+
+
+def _illegal(saga: SagaRecord, event: str, step: StepRecord | None = None) -> IllegalTransition:
+    state = str(saga.state) if step is None else f"{saga.state}/{step.state}"
+    return IllegalTransition(state=state, event=event)
+
+
+def _code(code: str) -> str:
+    """Error codes written into records follow SPEC §1."""
+    return check_error_code(code)
+
+
+def _write(saga: SagaRecord, now_ms: int, **changes: Any) -> SagaRecord:
+    return replace(
+        saga, version=saga.version + 1, updated_at_ms=max(now_ms, saga.updated_at_ms), **changes
+    )
+
+
+def _find(saga: SagaRecord, name: str, effect_id: str, event: str, compensation: bool) -> StepRecord:
+    step = saga.step(name)
+    expected = None if step is None else (
+        step.compensation_effect_id if compensation else step.effect_id
+    )
+    if step is None or expected != effect_id:
+        raise _illegal(saga, event)
+    return step
+
+
+def _swap(saga: SagaRecord, step: StepRecord, **changes: Any) -> tuple[StepRecord, ...]:
+    return tuple(replace(s, **changes) if s.name == step.name else s for s in saga.steps)
+
+
+def _need(saga: SagaRecord, step: StepRecord, event: str, states: Iterable[StepState],
+          saga_states: Iterable[SagaState] = _LIVE, started: bool | None = None) -> None:
+    if saga.state not in tuple(saga_states) or step.state not in tuple(states):
+        raise _illegal(saga, event, step)
+    if started is not None and (step.started_at_ms is not None) != started:
+        raise _illegal(saga, event, step)
+
+
+def direction(saga: SagaRecord) -> SagaState:
+    """The live state a saga returns to once nothing needs review."""
+    return SagaState.COMPENSATING if saga.rolling_back else SagaState.RUNNING
+
+
+def unresolved_ambiguity(saga: SagaRecord) -> StepRecord | None:
+    """The first step whose outcome (forward or compensation) is unknown, if any."""
+    for step in saga.steps:
+        if step.state is StepState.AMBIGUOUS:
+            return step
+        if step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION:
+            return step
+    return None
+
+
+def _in_flight(saga: SagaRecord) -> bool:
+    return any(s.state is StepState.EXECUTING for s in saga.steps)
+
+
+def _ambiguity_reason(step: StepRecord) -> tuple[str, str]:
+    if step.state is StepState.AMBIGUOUS:
+        return codes.AMBIGUOUS_STEP, (
+            f"step {step.name!r} effect {step.effect_id} is ambiguous ({step.error_code})"
+        )
+    return codes.AMBIGUOUS_COMPENSATION, (
+        f"compensation of step {step.name!r} effect {step.compensation_effect_id} is ambiguous"
+    )
+
+
+def settle(saga: SagaRecord) -> SagaRecord:
+    """Derive the saga state after a step moved (same version; callers bump it)."""
+    ambiguous = unresolved_ambiguity(saga)
+    if ambiguous is not None and saga.state is SagaState.MANUAL_REVIEW:
+        if saga.error_code not in codes.AUTO_LIFTED:
+            return saga
+        code, reason = _ambiguity_reason(ambiguous)  # name the step still to look at
+        return replace(saga, error_code=code, reason=reason)
+    if ambiguous is not None and not _in_flight(saga):
+        code, reason = _ambiguity_reason(ambiguous)
+        return replace(saga, state=SagaState.MANUAL_REVIEW, error_code=code, reason=reason)
+    if ambiguous is None and saga.state is SagaState.MANUAL_REVIEW:
+        if saga.error_code not in codes.AUTO_LIFTED:
+            return saga
+        cause, why = _rollback_cause(saga)
+        saga = replace(saga, state=direction(saga), error_code=cause, reason=why)
+    if saga.state is SagaState.RUNNING and saga.rolling_back:
+        return replace(saga, state=SagaState.COMPENSATING)
+    return saga
+
+
+def _rollback_cause(saga: SagaRecord) -> tuple[str | None, str | None]:
+    if not saga.rolling_back:
+        return None, None
+    for step in saga.steps:
+        if step.state is StepState.FAILED and step.error_code != codes.NOT_STARTED:
+            return step.error_code, f"step {step.name!r} did not commit ({step.error_code})"
+    return codes.CANCELLED, "cancelled"
+
+
+def _step_move(saga: SagaRecord, step: StepRecord, now_ms: int, **changes: Any) -> SagaRecord:
+    moved = replace(saga, steps=_swap(saga, step, **changes))
+    if changes.get("state") is StepState.FAILED and not saga.rolling_back:
+        moved = replace(moved, rolling_back=True)
+        if saga.state is SagaState.RUNNING:
+            code, reason = _rollback_cause(moved)
+            moved = replace(moved, error_code=code, reason=reason)
+    settled = settle(moved)
+    return _write(
+        saga,
+        now_ms,
+        steps=settled.steps,
+        state=settled.state,
+        rolling_back=settled.rolling_back,
+        error_code=settled.error_code,
+        reason=settled.reason,
+    )
+
+
+# ---------------------------------------------------------------- forward
+
+
+def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int) -> SagaRecord:
+    """Record the intent of new steps (executing, attempts 0) before their dispatch."""
+    new = tuple(steps)
+    if saga.state is not SagaState.RUNNING or saga.rolling_back or not new:
+        raise _illegal(saga, "append_steps")
+    names = [s.name for s in (*saga.steps, *new)]
+    ids = [e for s in (*saga.steps, *new) for e in (s.effect_id, s.compensation_effect_id)]
+    if len(set(names)) != len(names) or len(set(ids)) != len(ids):
+        raise _illegal(saga, "append_steps: repeated step name or effect id")
+    for step in new:
+        if step.state not in (StepState.EXECUTING, StepState.AWAITING_APPROVAL) or step.attempts:
+            raise _illegal(saga, "append_steps", step)
+    return _write(saga, now_ms, steps=(*saga.steps, *new))
+
+
+def claim_step(saga: SagaRecord, name: str, effect_id: str, claimer: str, now_ms: int) -> SagaRecord:
+    """Claim the start of a dispatched step (attempts + 1) before its body runs."""
+    step = _find(saga, name, effect_id, "claim_step", compensation=False)
+    _need(saga, step, "claim_step", (StepState.EXECUTING,), (SagaState.RUNNING,), started=False)
+    if saga.rolling_back:
+        raise _illegal(saga, "claim_step while rolling back", step)
+    return _write(
+        saga,
+        now_ms,
+        steps=_swap(
+            saga,
+            step,
+            attempts=step.attempts + 1,
+            started_at_ms=now_ms,
+            claimed_by=claimer,
+            next_attempt_at_ms=None,
+        ),
+    )
+
+
+def _attempt_matches(step: StepRecord, attempt: int) -> bool:
+    # An ambiguous step released for a retry before its saga rolled back was never re-claimed.
+    started = step.started_at_ms is not None or step.state is StepState.AMBIGUOUS
+    return step.attempts == attempt and started
+
+
+def commit_step(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, result: Any, now_ms: int
+) -> SagaRecord:
+    """Record a step's result; also settles an ambiguous step whose attempt reported late."""
+    step = _find(saga, name, effect_id, "commit_step", compensation=False)
+    _need(saga, step, "commit_step", (StepState.EXECUTING, StepState.AMBIGUOUS), _ANY_OPEN)
+    if not _attempt_matches(step, attempt):
+        raise _illegal(saga, "commit_step: another attempt", step)
+    return _step_move(
+        saga, step, now_ms, state=StepState.COMMITTED, result=result,
+        committed_at_ms=_commit_stamp(saga, step, now_ms), error_code=None,
+    )
+
+
+def _commit_stamp(saga: SagaRecord, step: StepRecord, now_ms: int) -> int:
+    """When ``step`` commits: ``now``, but after every earlier commit of the saga.
+
+    Compensation walks commits newest first; a worker whose clock runs behind must not make
+    its commit look older than one already recorded.
+    """
+    earlier = [s.committed_at_ms for s in saga.steps if s is not step and s.committed_at_ms]
+    return max([now_ms, *(t + 1 for t in earlier)])
+
+
+def fail_step(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, error_code: str, now_ms: int
+) -> SagaRecord:
+    """A known failure: the step did not commit; the saga rolls back."""
+    step = _find(saga, name, effect_id, "fail_step", compensation=False)
+    _need(saga, step, "fail_step", (StepState.EXECUTING, StepState.AMBIGUOUS), _ANY_OPEN)
+    if not _attempt_matches(step, attempt):
+        raise _illegal(saga, "fail_step: another attempt", step)
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
+
+
+def step_ambiguous(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, error_code: str, now_ms: int
+) -> SagaRecord:
+    """A started step's outcome is unknown: never guessed, sent to review once others settle.
+
+    While rolling back this also takes a step released for a retry that will not run now.
+    """
+    step = _find(saga, name, effect_id, "step_ambiguous", compensation=False)
+    released = saga.rolling_back and step.started_at_ms is None and step.attempts > 0
+    _need(saga, step, "step_ambiguous", (StepState.EXECUTING,), _ANY_OPEN,
+          started=None if released else True)
+    if step.attempts != attempt:
+        raise _illegal(saga, "step_ambiguous: another attempt", step)
+    return _step_move(saga, step, now_ms, state=StepState.AMBIGUOUS, error_code=_code(error_code))
+
+
+def release_step(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, retry_at_ms: int,
+    error_code: str, now_ms: int,
+) -> SagaRecord:
+    """Put a started idempotent step back to be re-dispatched at ``retry_at_ms``.
+
+    Never while rolling back: no retry would be claimed, so the attempt is ambiguous instead.
+    """
+    step = _find(saga, name, effect_id, "release_step", compensation=False)
+    _need(saga, step, "release_step", (StepState.EXECUTING,), _LIVE, started=True)
+    if saga.rolling_back:
+        raise _illegal(saga, "release_step while rolling back", step)
+    if step.attempts != attempt:
+        raise _illegal(saga, "release_step: another attempt", step)
+    return _write(
+        saga,
+        now_ms,
+        steps=_swap(
+            saga, step, started_at_ms=None, claimed_by=None, next_attempt_at_ms=retry_at_ms,
+            error_code=_code(error_code), dispatched_at_ms=None,
+        ),
+    )
+
+
+def abandon_step(saga: SagaRecord, name: str, effect_id: str, now_ms: int) -> SagaRecord:
+    """While rolling back, a step never claimed is failed before it can begin."""
+    step = _find(saga, name, effect_id, "abandon_step", compensation=False)
+    _need(saga, step, "abandon_step", (StepState.EXECUTING, StepState.AWAITING_APPROVAL),
+          started=False)
+    if not saga.rolling_back:
+        raise _illegal(saga, "abandon_step while going forward", step)
+    if step.attempts > 0:  # an earlier attempt began: its outcome is not "never happened"
+        raise _illegal(saga, "abandon_step after an attempt", step)
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=codes.NOT_STARTED)
+
+
+def mark_redispatched(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
+    """Note that an unclaimed step or compensator was sent again (so it is not stale)."""
+    step = saga.step(name)
+    if step is None:
+        raise _illegal(saga, "mark_redispatched")
+    _need(saga, step, "mark_redispatched", (StepState.EXECUTING, StepState.COMPENSATING),
+          started=False)
+    return _write(saga, now_ms, steps=_swap(saga, step, dispatched_at_ms=now_ms))
+
+
+def _gate(saga: SagaRecord, name: str, approval_id: str, event: str) -> StepRecord:
+    step = saga.step(name)
+    if step is None or step.approval_id != approval_id:
+        raise _illegal(saga, event)
+    _need(saga, step, event, (StepState.AWAITING_APPROVAL,), _ANY_OPEN)
+    return step
+
+
+def pass_gate(saga: SagaRecord, name: str, approval_id: str, result: Any, now_ms: int) -> SagaRecord:
+    """An approval gate was approved and its token consumed: the gate step commits."""
+    step = _gate(saga, name, approval_id, "pass_gate")
+    if saga.rolling_back or saga.state is not SagaState.RUNNING:
+        raise _illegal(saga, "pass_gate while not going forward", step)
+    return _step_move(saga, step, now_ms, state=StepState.COMMITTED, result=result,
+                      committed_at_ms=_commit_stamp(saga, step, now_ms), attempts=1)
+
+
+def fail_gate(saga: SagaRecord, name: str, approval_id: str, error_code: str,
+              now_ms: int) -> SagaRecord:
+    """An approval gate was denied or expired: it counts as not committed; the saga rolls back."""
+    step = _gate(saga, name, approval_id, "fail_gate")
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
+
+
+# ---------------------------------------------------------------- compensation
+
+
+def begin_compensation(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
+    """Record the intent to compensate a committed step (compensation attempts + 1)."""
+    step = saga.step(name)
+    if step is None:
+        raise _illegal(saga, "begin_compensation")
+    _need(saga, step, "begin_compensation",
+          (StepState.COMMITTED, StepState.COMPENSATION_FAILED), (SagaState.COMPENSATING,))
+    if step.compensator is None:
+        raise _illegal(saga, "begin_compensation of a step with nothing to undo", step)
+    return _write(
+        saga,
+        now_ms,
+        steps=_swap(
+            saga, step, state=StepState.COMPENSATING,
+            compensation_attempts=step.compensation_attempts + 1,
+            started_at_ms=None, claimed_by=None, next_attempt_at_ms=None,
+            dispatched_at_ms=now_ms,
+        ),
+    )
+
+
+def claim_compensation(
+    saga: SagaRecord, name: str, effect_id: str, claimer: str, now_ms: int
+) -> SagaRecord:
+    """Claim the start of a dispatched compensator before its body runs."""
+    step = _find(saga, name, effect_id, "claim_compensation", compensation=True)
+    _need(saga, step, "claim_compensation", (StepState.COMPENSATING,),
+          (SagaState.COMPENSATING,), started=False)
+    return _write(saga, now_ms, steps=_swap(saga, step, started_at_ms=now_ms, claimed_by=claimer))
+
+
+def _compensation_attempt(saga: SagaRecord, name: str, effect_id: str, attempt: int,
+                          event: str) -> StepRecord:
+    step = _find(saga, name, effect_id, event, compensation=True)
+    _need(saga, step, event, (StepState.COMPENSATING,), _ANY_OPEN, started=True)
+    if step.compensation_attempts != attempt:
+        raise _illegal(saga, f"{event}: another attempt", step)
+    return step
+
+
+def compensation_succeeded(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, now_ms: int
+) -> SagaRecord:
+    """The compensator returned: the step is undone."""
+    step = _compensation_attempt(saga, name, effect_id, attempt, "compensation_succeeded")
+    return _step_move(saga, step, now_ms, state=StepState.COMPENSATED, error_code=None,
+                      next_attempt_at_ms=None)
+
+
+def compensation_failed(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, retry_at_ms: int, now_ms: int
+) -> SagaRecord:
+    """The compensator raised: retry at ``retry_at_ms`` (the planner checks the budget)."""
+    step = _compensation_attempt(saga, name, effect_id, attempt, "compensation_failed")
+    return _step_move(
+        saga, step, now_ms, state=StepState.COMPENSATION_FAILED,
+        error_code=codes.COMPENSATION_FAILED, next_attempt_at_ms=retry_at_ms,
+        started_at_ms=None, claimed_by=None,
+    )
+
+
+def compensation_ambiguous(
+    saga: SagaRecord, name: str, effect_id: str, attempt: int, now_ms: int
+) -> SagaRecord:
+    """A claimed compensator vanished: its outcome is unknown, the saga goes to review."""
+    step = _compensation_attempt(saga, name, effect_id, attempt, "compensation_ambiguous")
+    return _step_move(saga, step, now_ms, state=StepState.COMPENSATING,
+                      error_code=codes.AMBIGUOUS_COMPENSATION)
+
+
+# ---------------------------------------------------------------- saga level
+
+
+def complete(saga: SagaRecord, now_ms: int) -> SagaRecord:
+    """Every step committed and run() returned: the saga is completed."""
+    if saga.state is not SagaState.RUNNING or saga.rolling_back:
+        raise _illegal(saga, "complete")
+    if any(s.state is not StepState.COMMITTED for s in saga.steps):
+        raise _illegal(saga, "complete with uncommitted steps")
+    return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None)
+
+
+def start_compensation(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:
+    """Turn a running saga back (cancel, or run() refused to go on)."""
+    if saga.state is not SagaState.RUNNING:
+        raise _illegal(saga, "start_compensation")
+    return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
+                  error_code=_code(error_code), reason=reason)
+
+
+_UNDONE = (StepState.COMPENSATED, StepState.FAILED)
+
+
+def cancel(saga: SagaRecord, now_ms: int) -> SagaRecord:
+    """Roll back a running saga, or one in review whose outcomes are all known."""
+    reviewable = saga.state is SagaState.MANUAL_REVIEW and unresolved_ambiguity(saga) is None
+    if saga.state is not SagaState.RUNNING and not reviewable:
+        raise _illegal(saga, "cancel")
+    return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
+                  error_code=codes.CANCELLED, reason="cancelled")
+
+
+def _nothing_to_undo(step: StepRecord) -> bool:
+    return step.state is StepState.COMMITTED and step.compensator is None
+
+
+def finish_compensation(saga: SagaRecord, now_ms: int) -> SagaRecord:
+    """No committed step remains: the saga is compensated."""
+    if saga.state is not SagaState.COMPENSATING:
+        raise _illegal(saga, "finish_compensation")
+    if any(s.state not in _UNDONE and not _nothing_to_undo(s) for s in saga.steps):
+        raise _illegal(saga, "finish_compensation with steps left")
+    return _write(saga, now_ms, state=SagaState.COMPENSATED)
+
+
+def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:
+    """Stop and wait for an operator, saying why."""
+    if saga.state not in _LIVE:
+        raise _illegal(saga, "to_manual_review")
+    if not reason:
+        raise _illegal(saga, "to_manual_review without a reason")
+    return _write(saga, now_ms, state=SagaState.MANUAL_REVIEW, error_code=_code(error_code),
+                  reason=reason)
+
+
+def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
+    """Lift manual review once no outcome is unknown; exhausted compensations get a fresh budget."""
+    if saga.state is not SagaState.MANUAL_REVIEW:
+        raise _illegal(saga, "resume")
+    if unresolved_ambiguity(saga) is not None:
+        raise _illegal(saga, "resume with an unresolved step")
+    steps = tuple(
+        replace(s, compensation_attempts=0, next_attempt_at_ms=None)
+        if s.state is StepState.COMPENSATION_FAILED
+        else s
+        for s in saga.steps
+    )
+    lifted = replace(saga, steps=steps)
+    cause, why = _rollback_cause(lifted)
+    return _write(saga, now_ms, steps=steps, state=direction(saga), error_code=cause, reason=why)
+
+
+def one_write(before: SagaRecord, after: SagaRecord) -> SagaRecord:
+    """Collapse several transitions applied to ``before`` into a single write (version + 1)."""
+    return replace(after, version=before.version + 1)
