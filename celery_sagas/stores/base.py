@@ -1,40 +1,53 @@
-"""The storage port: eight atomic primitives over opaque envelopes (SPEC §6, DESIGN §3).
+"""The storage port: atomic primitives over opaque envelopes (docs/design.md §4.1).
 
-A store moves envelopes (kind, id, version, state, updated_at_ms, JSON body) and leases; it
-knows nothing of sagas, effects or approvals. Every rule about those lives above it, written
-once. Time and random tokens are passed in by the caller; a store only compares them.
+A store moves envelopes (kind, id, version, state, updated_at_ms, JSON body, and the optional
+``label``, ``due_at_ms`` and ``notes``) and leases; it knows nothing of sagas or approvals.
+Every rule about those lives above it, written once. Time and random tokens are passed in by
+the caller; a store only compares them.
 
 Contract shared by every implementation (the conformance suite in
 ``celery_sagas.testing.conformance`` checks it):
 
 - ``create`` inserts only if the (kind, id) is absent.
 - ``compare_and_set`` writes only if the stored version equals ``expected_version`` and the new
-  envelope's version is ``expected_version + 1``. Retrying a write that was already applied
-  (same version, same body) reports success, so a driver-level retry is harmless.
-- ``scan`` is served by an index on (kind, state, updated_at_ms, id): its cost follows the
+  envelope's version is ``expected_version + 1``; it clears the record's notes (the writer read
+  them, or its version would be stale). Retrying a write that was already applied (same version,
+  same body) reports success, so a driver-level retry is harmless.
+- ``annotate`` appends a note and bumps the version without the caller reading the record, and
+  returns the record as written.
+- ``scan``, ``scan_due`` and ``count`` are served by indexes on (kind, state, updated_at_ms, id),
+  (kind, label, state, updated_at_ms, id) and (kind, due_at_ms, id): their cost follows the
   matching records, never every record kept. Pages are keyset-paged with an opaque cursor.
-- Leases: at most one unexpired lease per name; every grant carries a fencing number strictly
-  greater than any earlier grant of that name; the cursor survives release and expiry.
-- A write passing ``fence`` is refused with ``FencedWriteRefused`` when a grant of that lease
-  name newer than ``fence.number`` exists.
+- Records live in ``buckets`` buckets (``bucket_of(id)``); scans can be limited to one bucket,
+  and leases are per (name, bucket). At most one unexpired lease per (name, bucket); every grant
+  carries a fencing number strictly greater than any earlier grant of it; the cursor survives
+  release and expiry.
+- A write passing ``fence`` must be to a record of ``fence.bucket``, and is refused with
+  ``FencedWriteRefused`` when that bucket's lease ``fence.lease`` has a grant newer than
+  ``fence.number``. The check happens inside the bucket written.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
 from ..errors import SagaValidationError
+from .._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
 
 __all__ = [
+    "MAX_NOTES",
+    "MAX_NOTE_BYTES",
     "MAX_SCAN_LIMIT",
     "Envelope",
     "Fence",
     "Lease",
     "Page",
     "Store",
+    "check_bucket",
+    "check_count_args",
     "check_cursor",
     "check_envelope",
     "check_expected_version",
@@ -44,15 +57,27 @@ __all__ = [
     "check_lease_args",
     "check_lease_name",
     "check_lease_times",
+    "check_note",
     "check_scan_args",
+    "check_state",
 ]
 
 MAX_SCAN_LIMIT = 1000
+MAX_NOTES = 1000  # notes a record holds before a compare-and-set absorbs them
+MAX_NOTE_BYTES = 2 * 1024 * 1024
+
+# States are short names (``running``, ``manual-review``); no ':' so index keys stay unambiguous.
+_STATE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """One stored record as the store sees it: routing fields plus an opaque JSON body."""
+    """One stored record as the store sees it: routing fields plus an opaque JSON body.
+
+    ``label`` is a secondary index key fixed at create (a saga's definition name); while
+    ``due_at_ms`` is set the record is in the due index; ``notes`` are the short texts appended
+    by ``annotate`` since the last compare-and-set, oldest first.
+    """
 
     kind: str
     id: str
@@ -60,6 +85,9 @@ class Envelope:
     state: str
     updated_at_ms: int
     body: str
+    label: str | None = None
+    due_at_ms: int | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +100,7 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A granted lease; ``fence`` strictly increases with every grant of the name."""
+    """A granted lease of one bucket; ``fence`` strictly increases with every grant of it."""
 
     name: str
     owner: str
@@ -80,39 +108,66 @@ class Lease:
     expires_at_ms: int
     fence: int
     cursor: str | None = None
+    bucket: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """Marks a write as made under grant ``number`` of lease ``lease``."""
+    """Marks a write as made under grant ``number`` of lease ``lease`` of ``bucket``."""
 
     lease: str
     number: int
+    bucket: int = 0
 
     @classmethod
     def of(cls, lease: Lease) -> Fence:
         """The fence of a granted lease."""
-        return cls(lease.name, lease.fence)
+        return cls(lease.name, lease.fence, lease.bucket)
 
 
 @runtime_checkable
 class Store(Protocol):
-    """Eight atomic primitives; each call is one atomic operation on the server."""
+    """Atomic primitives; each call is one atomic operation on the server."""
 
     durable: bool
+    buckets: int
+
+    def bucket_of(self, record_id: str) -> int:
+        """The bucket a record id lives in (0..buckets-1), the same in every process."""
+        ...
 
     def create(self, envelope: Envelope) -> bool:
         """Atomically insert if (kind, id) is absent; False if it exists."""
         ...
 
     def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope or None."""
+        """Return the stored envelope (with its notes) or None."""
         ...
 
     def compare_and_set(
         self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
     ) -> bool:
-        """Atomically replace the record if its version is ``expected_version``."""
+        """Atomically replace the record if its version is ``expected_version``; clears notes."""
+        ...
+
+    def annotate(
+        self,
+        kind: str,
+        record_id: str,
+        note: str,
+        *,
+        updated_at_ms: int,
+        expected_version: int | None = None,
+    ) -> Envelope | None:
+        """Atomically append ``note`` and bump the version (only at ``expected_version`` when
+        given); ``updated_at_ms`` only moves forward. The envelope as written, or None when the
+        record is absent, at another version, or already holds ``MAX_NOTES`` notes."""
+        ...
+
+    def delete(
+        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        """Atomically remove the record and its index entries if its version matches."""
         ...
 
     def scan(
@@ -120,17 +175,47 @@ class Store(Protocol):
         kind: str,
         states: Sequence[str],
         *,
+        label: str | None = None,
         updated_before_ms: int | None = None,
+        bucket: int | None = None,
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page:
-        """Return up to ``limit`` records of ``kind`` in ``states`` (index-backed, keyset-paged)."""
+        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``), state by state,
+        oldest first, in every bucket or one (index-backed, keyset-paged)."""
+        ...
+
+    def scan_due(
+        self,
+        kind: str,
+        *,
+        due_before_ms: int,
+        bucket: int | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Up to ``limit`` records of ``kind`` whose ``due_at_ms`` is before ``due_before_ms``,
+        earliest first (index-backed, keyset-paged)."""
+        ...
+
+    def count(
+        self,
+        kind: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        updated_after_ms: int | None = None,
+        updated_before_ms: int | None = None,
+    ) -> int:
+        """How many records of ``kind`` in ``states`` (and ``label``) were updated in
+        [``updated_after_ms``, ``updated_before_ms``), counted from the indexes."""
         ...
 
     def acquire_lease(
-        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
     ) -> Lease | None:
-        """Atomically grant the lease unless an unexpired one exists; bumps the fence."""
+        """Atomically grant the lease of ``bucket`` unless an unexpired one exists; bumps its
+        fence."""
         ...
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
@@ -150,12 +235,9 @@ class Store(Protocol):
         ...
 
 
-_KINDS_RE_FIELD = "record kind"
-
-
 def check_kind(kind: object) -> str:
     """A record kind is a short lowercase identifier such as ``saga``."""
-    value = identifier(kind, field=_KINDS_RE_FIELD)
+    value = identifier(kind, field="record kind")
     if not value.islower():
         raise SagaValidationError(f"record kind must be lowercase: {value!r}")
     return value
@@ -167,15 +249,42 @@ def check_key(kind: str, record_id: str) -> None:
     token(record_id, field="record id", max_len=255)
 
 
+def check_state(state: object) -> str:
+    """A record state: 1..64 letters, digits, ``_``, ``.`` or ``-``."""
+    if not isinstance(state, str) or not _STATE.fullmatch(state):
+        raise SagaValidationError(f"record state must be 1..64 of [A-Za-z0-9_.-]: {str(state)[:40]!r}")
+    return state
+
+
+def check_bucket(bucket: object, buckets: int) -> int:
+    """A bucket number in 0..buckets-1."""
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or not 0 <= bucket < buckets:
+        raise SagaValidationError(f"bucket must be an int in 0..{buckets - 1}, got {bucket!r}")
+    return bucket
+
+
+def check_note(note: object) -> str:
+    """A note: one line of UTF-8 text, at most ``MAX_NOTE_BYTES``."""
+    if not isinstance(note, str) or not note or "\n" in note:
+        raise SagaValidationError("a note must be a non-empty str without newlines")
+    try:
+        size = len(note.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise SagaValidationError("a note must be valid UTF-8 text") from None
+    if size > MAX_NOTE_BYTES:
+        raise SagaValidationError(f"a note is {size} bytes, over {MAX_NOTE_BYTES}")
+    return note
+
+
 def check_envelope(envelope: Envelope) -> None:
     """Refuse an envelope whose routing fields are not safe to build keys or SQL from."""
     check_key(envelope.kind, envelope.id)
-    token(envelope.state, field="record state", max_len=64)
+    check_state(envelope.state)
     timestamp_ms(envelope.updated_at_ms, field="updated_at_ms")
     if isinstance(envelope.version, bool) or not isinstance(envelope.version, int):
         raise SagaValidationError("version must be an int")
-    if envelope.version < 1:
-        raise SagaValidationError(f"version must be positive, got {envelope.version}")
+    if not 1 <= envelope.version <= MAX_SAFE_INTEGER:
+        raise SagaValidationError(f"version must be in 1..2**53-1, got {envelope.version}")
     if not isinstance(envelope.body, str):
         raise SagaValidationError("body must be JSON text")
     if not envelope.body.isascii():
@@ -184,6 +293,12 @@ def check_envelope(envelope: Envelope) -> None:
             envelope.body.encode("utf-8")
         except UnicodeEncodeError:
             raise SagaValidationError("body must be valid UTF-8 text") from None
+    if envelope.label is not None:
+        token(envelope.label, field="record label", max_len=128)
+    if envelope.due_at_ms is not None:
+        timestamp_ms(envelope.due_at_ms, field="due_at_ms")
+    if envelope.notes:
+        raise SagaValidationError("notes are appended by annotate, never written")
 
 
 def check_expected_version(envelope: Envelope, expected_version: int) -> None:
@@ -193,30 +308,64 @@ def check_expected_version(envelope: Envelope, expected_version: int) -> None:
 
 
 def check_lease_name(name: str) -> None:
-    """Refuse a lease name that is not a token, or has braces (it names a Redis hash tag)."""
+    """Refuse a lease name that is not a token, or has braces (Redis hash tags)."""
     token(name, field="lease name", max_len=128)
     if "{" in name or "}" in name:
         raise SagaValidationError(f"lease name cannot contain braces: {name[:40]!r}")
 
 
-def check_fence(fence: Fence) -> None:
-    """Refuse a fence whose lease name is not valid or whose number is not a safe int."""
+def check_fence(fence: Fence, buckets: int) -> None:
+    """Refuse a fence whose lease name, number or bucket is not valid."""
+    if not isinstance(fence, Fence):
+        raise SagaValidationError(f"expected a Fence, got {type(fence).__name__}")
     check_lease_name(fence.lease)
     if type(fence.number) is not int or not 0 <= fence.number <= MAX_SAFE_INTEGER:
         raise SagaValidationError(f"fence number must be a non-negative int: {fence.number!r}")
+    check_bucket(fence.bucket, buckets)
 
 
-def check_scan_args(kind: str, states: Sequence[str], limit: int, updated_before_ms: int | None) -> None:
-    """Refuse a scan limit outside 1..1000, an empty state list or unsafe names."""
+def check_fenced_bucket(fence: Fence | None, record_bucket: int) -> None:
+    """A fence guards the writes of its own bucket only."""
+    if fence is not None and fence.bucket != record_bucket:
+        raise SagaValidationError(
+            f"a fence of bucket {fence.bucket} cannot guard a record of bucket {record_bucket}"
+        )
+
+
+def check_scan_args(
+    kind: str, states: Sequence[str], limit: int, updated_before_ms: int | None,
+    label: str | None = None,
+) -> list[str]:
+    """Refuse a scan limit outside 1..1000, an empty state list or unsafe names; return the
+    states in order with repeats dropped."""
     check_kind(kind)
     if isinstance(states, str) or not states:
         raise SagaValidationError("states must be a non-empty sequence of state names")
     for state in states:
-        token(state, field="record state", max_len=64)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
-        raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
+        check_state(state)
+    check_limit(limit)
     if updated_before_ms is not None:
         timestamp_ms(updated_before_ms, field="updated_before_ms")
+    if label is not None:
+        token(label, field="record label", max_len=128)
+    return list(dict.fromkeys(states))
+
+
+def check_limit(limit: object) -> int:
+    """A page size in 1..MAX_SCAN_LIMIT."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
+        raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
+    return limit
+
+
+def check_count_args(
+    kind: str, states: Sequence[str], label: str | None, after_ms: int | None, before_ms: int | None
+) -> list[str]:
+    """Refuse bad count arguments; return the states with repeats dropped."""
+    names = check_scan_args(kind, states, 1, before_ms, label)
+    if after_ms is not None:
+        timestamp_ms(after_ms, field="updated_after_ms")
+    return names
 
 
 def check_lease_args(name: str, owner: str, lease_token: str) -> None:

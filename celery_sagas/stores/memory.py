@@ -1,35 +1,48 @@
-"""MemoryStore: the reference store, thread-safe, non-durable (tests and the embedded demo)."""
+"""MemoryStore: the reference store, thread-safe, non-durable (tests and the embedded demo).
+
+Every primitive takes one lock, so each is atomic. Indexes are sorted lists of positions, one
+per (kind, state), per (kind, label, state) and per kind for due times, each split by bucket
+so that a scan of one bucket reads only its records.
+"""
 
 from __future__ import annotations
 
 import bisect
 import hmac
 import threading
+import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 
 from .._values import timestamp_ms
-from ..errors import FencedWriteRefused
+from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor
 from .base import (
+    MAX_NOTES,
     Envelope,
     Fence,
     Lease,
     Page,
+    check_bucket,
+    check_count_args,
     check_cursor,
     check_envelope,
     check_expected_version,
     check_fence,
+    check_fenced_bucket,
     check_key,
+    check_kind,
     check_lease_args,
     check_lease_times,
+    check_limit,
+    check_note,
     check_scan_args,
 )
 
 __all__ = ["MemoryStore"]
 
-_IndexKey = tuple[str, str]  # (kind, state)
-_Position = tuple[int, str]  # (updated_at_ms, id)
+_Position = tuple[int, str]  # (updated_at_ms or due_at_ms, id)
+_LeaseKey = tuple[str, int]  # (name, bucket)
 
 
 class MemoryStore:
@@ -37,26 +50,34 @@ class MemoryStore:
 
     durable = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, buckets: int = 1) -> None:
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= 1024:
+            raise SagaValidationError(f"buckets must be an int in 1..1024, got {buckets!r}")
+        self.buckets = buckets
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], Envelope] = {}
-        self._index: dict[_IndexKey, list[_Position]] = {}
-        self._leases: dict[str, Lease] = {}
-        self._fences: dict[str, int] = {}
-        self._cursors: dict[str, str | None] = {}
+        self._index: dict[tuple[object, ...], list[_Position]] = {}
+        self._leases: dict[_LeaseKey, Lease] = {}
+        self._fences: dict[_LeaseKey, int] = {}
+        self._cursors: dict[_LeaseKey, str | None] = {}
+
+    def bucket_of(self, record_id: str) -> int:
+        """CRC-32 of the id modulo the bucket count (as the Redis store)."""
+        return zlib.crc32(record_id.encode("ascii")) % self.buckets
+
+    # ------------------------------------------------------------------ records
 
     def create(self, envelope: Envelope) -> bool:
         """Insert if (kind, id) is absent; False if it exists."""
         check_envelope(envelope)
         with self._lock:
-            key = (envelope.kind, envelope.id)
-            if key in self._records:
+            if (envelope.kind, envelope.id) in self._records:
                 return False
             self._put(envelope)
             return True
 
     def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope or None."""
+        """Return the stored envelope (with its notes) or None."""
         check_key(kind, record_id)
         with self._lock:
             return self._records.get((kind, record_id))
@@ -64,123 +85,268 @@ class MemoryStore:
     def compare_and_set(
         self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
     ) -> bool:
-        """Replace the record if its stored version is ``expected_version``."""
+        """Replace the record if its stored version is ``expected_version``; clears notes."""
         check_envelope(envelope)
         check_expected_version(envelope, expected_version)
-        if fence is not None:
-            check_fence(fence)
+        self._check_fence(fence, envelope.id)
         with self._lock:
-            if fence is not None and self._fences.get(fence.lease, 0) > fence.number:
-                raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
+            self._refuse_fenced(fence)
             current = self._records.get((envelope.kind, envelope.id))
             if current is None:
                 return False
             if current.version != expected_version:
                 return current == envelope
-            self._unindex(current)
+            if current.label != envelope.label:
+                return False
+            self._drop(current)
             self._put(envelope)
             return True
+
+    def annotate(
+        self,
+        kind: str,
+        record_id: str,
+        note: str,
+        *,
+        updated_at_ms: int,
+        expected_version: int | None = None,
+    ) -> Envelope | None:
+        """Append ``note`` and bump the version (only at ``expected_version`` when given)."""
+        check_key(kind, record_id)
+        check_note(note)
+        timestamp_ms(updated_at_ms, field="updated_at_ms")
+        if expected_version is not None and type(expected_version) is not int:
+            raise SagaValidationError("expected_version must be an int or None")
+        with self._lock:
+            current = self._records.get((kind, record_id))
+            if current is None or len(current.notes) >= MAX_NOTES:
+                return None
+            if expected_version is not None and current.version != expected_version:
+                return None
+            noted = replace(
+                current, version=current.version + 1,
+                updated_at_ms=max(current.updated_at_ms, updated_at_ms),
+                notes=(*current.notes, note),
+            )
+            self._drop(current)
+            self._put(noted)
+            return noted
+
+    def delete(
+        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        """Remove the record and its index entries if its version matches."""
+        check_key(kind, record_id)
+        if type(expected_version) is not int:
+            raise SagaValidationError("expected_version must be an int")
+        self._check_fence(fence, record_id)
+        with self._lock:
+            self._refuse_fenced(fence)
+            current = self._records.get((kind, record_id))
+            if current is None or current.version != expected_version:
+                return False
+            self._drop(current)
+            return True
+
+    # ------------------------------------------------------------------ scans
 
     def scan(
         self,
         kind: str,
         states: Sequence[str],
         *,
+        label: str | None = None,
         updated_before_ms: int | None = None,
+        bucket: int | None = None,
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page:
-        """Walk the (kind, state) indexes in the order given, oldest first."""
-        check_scan_args(kind, states, limit, updated_before_ms)
-        states = list(dict.fromkeys(states))  # a state named twice is walked once
-        start_state, after, _ = decode_cursor(cursor, states)
+        """Walk the indexes state by state in the order given, bucket by bucket, oldest first."""
+        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
+        first_state, after, (first_bucket,) = decode_cursor(cursor, wanted, extras=1)
+        walk = self._buckets(bucket, first_bucket)
         items: list[Envelope] = []
-        last: _Position = (0, "")
-        last_state = states[0]
         with self._lock:
-            for state in states[start_state:]:
-                positions = self._index.get((kind, state), [])
-                begin = bisect.bisect_right(positions, after) if after else 0
-                for position in positions[begin:]:
-                    if updated_before_ms is not None and position[0] >= updated_before_ms:
-                        break
-                    if len(items) == limit:
-                        # The cursor names the state of the last item returned, not the state
-                        # being walked: that position means nothing in another state's index.
-                        return Page(tuple(items), encode_cursor(states, last_state, last))
-                    items.append(self._records[(kind, position[1])])
-                    last, last_state = position, state
-                after = None
+            for index in range(first_state, len(wanted)):
+                for at in walk if index == first_state else self._buckets(bucket, None):
+                    resume = after if (index, at) == (first_state, walk[0]) else None
+                    key = ("s", kind, wanted[index], label, at)
+                    for position in self._after(key, resume, updated_before_ms):
+                        if len(items) == limit:
+                            return Page(tuple(items), encode_cursor(wanted, wanted[index], position, at))
+                        items.append(self._records[(kind, position[1])])
         return Page(tuple(items), None)
 
+    def scan_due(
+        self,
+        kind: str,
+        *,
+        due_before_ms: int,
+        bucket: int | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Records whose due time is before ``due_before_ms``, bucket by bucket, earliest first."""
+        check_kind(kind)
+        timestamp_ms(due_before_ms, field="due_before_ms")
+        check_limit(limit)
+        _, after, (first_bucket,) = decode_cursor(cursor, ["due"], extras=1)
+        walk = self._buckets(bucket, first_bucket)
+        items: list[Envelope] = []
+        with self._lock:
+            for at in walk:
+                resume = after if at == walk[0] else None
+                for position in self._after(("d", kind, at), resume, due_before_ms):
+                    if len(items) == limit:
+                        return Page(tuple(items), encode_cursor(["due"], "due", position, at))
+                    items.append(self._records[(kind, position[1])])
+        return Page(tuple(items), None)
+
+    def count(
+        self,
+        kind: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        updated_after_ms: int | None = None,
+        updated_before_ms: int | None = None,
+    ) -> int:
+        """Count the matching index entries of every bucket."""
+        wanted = check_count_args(kind, states, label, updated_after_ms, updated_before_ms)
+        low = (updated_after_ms, "") if updated_after_ms is not None else None
+        high = (updated_before_ms, "") if updated_before_ms is not None else None
+        total = 0
+        with self._lock:
+            for state in wanted:
+                for at in range(self.buckets):
+                    positions = self._index.get(("s", kind, state, label, at), [])
+                    start = bisect.bisect_left(positions, low) if low else 0
+                    end = bisect.bisect_left(positions, high) if high else len(positions)
+                    total += max(0, end - start)
+        return total
+
+    # ------------------------------------------------------------------ leases
+
     def acquire_lease(
-        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
     ) -> Lease | None:
-        """Grant the lease unless an unexpired one exists."""
+        """Grant the lease of ``bucket`` unless an unexpired one exists."""
         check_lease_args(name, owner, token)
         expires_at_ms = check_lease_times(now_ms, lease_ms)
+        key = (name, check_bucket(bucket, self.buckets))
         with self._lock:
-            held = self._leases.get(name)
+            held = self._leases.get(key)
             if held is not None and held.expires_at_ms > now_ms:
                 return None
-            fence = self._fences.get(name, 0) + 1
-            self._fences[name] = fence
-            lease = Lease(name, owner, token, expires_at_ms, fence, self._cursors.get(name))
-            self._leases[name] = lease
+            fence = self._fences.get(key, 0) + 1
+            self._fences[key] = fence
+            lease = Lease(name, owner, token, expires_at_ms, fence, self._cursors.get(key), bucket)
+            self._leases[key] = lease
             return lease
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
         """Extend an unexpired lease held with this owner and token."""
-        check_lease_args(lease.name, lease.owner, lease.token)
+        self._check_lease(lease)
         expires_at_ms = check_lease_times(now_ms, lease_ms)
         with self._lock:
             held = self._held(lease, now_ms)
             if held is None:
                 return None
             renewed = replace(held, expires_at_ms=expires_at_ms)
-            self._leases[lease.name] = renewed
+            self._leases[(lease.name, lease.bucket)] = renewed
             return renewed
 
     def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
         """Save the cursor of an unexpired lease held with this owner and token."""
-        check_lease_args(lease.name, lease.owner, lease.token)
+        self._check_lease(lease)
         check_cursor(cursor)
         timestamp_ms(now_ms, field="now_ms")
         with self._lock:
             held = self._held(lease, now_ms)
             if held is None:
                 return False
-            self._cursors[lease.name] = cursor
-            self._leases[lease.name] = replace(held, cursor=cursor)
+            key = (lease.name, lease.bucket)
+            self._cursors[key] = cursor
+            self._leases[key] = replace(held, cursor=cursor)
             return True
 
     def release_lease(self, lease: Lease) -> bool:
         """Free the lease if held with this owner and token; the cursor stays."""
-        check_lease_args(lease.name, lease.owner, lease.token)
+        self._check_lease(lease)
         with self._lock:
-            held = self._leases.get(lease.name)
+            key = (lease.name, lease.bucket)
+            held = self._leases.get(key)
             if held is None or not _same_holder(held, lease):
                 return False
-            del self._leases[lease.name]
+            del self._leases[key]
             return True
 
     def close(self) -> None:
         """Nothing to release."""
 
-    def _held(self, lease: Lease, now_ms: int) -> Lease | None:
-        held = self._leases.get(lease.name)
-        if held is None or held.expires_at_ms <= now_ms or not _same_holder(held, lease):
-            return None
-        return held
+    # ------------------------------------------------------------------ internals
+
+    def _buckets(self, bucket: int | None, start: int | None) -> list[int]:
+        if bucket is not None:
+            check_bucket(bucket, self.buckets)
+            if start not in (None, 0, bucket):
+                raise SagaValidationError("malformed scan cursor")
+            return [bucket]
+        first = start or 0
+        if not 0 <= first < self.buckets:
+            raise SagaValidationError("malformed scan cursor")
+        return list(range(first, self.buckets))
+
+    def _after(self, key: tuple[object, ...], start: _Position | None, before: int | None
+               ) -> list[_Position]:
+        """The positions of one index from ``start`` (inclusive: a cursor names the first
+        position of the next page) up to ``before`` (exclusive)."""
+        positions = self._index.get(key, [])
+        begin = bisect.bisect_left(positions, start) if start else 0
+        end = bisect.bisect_left(positions, (before, "")) if before is not None else len(positions)
+        return positions[begin:end]
+
+    def _keys(self, envelope: Envelope) -> list[tuple[tuple[object, ...], _Position]]:
+        at = self.bucket_of(envelope.id)
+        position = (envelope.updated_at_ms, envelope.id)
+        keys: list[tuple[tuple[object, ...], _Position]] = [
+            (("s", envelope.kind, envelope.state, None, at), position)
+        ]
+        if envelope.label is not None:
+            keys.append((("s", envelope.kind, envelope.state, envelope.label, at), position))
+        if envelope.due_at_ms is not None:
+            keys.append((("d", envelope.kind, at), (envelope.due_at_ms, envelope.id)))
+        return keys
 
     def _put(self, envelope: Envelope) -> None:
         self._records[(envelope.kind, envelope.id)] = envelope
-        positions = self._index.setdefault((envelope.kind, envelope.state), [])
-        bisect.insort(positions, (envelope.updated_at_ms, envelope.id))
+        for key, position in self._keys(envelope):
+            bisect.insort(self._index.setdefault(key, []), position)
 
-    def _unindex(self, envelope: Envelope) -> None:
-        positions = self._index[(envelope.kind, envelope.state)]
-        del positions[bisect.bisect_left(positions, (envelope.updated_at_ms, envelope.id))]
+    def _drop(self, envelope: Envelope) -> None:
+        del self._records[(envelope.kind, envelope.id)]
+        for key, position in self._keys(envelope):
+            positions = self._index[key]
+            del positions[bisect.bisect_left(positions, position)]
+
+    def _check_fence(self, fence: Fence | None, record_id: str) -> None:
+        if fence is not None:
+            check_fence(fence, self.buckets)
+            check_fenced_bucket(fence, self.bucket_of(record_id))
+
+    def _refuse_fenced(self, fence: Fence | None) -> None:
+        if fence is not None and self._fences.get((fence.lease, fence.bucket), 0) > fence.number:
+            raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
+
+    def _check_lease(self, lease: Lease) -> None:
+        check_lease_args(lease.name, lease.owner, lease.token)
+        check_bucket(lease.bucket, self.buckets)
+
+    def _held(self, lease: Lease, now_ms: int) -> Lease | None:
+        held = self._leases.get((lease.name, lease.bucket))
+        if held is None or held.expires_at_ms <= now_ms or not _same_holder(held, lease):
+            return None
+        return held
 
 
 def _same_holder(held: Lease, lease: Lease) -> bool:

@@ -59,7 +59,7 @@ from ..errors import (
     InvalidRecordError,
     SagaValidationError,
 )
-from ..stores.base import Envelope, Fence, Lease, Store
+from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, Store
 from .clock import FrozenClock
 from .racing import ReadTogether, race
 
@@ -106,20 +106,47 @@ def _page_ids(
     states: list[str],
     limit: int,
     updated_before_ms: int | None = None,
+    *,
+    label: str | None = None,
+    bucket: int | None = None,
 ) -> list[str]:
     """Every id a paged scan returns, in order, checking page sizes and states on the way."""
     seen: list[str] = []
     cursor: str | None = None
     for _ in range(10_000):
-        page = store.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
+        page = store.scan(kind, states, label=label, updated_before_ms=updated_before_ms,
+                          bucket=bucket, cursor=cursor, limit=limit)
         assert len(page.items) <= limit
         for envelope in page.items:
             assert envelope.kind == kind and envelope.state in states
+            assert label is None or envelope.label == label
         seen.extend(envelope.id for envelope in page.items)
         if page.cursor is None:
             return seen
         cursor = page.cursor
     raise AssertionError("scan did not finish within 10,000 pages")
+
+
+def _due_ids(store: Store, kind: str, before_ms: int, limit: int) -> list[str]:
+    """Every id a paged due scan returns, in order, checking the due times on the way
+    (earliest first within each bucket)."""
+    seen: list[str] = []
+    cursor: str | None = None
+    last: dict[int, tuple[int, str]] = {}
+    for _ in range(10_000):
+        page = store.scan_due(kind, due_before_ms=before_ms, cursor=cursor, limit=limit)
+        assert len(page.items) <= limit
+        for envelope in page.items:
+            assert envelope.kind == kind and envelope.due_at_ms is not None
+            assert envelope.due_at_ms < before_ms
+            position, bucket = (envelope.due_at_ms, envelope.id), store.bucket_of(envelope.id)
+            assert bucket not in last or position > last[bucket]
+            last[bucket] = position
+        seen.extend(envelope.id for envelope in page.items)
+        if page.cursor is None:
+            return seen
+        cursor = page.cursor
+    raise AssertionError("scan_due did not finish within 10,000 pages")
 
 
 class StoreConformance:
@@ -140,11 +167,14 @@ class StoreConformance:
     # ------------------------------------------------------------ plumbing
 
     def _store(self) -> Store:
-        made: Store | None = self.__dict__.get("_conformance_store")
-        if made is None:
-            made = self.make_store()
-            self._conformance_store = made
-        return made
+        # Racing threads of one test must share one store: it is made under a lock, which
+        # dict.setdefault (atomic) hands to every thread the same.
+        with self.__dict__.setdefault("_conformance_lock", threading.Lock()):
+            made: Store | None = self.__dict__.get("_conformance_store")
+            if made is None:
+                made = self.make_store()
+                self._conformance_store = made
+            return made
 
     def teardown_method(self, method: object) -> None:
         """Destroy the store the test made, if any."""
@@ -332,7 +362,9 @@ class StoreConformance:
         for expected in (True, 1.0):
             with pytest.raises(SagaValidationError):
                 self._store().compare_and_set(second, expected)  # type: ignore[arg-type]
-        for fence in (Fence("bad name", 1), Fence(_fresh("lease"), -1), Fence(_fresh("lease"), 2**53)):
+        bad_fences = (Fence("bad name", 1), Fence(_fresh("lease"), -1), Fence(_fresh("lease"), 2**53),
+                      Fence(_fresh("lease"), 1, -1), Fence(_fresh("lease"), 1, self._store().buckets))
+        for fence in bad_fences:
             with pytest.raises(SagaValidationError):
                 self._store().compare_and_set(second, 1, fence=fence)
         assert self._store().get("saga", first.id) == first
@@ -481,11 +513,14 @@ class StoreConformance:
 
     # ------------------------------------------------------------ leases
 
-    def _acquire(self, name: str, owner: str, at_ms: int, lease_ms: int = 1000) -> Lease | None:
-        return self._store().acquire_lease(name, owner, uuid.uuid4().hex, at_ms, lease_ms)
+    def _acquire(self, name: str, owner: str, at_ms: int, lease_ms: int = 1000, bucket: int = 0
+                 ) -> Lease | None:
+        return self._store().acquire_lease(name, owner, uuid.uuid4().hex, at_ms, lease_ms,
+                                           bucket=bucket)
 
-    def _granted(self, name: str, owner: str, at_ms: int, lease_ms: int = 1000) -> Lease:
-        lease = self._acquire(name, owner, at_ms, lease_ms)
+    def _granted(self, name: str, owner: str, at_ms: int, lease_ms: int = 1000, bucket: int = 0
+                 ) -> Lease:
+        lease = self._acquire(name, owner, at_ms, lease_ms, bucket)
         assert lease is not None
         return lease
 
@@ -604,9 +639,10 @@ class StoreConformance:
     def test_a_fenced_write_is_refused_after_a_newer_grant(self) -> None:
         name = _fresh("lease")
         record = self._created(_envelope(_fresh("r"), "running", T0))
-        old = self._granted(name, "alice", T0)
+        bucket = self._store().bucket_of(record.id)
+        old = self._granted(name, "alice", T0, bucket=bucket)
         assert self._store().release_lease(old) is True
-        new = self._granted(name, "bob", T0 + 1)
+        new = self._granted(name, "bob", T0 + 1, bucket=bucket)
         with pytest.raises(FencedWriteRefused):
             self._store().compare_and_set(_next(record, body='{"by":"old"}'), 1, fence=Fence.of(old))
         assert self._store().get("saga", record.id) == record
@@ -615,8 +651,8 @@ class StoreConformance:
         assert self._store().get("saga", record.id) == by_new
 
     def test_a_fenced_write_under_the_current_grant_is_accepted(self) -> None:
-        lease = self._granted(_fresh("lease"), "alice", T0)
         record = self._created(_envelope(_fresh("r"), "running", T0))
+        lease = self._granted(_fresh("lease"), "alice", T0, bucket=self._store().bucket_of(record.id))
         moved = _next(record, state="completed")
         assert self._store().compare_and_set(moved, 1, fence=Fence.of(lease)) is True
 
@@ -664,6 +700,223 @@ class StoreConformance:
             self._store().checkpoint_lease(lease, "c", -1)
         assert self._store().release_lease(lease) is True
         assert self._granted(lease.name, "bob", T0 + 2).cursor is None
+
+    # ------------------------------------------------------------ labels
+
+    def test_a_label_scan_returns_only_that_label(self) -> None:
+        state, label = _fresh("st"), _fresh("def")
+        mine = [self._created(replace(_envelope(_fresh("r"), state, T0 + i), label=label)) for i in range(3)]
+        self._created(replace(_envelope(_fresh("r"), state, T0), label=_fresh("other")))
+        self._created(_envelope(_fresh("r"), state, T0))
+        for limit in (1, 1000):
+            seen = _page_ids(self._store(), "saga", [state], limit, label=label)
+            assert sorted(seen) == sorted(e.id for e in mine)
+        assert self._store().get("saga", mine[0].id) == mine[0]
+
+    def test_a_labelled_record_moves_between_label_indexes_with_its_state(self) -> None:
+        old, new, label = _fresh("old"), _fresh("new"), _fresh("def")
+        first = self._created(replace(_envelope(_fresh("r"), old, T0), label=label))
+        moved = _next(first, state=new, updated_at_ms=T0 + 1)
+        assert self._store().compare_and_set(moved, 1) is True
+        assert self._store().scan("saga", [old], label=label).items == ()
+        assert self._store().scan("saga", [new], label=label).items == (moved,)
+        assert self._store().count("saga", [new], label=label) == 1
+
+    def test_a_cas_carrying_another_label_is_refused(self) -> None:
+        label = _fresh("def")
+        first = self._created(replace(_envelope(_fresh("r"), "running", T0), label=label))
+        assert self._store().compare_and_set(_next(first, label=_fresh("other")), 1) is False
+        assert self._store().compare_and_set(_next(first, label=None), 1) is False
+        assert self._store().get("saga", first.id) == first
+
+    # ------------------------------------------------------------ due index
+
+    def test_scan_due_returns_records_due_before_a_time_earliest_first(self) -> None:
+        kind = "due" + uuid.uuid4().hex[:8]
+        due = [self._created(replace(_envelope(_fresh("r"), "running", T0, kind=kind), due_at_ms=T0 + 10 - i))
+               for i in range(5)]
+        self._created(replace(_envelope(_fresh("late"), "running", T0, kind=kind), due_at_ms=T0 + 100))
+        self._created(_envelope(_fresh("never"), "running", T0, kind=kind))
+        for limit in (1, 2, 1000):
+            seen = _due_ids(self._store(), kind, T0 + 11, limit)
+            assert sorted(seen) == sorted(e.id for e in due)
+            if self._store().buckets == 1:
+                assert seen == [e.id for e in reversed(due)]
+        assert _due_ids(self._store(), kind, T0 + 7, 1000) == [due[4].id]
+
+    def test_a_cas_moves_or_clears_the_due_time(self) -> None:
+        kind = "due" + uuid.uuid4().hex[:8]
+        first = self._created(replace(_envelope(_fresh("r"), "running", T0, kind=kind), due_at_ms=T0 + 50))
+        later = _next(first, due_at_ms=T0 + 500)
+        assert self._store().compare_and_set(later, 1) is True
+        assert _due_ids(self._store(), kind, T0 + 51, 1000) == []
+        assert _due_ids(self._store(), kind, T0 + 501, 1000) == [first.id]
+        cleared = _next(later, due_at_ms=None)
+        assert self._store().compare_and_set(cleared, 2) is True
+        assert _due_ids(self._store(), kind, 2**53 - 1, 1000) == []
+        assert self._store().get(kind, first.id) == cleared
+
+    @pytest.mark.parametrize("due", [-1, 2**53, 1.5, True], ids=repr)
+    def test_a_bad_due_time_is_refused(self, due: Any) -> None:
+        with pytest.raises(SagaValidationError):
+            self._store().create(replace(_envelope(_fresh("r"), "running", T0), due_at_ms=due))
+        with pytest.raises(SagaValidationError):
+            self._store().scan_due("saga", due_before_ms=due)
+
+    # ------------------------------------------------------------ notes
+
+    def test_annotate_appends_a_note_bumps_the_version_and_returns_the_record(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        noted = self._store().annotate("saga", first.id, '{"n":1}', updated_at_ms=T0 + 5,
+                                       expected_version=1)
+        assert noted == replace(first, version=2, updated_at_ms=T0 + 5, notes=('{"n":1}',))
+        again = self._store().annotate("saga", first.id, '{"n":2}', updated_at_ms=T0 + 6)
+        assert again is not None and again.notes == ('{"n":1}', '{"n":2}') and again.version == 3
+        assert self._store().get("saga", first.id) == again
+        assert self._store().scan("saga", ["running"], updated_before_ms=T0 + 6).items == ()
+
+    def test_annotate_never_moves_updated_at_back(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0 + 100))
+        noted = self._store().annotate("saga", first.id, "late", updated_at_ms=T0)
+        assert noted is not None and noted.updated_at_ms == T0 + 100
+
+    def test_annotate_at_another_version_or_of_a_missing_record_writes_nothing(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        assert self._store().annotate("saga", first.id, "x", updated_at_ms=T0, expected_version=2) is None
+        assert self._store().annotate("saga", _fresh("ghost"), "x", updated_at_ms=T0) is None
+        assert self._store().get("saga", first.id) == first
+
+    def test_a_cas_absorbs_the_notes(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        noted = self._store().annotate("saga", first.id, "claim", updated_at_ms=T0 + 1)
+        assert noted is not None
+        assert self._store().compare_and_set(_next(first, body='{"n":"stale"}'), 1) is False
+        absorbed = replace(_next(noted, body='{"claimed":true}'), notes=())
+        assert self._store().compare_and_set(absorbed, 2) is True
+        assert self._store().get("saga", first.id) == absorbed
+
+    def test_concurrent_annotators_at_one_version_exactly_one_wins(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        results = race(lambda i: self._store().annotate(
+            "saga", first.id, f"claim-{i}", updated_at_ms=T0 + 1, expected_version=1))
+        won = [r for r in results if isinstance(r, Envelope)]
+        assert len(won) == 1 and results.count(None) == THREADS - 1, results
+        assert self._store().get("saga", first.id) == won[0]
+
+    def test_concurrent_annotators_without_a_version_all_land_once(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        results = race(lambda i: self._store().annotate("saga", first.id, f"s-{i}", updated_at_ms=T0))
+        assert all(isinstance(r, Envelope) for r in results), results
+        stored = self._store().get("saga", first.id)
+        assert stored is not None and stored.version == 1 + THREADS
+        assert sorted(stored.notes) == sorted(f"s-{i}" for i in range(THREADS))
+        assert sorted(r.version for r in results if isinstance(r, Envelope)) == list(range(2, 2 + THREADS))
+
+    def test_a_record_holds_at_most_max_notes(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        for i in range(MAX_NOTES):
+            assert self._store().annotate("saga", first.id, str(i), updated_at_ms=T0) is not None
+        assert self._store().annotate("saga", first.id, "one too many", updated_at_ms=T0) is None
+        stored = self._store().get("saga", first.id)
+        assert stored is not None and len(stored.notes) == MAX_NOTES
+
+    @pytest.mark.parametrize("note", ["", "two\nlines", 5, "lone \ud800"], ids=repr)
+    def test_bad_notes_are_refused(self, note: Any) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        with pytest.raises(SagaValidationError):
+            self._store().annotate("saga", first.id, note, updated_at_ms=T0)
+        with pytest.raises(SagaValidationError):
+            self._store().create(replace(_envelope(_fresh("r"), "running", T0), notes=("x",)))
+        assert self._store().get("saga", first.id) == first
+
+    # ------------------------------------------------------------ delete and count
+
+    def test_delete_removes_the_record_and_every_index_entry(self) -> None:
+        state, label, kind = _fresh("st"), _fresh("def"), "del" + uuid.uuid4().hex[:8]
+        first = self._created(replace(_envelope(_fresh("r"), state, T0, kind=kind), label=label,
+                                      due_at_ms=T0 + 1))
+        kept = self._created(_envelope(_fresh("r"), state, T0, kind=kind))
+        assert self._store().delete(kind, first.id, 1) is True
+        assert self._store().get(kind, first.id) is None
+        assert self._store().scan(kind, [state]).items == (kept,)
+        assert self._store().scan(kind, [state], label=label).items == ()
+        assert _due_ids(self._store(), kind, T0 + 100, 1000) == []
+        assert self._store().count(kind, [state]) == 1
+        assert self._store().create(first) is True  # the id is free again
+
+    def test_delete_at_another_version_or_of_a_missing_record_is_refused(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+        assert self._store().delete("saga", first.id, 2) is False
+        assert self._store().delete("saga", _fresh("ghost"), 1) is False
+        assert self._store().get("saga", first.id) == first
+
+    def test_a_delete_racing_writers_exactly_one_wins(self) -> None:
+        first = self._created(_envelope(_fresh("r"), "running", T0))
+
+        def attempt(i: int) -> object:
+            if i == 0:
+                return self._store().delete("saga", first.id, 1)
+            return self._store().compare_and_set(_next(first, body=f'{{"w":{i}}}'), 1)
+
+        results = race(attempt)
+        assert results.count(True) == 1, results
+        stored = self._store().get("saga", first.id)
+        assert (stored is None) == (results[0] is True)
+
+    def test_count_follows_states_labels_and_times(self) -> None:
+        kind, label = "cnt" + uuid.uuid4().hex[:8], _fresh("def")
+        for i in range(6):
+            envelope = _envelope(_fresh("r"), "running" if i % 2 else "completed", T0 + i, kind=kind)
+            self._created(replace(envelope, label=label if i < 4 else None))
+        store = self._store()
+        assert store.count(kind, ["running"]) == 3
+        assert store.count(kind, ["running", "completed", "running"]) == 6
+        assert store.count(kind, ["completed"], label=label) == 2
+        assert store.count(kind, ["running", "completed"], updated_after_ms=T0 + 2) == 4
+        assert store.count(kind, ["running", "completed"], updated_before_ms=T0 + 2) == 2
+        assert store.count(kind, ["running"], updated_after_ms=T0 + 1, updated_before_ms=T0 + 4) == 2
+        assert store.count(kind, [_fresh("none")]) == 0
+
+    # ------------------------------------------------------------ buckets
+
+    def test_buckets_split_records_by_a_stable_function_of_the_id(self) -> None:
+        store = self._store()
+        assert isinstance(store.buckets, int) and store.buckets >= 1
+        ids = [_fresh("r") for _ in range(40)]
+        buckets = [store.bucket_of(i) for i in ids]
+        assert all(0 <= b < store.buckets for b in buckets)
+        assert buckets == [store.bucket_of(i) for i in ids]
+        state = _fresh("st")
+        for record_id in ids:
+            self._created(_envelope(record_id, state, T0))
+        for bucket in range(store.buckets):
+            seen = _page_ids(store, "saga", [state], 7, bucket=bucket)
+            assert sorted(seen) == sorted(i for i, b in zip(ids, buckets, strict=True) if b == bucket)
+        with pytest.raises(SagaValidationError):
+            store.scan("saga", [state], bucket=store.buckets)
+
+    def test_leases_of_two_buckets_are_independent_and_fence_their_own_bucket(self) -> None:
+        store = self._store()
+        if store.buckets < 2:
+            pytest.skip("this store has one bucket")
+        record = self._created(_envelope(_fresh("r"), "running", T0))
+        home = store.bucket_of(record.id)
+        other = (home + 1) % store.buckets
+        name = _fresh("lease")
+        here = store.acquire_lease(name, "alice", "tok-a", T0, 1000, bucket=home)
+        there = store.acquire_lease(name, "bob", "tok-b", T0, 1000, bucket=other)
+        assert here is not None and there is not None and (here.bucket, there.bucket) == (home, other)
+        with pytest.raises(SagaValidationError):
+            store.compare_and_set(_next(record), 1, fence=Fence.of(there))
+        assert store.compare_and_set(_next(record), 1, fence=Fence.of(here)) is True
+        assert store.release_lease(here) is True
+        newer = store.acquire_lease(name, "carol", "tok-c", T0 + 1, 1000, bucket=home)
+        assert newer is not None and newer.fence > here.fence
+        with pytest.raises(FencedWriteRefused):
+            store.compare_and_set(_next(_next(record)), 2, fence=Fence.of(here))
+        with pytest.raises(FencedWriteRefused):
+            store.delete("saga", record.id, 2, fence=Fence.of(here))
+        assert store.get("saga", record.id) == _next(record)
 
     # ------------------------------------------------------------ approvals over the store
 

@@ -18,7 +18,7 @@ import pytest
 from celery_sagas.stores.base import Store
 from celery_sagas.stores.memory import MemoryStore
 
-STORES = ["memory", "redis", "sqlite", "postgres", "mysql"]
+STORES = ["memory", "memory4", "redis", "sqlite", "postgres", "mysql"]
 
 
 def store_class(module: str, name: str) -> Any:
@@ -97,6 +97,8 @@ def store(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[Store]
     backend = request.param
     if backend == "memory":
         yield MemoryStore()
+    elif backend == "memory4":
+        yield MemoryStore(buckets=4)
     elif backend == "redis":
         yield from _redis(request, unique_prefix)
     else:
