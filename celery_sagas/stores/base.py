@@ -14,7 +14,7 @@ Contract shared by every implementation (the conformance suite in
   them, or its version would be stale). Retrying a write that was already applied (same version,
   same body) reports success, so a driver-level retry is harmless.
 - ``annotate`` appends a note and bumps the version without the caller reading the record, and
-  returns the record as written.
+  returns the record as written; nothing else of the record changes (its indexes neither).
 - ``scan``, ``scan_due`` and ``count`` are served by indexes on (kind, state, updated_at_ms, id),
   (kind, label, state, updated_at_ms, id) and (kind, due_at_ms, id): their cost follows the
   matching records, never every record kept. Pages are keyset-paged with an opaque cursor.
@@ -151,17 +151,11 @@ class Store(Protocol):
         ...
 
     def annotate(
-        self,
-        kind: str,
-        record_id: str,
-        note: str,
-        *,
-        updated_at_ms: int,
-        expected_version: int | None = None,
+        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
     ) -> Envelope | None:
         """Atomically append ``note`` and bump the version (only at ``expected_version`` when
-        given); ``updated_at_ms`` only moves forward. The envelope as written, or None when the
-        record is absent, at another version, or already holds ``MAX_NOTES`` notes."""
+        given); state, body and ``updated_at_ms`` stay. The envelope as written, or None when
+        the record is absent, at another version, or already holds ``MAX_NOTES`` notes."""
         ...
 
     def delete(

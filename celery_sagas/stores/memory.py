@@ -103,18 +103,11 @@ class MemoryStore:
             return True
 
     def annotate(
-        self,
-        kind: str,
-        record_id: str,
-        note: str,
-        *,
-        updated_at_ms: int,
-        expected_version: int | None = None,
+        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
     ) -> Envelope | None:
         """Append ``note`` and bump the version (only at ``expected_version`` when given)."""
         check_key(kind, record_id)
         check_note(note)
-        timestamp_ms(updated_at_ms, field="updated_at_ms")
         if expected_version is not None and type(expected_version) is not int:
             raise SagaValidationError("expected_version must be an int or None")
         with self._lock:
@@ -123,13 +116,8 @@ class MemoryStore:
                 return None
             if expected_version is not None and current.version != expected_version:
                 return None
-            noted = replace(
-                current, version=current.version + 1,
-                updated_at_ms=max(current.updated_at_ms, updated_at_ms),
-                notes=(*current.notes, note),
-            )
-            self._drop(current)
-            self._put(noted)
+            noted = replace(current, version=current.version + 1, notes=(*current.notes, note))
+            self._records[(kind, record_id)] = noted  # same positions in every index
             return noted
 
     def delete(
