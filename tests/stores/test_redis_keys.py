@@ -64,31 +64,28 @@ def test_a_single_bucket_holds_everything() -> None:
 
 def test_record_and_index_keys_have_the_documented_shape() -> None:
     layout = KeyLayout("shop:sagas", 16)
-    assert layout.record("saga", "order-42") == "{shop:sagas:saga:14}:r:order-42"
-    assert layout.record_index("saga", "order-42", "running") == "{shop:sagas:saga:14}:s:running"
-    assert layout.index("effect", "unknown", 3) == "{shop:sagas:effect:3}:s:unknown"
+    assert layout.record("saga", "order-42") == "{shop:sagas:14}:r:saga:order-42"
+    assert layout.record_index("saga", "order-42", "running") == "{shop:sagas:14}:s:saga:running"
+    assert layout.index("saga", "running", 3, "place-order") == "{shop:sagas:3}:l:saga:running:place-order"
+    assert layout.index("approval", "pending", 3) == "{shop:sagas:3}:s:approval:pending"
+    assert layout.due("saga", 5) == "{shop:sagas:5}:d:saga"
 
 
 def test_lease_keys_have_the_documented_shape() -> None:
-    lease = KeyLayout("sagas", 16).lease("sweep")
-    assert (lease.holder, lease.fence, lease.cursor) == (
-        "{sagas:lease:sweep}:holder",
-        "{sagas:lease:sweep}:fence",
-        "{sagas:lease:sweep}:cursor",
-    )
+    assert KeyLayout("sagas", 16).lease("sweep", 7) == "{sagas:7}:lease:sweep"
 
 
 @pytest.mark.parametrize("record_id", ["order-42", "a", "x" * 255, "weird:id|~!", "saga-0001"])
-def test_a_record_and_every_state_index_of_its_bucket_share_one_cluster_slot(record_id: str) -> None:
+def test_every_key_of_a_bucket_shares_one_cluster_slot(record_id: str) -> None:
+    """One saga, one slot: its record, its indexes, the due index and the bucket's leases."""
     layout = KeyLayout("sagas", 16)
-    record_slot = cluster_slot(layout.record("saga", record_id))
+    bucket = layout.bucket(record_id)
+    keys = [layout.record("saga", record_id), layout.record("approval", record_id),
+            layout.due("saga", bucket), layout.lease("celery_sagas.sweep", bucket)]
     for state in ("running", "compensating", "manual-review", "completed"):
-        assert cluster_slot(layout.record_index("saga", record_id, state)) == record_slot
-
-
-def test_the_keys_of_one_lease_share_one_cluster_slot() -> None:
-    lease = KeyLayout("sagas", 16).lease("sweep:sagas")
-    assert len({cluster_slot(lease.holder), cluster_slot(lease.fence), cluster_slot(lease.cursor)}) == 1
+        keys.append(layout.record_index("saga", record_id, state))
+        keys.append(layout.record_index("saga", record_id, state, "place-order"))
+    assert len({cluster_slot(key) for key in keys}) == 1
 
 
 def test_different_buckets_land_in_different_slots() -> None:
@@ -97,11 +94,13 @@ def test_different_buckets_land_in_different_slots() -> None:
     assert len(slots) == 16
 
 
-def test_kinds_and_prefixes_never_share_a_key() -> None:
+def test_kinds_labels_and_prefixes_never_share_a_key() -> None:
     a = KeyLayout("p", 4)
     b = KeyLayout("p2", 4)
-    names = {a.record("saga", "x"), a.record("effect", "x"), b.record("saga", "x"), a.lease("x").holder}
-    assert len(names) == 4
+    names = {a.record("saga", "x"), a.record("approval", "x"), b.record("saga", "x"),
+             a.lease("x", 0), a.index("saga", "running", 0), a.index("saga", "running", 0, "x"),
+             a.index("saga", "running", 0, "running"), a.due("saga", 0)}
+    assert len(names) == 8
 
 
 # ---------------------------------------------------------------- validation
@@ -146,7 +145,15 @@ def test_a_key_part_that_could_escape_its_hash_tag_is_refused(part: str) -> None
     with pytest.raises(SagaValidationError):
         layout.index("saga", part, 0)
     with pytest.raises(SagaValidationError):
-        layout.lease(part)
+        layout.index("saga", "running", 0, part)
+    with pytest.raises(SagaValidationError):
+        layout.lease(part, 0)
+
+
+@pytest.mark.parametrize("state", ["a:b", "a{b", "a}b"])
+def test_a_state_that_could_blur_an_index_name_is_refused(state: str) -> None:
+    with pytest.raises(SagaValidationError):
+        KeyLayout("sagas", 16).index("saga", state, 0)
 
 
 @pytest.mark.parametrize("bucket", [-1, 16])
@@ -160,9 +167,10 @@ def test_the_cleanup_pattern_matches_only_this_prefix() -> None:
 
     layout = KeyLayout("t1", 4)
     pattern = layout.pattern()
-    assert fnmatch.fnmatchcase(layout.record("saga", "x"), pattern.replace("\\", ""))
-    assert fnmatch.fnmatchcase(layout.lease("x").fence, pattern.replace("\\", ""))
+    assert fnmatch.fnmatchcase(layout.record("saga", "x"), pattern)
+    assert fnmatch.fnmatchcase(layout.lease("x", 3), pattern)
     assert not fnmatch.fnmatchcase(KeyLayout("t10", 4).record("saga", "x"), pattern)
+    assert not fnmatch.fnmatchcase(KeyLayout("t1:x", 4).record("saga", "x"), pattern)
 
 
 # ---------------------------------------------------------------- purity
@@ -185,12 +193,12 @@ def test_the_key_module_imports_only_the_standard_library_and_project_errors() -
 
 @pytest.mark.parametrize("part", ["a{b", "a}b", "{tag}"])
 def test_braces_are_refused_inside_the_hash_tag_only(part: str) -> None:
-    """Redis hashes the first "{...}": ids and states come after it, kinds and leases in it."""
+    """Redis hashes the first "{...}": ids and labels come after the tag, leases never hold one."""
     layout = KeyLayout("sagas", 16)
     record = layout.record("saga", part)
-    assert record.startswith(layout.tag("saga", layout.bucket(part)) + ":r:")
-    assert layout.index("saga", part, 0) == layout.tag("saga", 0) + f":s:{part}"
+    assert record.startswith(layout.tag(layout.bucket(part)) + ":r:saga:")
+    assert layout.index("saga", "running", 0, part) == layout.tag(0) + f":l:saga:running:{part}"
     with pytest.raises(SagaValidationError):
-        layout.lease(part)
+        layout.lease(part, 0)
     with pytest.raises(SagaValidationError):
         layout.record(part, "id")

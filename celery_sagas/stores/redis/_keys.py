@@ -1,24 +1,24 @@
-"""Redis key layout of the store: pure functions, standard library only (DESIGN §3).
+"""Redis key layout of the store: pure functions, standard library only (docs/design.md §4.2).
 
 Every key the Redis store touches is named here and nowhere else (never inside Lua)::
 
-    {<prefix>:<kind>:<bucket>}:r:<id>        record hash: id, version, state, updated_at_ms, body
-    {<prefix>:<kind>:<bucket>}:s:<state>     state index: sorted set, score updated_at_ms, member id
-    {<prefix>:lease:<name>}:holder           lease hash: owner, token, expires_at_ms, fence
-    {<prefix>:lease:<name>}:fence            fencing counter (only ever incremented)
-    {<prefix>:lease:<name>}:cursor           saved scan cursor (survives release and expiry)
+    {<prefix>:<b>}:r:<kind>:<id>               record hash: id version state updated_at_ms body
+                                                [label] [due_at_ms] [nn, n:1 .. n:<nn>]
+    {<prefix>:<b>}:s:<kind>:<state>            state index: zset, score updated_at_ms, member id
+    {<prefix>:<b>}:l:<kind>:<state>:<label>    label index: zset, score updated_at_ms, member id
+    {<prefix>:<b>}:d:<kind>                    due index:   zset, score due_at_ms, member id
+    {<prefix>:<b>}:lease:<name>                lease hash: owner token expires_at_ms fence cursor
 
-``bucket`` is CRC-32 of the id modulo the bucket count: stable across processes and Python
-versions (unlike ``hash()``). A record and every state index of its bucket share one hash tag,
-so each record primitive touches a single Redis Cluster slot; a scan walks the buckets.
+``b`` is the bucket: CRC-32 of the record id modulo the bucket count, stable across processes
+and Python versions (unlike ``hash()``). Every key of a bucket carries the hash tag
+``{<prefix>:<b>}``, so each script touches one Redis Cluster slot; a scan walks the buckets.
 The bucket count is part of the layout: changing it for existing data hides records.
 
 The prefix is letters, digits, ``_``, ``-``, ``.`` and ``:`` (at most 64, starting with a
 letter or digit): colons are allowed for the usual ``app:sagas`` namespacing, braces and
-whitespace never, since they would break the hash tag. Record ids and states follow the tag,
-where Redis no longer looks for one, so they may hold braces; kinds and lease names are inside
-it and may not. Callers validate ids, kinds, states and lease names with ``stores.base`` first;
-the checks here are a last guard against a key that could escape its hash tag.
+whitespace never, since they would break the hash tag. Kinds (identifiers) and states (no
+``:``) keep the parts of an index name apart; ids and labels come last and may hold anything
+printable. Callers validate with ``stores.base`` first; the checks here are a last guard.
 """
 
 from __future__ import annotations
@@ -29,21 +29,20 @@ from dataclasses import dataclass
 
 from ...errors import SagaValidationError
 
-__all__ = ["DEFAULT_BUCKETS", "DEFAULT_PREFIX", "MAX_BUCKETS", "KeyLayout", "LeaseKeys", "bucket_of"]
+__all__ = ["DEFAULT_BUCKETS", "DEFAULT_PREFIX", "MAX_BUCKETS", "KeyLayout", "bucket_of"]
 
 DEFAULT_PREFIX = "sagas"
 DEFAULT_BUCKETS = 16
 MAX_BUCKETS = 1024
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
-# Printable ASCII without space: what stores.base lets through, nothing more. Braces only
-# after the hash tag (Redis takes the tag from the first "{" to the next "}").
-_AFTER_TAG = re.compile(r"[\x21-\x7e]+")
-_IN_TAG = re.compile(r"[\x21-\x7a\x7c\x7e]+")
+_PRINTABLE = re.compile(r"[\x21-\x7e]+")
+_KIND = re.compile(r"[a-z_][a-z0-9_]{0,31}")
+_STATE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def _part(value: str, field: str, *, in_tag: bool = False) -> str:
-    if not (_IN_TAG if in_tag else _AFTER_TAG).fullmatch(value):
+def _part(value: str, field: str, pattern: re.Pattern[str] = _PRINTABLE) -> str:
+    if not pattern.fullmatch(value):
         raise SagaValidationError(f"{field} cannot be part of a Redis key: {value[:40]!r}")
     return value
 
@@ -73,15 +72,6 @@ def bucket_of(record_id: str, buckets: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseKeys:
-    """The three keys of one lease name (one hash tag)."""
-
-    holder: str
-    fence: str
-    cursor: str
-
-
-@dataclass(frozen=True, slots=True)
 class KeyLayout:
     """Names every key of one store: a validated prefix and bucket count."""
 
@@ -96,30 +86,39 @@ class KeyLayout:
         """The bucket a record id lives in."""
         return bucket_of(_part(record_id, "record id"), self.buckets)
 
-    def tag(self, kind: str, bucket: int) -> str:
-        """The hash tag shared by a bucket's records and state indexes."""
-        if not 0 <= bucket < self.buckets:
-            raise SagaValidationError(f"bucket must be in 0..{self.buckets - 1}, got {bucket}")
-        return f"{{{self.prefix}:{_part(kind, 'record kind', in_tag=True)}:{bucket}}}"
+    def tag(self, bucket: int) -> str:
+        """The hash tag shared by every key of a bucket."""
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or not 0 <= bucket < self.buckets:
+            raise SagaValidationError(f"bucket must be in 0..{self.buckets - 1}, got {bucket!r}")
+        return f"{{{self.prefix}:{bucket}}}"
 
     def record(self, kind: str, record_id: str) -> str:
         """The hash holding one record."""
-        return f"{self.tag(kind, self.bucket(record_id))}:r:{record_id}"
+        tag = self.tag(self.bucket(record_id))
+        return f"{tag}:r:{_part(kind, 'record kind', _KIND)}:{record_id}"
 
-    def index(self, kind: str, state: str, bucket: int) -> str:
-        """The sorted set indexing a bucket's records of one state by updated_at_ms."""
-        return f"{self.tag(kind, bucket)}:s:{_part(state, 'record state')}"
+    def index(self, kind: str, state: str, bucket: int, label: str | None = None) -> str:
+        """The sorted set indexing a bucket's records of one state (and label) by updated_at_ms."""
+        base = f"{_part(kind, 'record kind', _KIND)}:{_part(state, 'record state', _STATE)}"
+        if label is None:
+            return f"{self.tag(bucket)}:s:{base}"
+        return f"{self.tag(bucket)}:l:{base}:{_part(label, 'record label')}"
 
-    def record_index(self, kind: str, record_id: str, state: str) -> str:
-        """The state index in the record's own bucket."""
-        return self.index(kind, state, self.bucket(record_id))
+    def record_index(self, kind: str, record_id: str, state: str, label: str | None = None) -> str:
+        """A state (or label) index in the record's own bucket."""
+        return self.index(kind, state, self.bucket(record_id), label)
 
-    def lease(self, name: str) -> LeaseKeys:
-        """The holder, fence counter and cursor keys of a lease name."""
-        tag = f"{{{self.prefix}:lease:{_part(name, 'lease name', in_tag=True)}}}"
-        return LeaseKeys(f"{tag}:holder", f"{tag}:fence", f"{tag}:cursor")
+    def due(self, kind: str, bucket: int) -> str:
+        """The sorted set indexing a bucket's records of one kind by due_at_ms."""
+        return f"{self.tag(bucket)}:d:{_part(kind, 'record kind', _KIND)}"
+
+    def lease(self, name: str, bucket: int) -> str:
+        """The hash holding one bucket's lease ``name`` (holder, fence, cursor)."""
+        if "{" in name or "}" in name:
+            raise SagaValidationError(f"lease name cannot contain braces: {name[:40]!r}")
+        return f"{self.tag(bucket)}:lease:{_part(name, 'lease name')}"
 
     def pattern(self) -> str:
         """A SCAN MATCH pattern covering every key of this prefix (tests and tooling only)."""
         escaped = re.sub(r"([\\*?\[\]])", r"\\\1", self.prefix)
-        return f"{{{escaped}:*"
+        return f"{{{escaped}:[0-9]*"

@@ -21,6 +21,8 @@ __all__ = ["SCRIPT_NAMES", "Scripts", "script_text"]
 SCRIPT_NAMES = (
     "create",
     "compare_and_set",
+    "annotate",
+    "delete",
     "acquire_lease",
     "renew_lease",
     "checkpoint_lease",
@@ -43,10 +45,12 @@ def script_text(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Scripts:
-    """The six primitives' scripts registered on one client."""
+    """The mutating primitives' scripts registered on one client."""
 
     create: Script
     compare_and_set: Script
+    annotate: Script
+    delete: Script
     acquire_lease: Script
     renew_lease: Script
     checkpoint_lease: Script

@@ -1,22 +1,19 @@
-"""RedisStore: the production store, each mutating primitive one Lua script (SPEC §6).
+"""RedisStore: the production store, each mutating primitive one Lua script (docs/design.md §4).
 
-Layout (``keys.py``): a record is a hash in bucket ``crc32(id) % buckets``; each (kind, state)
-has one sorted set per bucket, scored by ``updated_at_ms``, in the record's hash tag, so the
-scripts that write a record and its index touch one Redis Cluster slot. Scripts receive every
-key in KEYS and check every precondition before their first write (Lua never rolls back).
+Layout (``_keys.py``): a record is a hash in bucket ``crc32(id) % buckets``; its state, label
+and due indexes are sorted sets of that bucket, and every key of a bucket shares the hash tag
+``{<prefix>:<bucket>}``, so every script touches one Redis Cluster slot. A lease lives in the
+bucket it guards, so a fenced write checks its fence in the slot it writes. Scripts receive
+every key in KEYS and check every precondition before their first write (Lua never rolls
+back).
 
-Round trips: ``create``, ``compare_and_set`` and the four lease primitives are one EVALSHA
-each; ``get`` is one HGETALL; ``scan`` is one ZRANGE per (state, bucket) it walks plus one
-pipeline fetching the page's records. ``compare_and_set`` must name the index the record
-leaves, which only the stored state tells: the store remembers the state of every
-(kind, id, version) it has read or written (a version is written once, so the hint is a fact;
-the script still verifies it) and otherwise guesses the new state; a wrong guess costs a second
-round trip.
-
-Redis Cluster: record primitives and lease primitives each stay in one slot, but a *fenced*
-compare-and-set also reads the lease's fence counter, which lives in another slot. Fenced
-writes therefore need a single Redis (or a replica set behind a proxy that runs the script on
-one node); on Cluster they fail with CROSSSLOT rather than write unfenced.
+Round trips: ``create``, ``compare_and_set``, ``annotate``, ``delete`` and the lease primitives
+are one EVALSHA each; ``get`` is one HGETALL; ``scan``/``scan_due`` are one ZRANGE per index
+they walk plus one pipeline fetching the page's records; ``count`` is one pipeline of ZCOUNTs.
+``compare_and_set`` and ``delete`` must name the index the record leaves, which only the
+stored state tells: the store remembers the state of every (kind, id, version) it has read or
+written (a version is written once, so the hint is a fact; the script still verifies it) and
+otherwise guesses the new state; a wrong guess costs a second round trip.
 
 Corrupt data (a key of the wrong type, missing or malformed fields) raises
 ``InvalidRecordError`` from ``get`` and ``compare_and_set``. ``scan`` instead yields such a
@@ -29,35 +26,49 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis import Redis
 from redis.commands.core import Script
 from redis.exceptions import RedisError, ResponseError
 
-from ..._values import MAX_SAFE_INTEGER, duration_ms, timestamp_ms, token
+from ..._values import MAX_SAFE_INTEGER, timestamp_ms, token
 from ...errors import FencedWriteRefused, InvalidRecordError, SagaValidationError, StoreError
 from .._cursor import decode_cursor, encode_cursor
 from ..base import (
+    MAX_NOTES,
     Envelope,
     Fence,
     Lease,
     Page,
+    check_bucket,
+    check_count_args,
     check_envelope,
+    check_expected_version,
+    check_fence,
+    check_fenced_bucket,
     check_key,
+    check_kind,
     check_lease_args,
+    check_lease_times,
+    check_limit,
+    check_note,
     check_scan_args,
+    check_state,
 )
-from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout
+from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout, check_buckets
 from ._scripts import Scripts
 
 __all__ = ["RedisStore"]
 
 _HINTS = 4096
 _MOVED_RETRIES = 3
-_Position = tuple[int, int, int, str]  # (state index, bucket, updated_at_ms, id)
+_Position = tuple[int, int, int, str]  # (state index, bucket, score, id)
+_Slot = tuple[int, int, str]  # (state index, bucket, index key)
+_DUE = ["due"]  # the one "state" a due-scan cursor names
 
 
 class RedisStore:
@@ -66,7 +77,7 @@ class RedisStore:
     durable = True
 
     def __init__(
-        self, client: Redis, *, prefix: str = DEFAULT_PREFIX, buckets: int = DEFAULT_BUCKETS
+        self, client: Any, *, prefix: str = DEFAULT_PREFIX, buckets: int = DEFAULT_BUCKETS
     ) -> None:
         self._layout = KeyLayout(prefix, buckets)
         self._client = client
@@ -80,17 +91,20 @@ class RedisStore:
         url: str,
         *,
         prefix: str = DEFAULT_PREFIX,
-        buckets: int = DEFAULT_BUCKETS,
+        buckets: int | None = None,
         **client_options: Any,
     ) -> RedisStore:
-        """Open a store on ``redis://``, ``rediss://`` or ``unix://``; ``close()`` closes it."""
-        KeyLayout(prefix, buckets)
+        """Open a store on ``redis://``, ``rediss://`` or ``unix://`` (``?buckets=N`` sets the
+        bucket count, default 16); ``close()`` closes the client."""
+        url, in_url = _split_buckets(url)
+        count = check_buckets(buckets if buckets is not None else (in_url or DEFAULT_BUCKETS))
+        KeyLayout(prefix, count)
         try:
             client = Redis.from_url(url, **client_options)
         except (ValueError, TypeError, RedisError) as exc:
             # The driver's message can quote the URL, password included.
             raise StoreError(f"cannot open a Redis client: {type(exc).__name__}") from exc
-        store = cls(client, prefix=prefix, buckets=buckets)
+        store = cls(client, prefix=prefix, buckets=count)
         store._owns_client = True
         return store
 
@@ -99,35 +113,42 @@ class RedisStore:
         """The key layout (prefix and bucket count) of this store."""
         return self._layout
 
+    @property
+    def buckets(self) -> int:
+        """How many buckets records, scans and leases are split into."""
+        return self._layout.buckets
+
+    def bucket_of(self, record_id: str) -> int:
+        """CRC-32 of the id modulo the bucket count."""
+        return self._layout.bucket(record_id)
+
     # ------------------------------------------------------------------ records
 
     def create(self, envelope: Envelope) -> bool:
         """Atomically insert if (kind, id) is absent; False if it exists. One EVALSHA."""
         check_envelope(envelope)
-        body = _utf8(envelope.body)
+        kind, record_id, state, label = envelope.kind, envelope.id, envelope.state, envelope.label
+        state_index = self._layout.record_index(kind, record_id, state)
         keys = [
-            self._layout.record(envelope.kind, envelope.id),
-            self._layout.record_index(envelope.kind, envelope.id, envelope.state),
+            self._layout.record(kind, record_id),
+            state_index,
+            self._layout.record_index(kind, record_id, state, label) if label else state_index,
+            self._layout.due(kind, self.bucket_of(record_id)),
         ]
         args: list[str | int | bytes] = [
-            envelope.id,
-            envelope.version,
-            envelope.state,
-            envelope.updated_at_ms,
-            body,
+            record_id, envelope.version, state, envelope.updated_at_ms, _utf8(envelope.body),
+            label or "", _optional_int(envelope.due_at_ms),
         ]
-        reply = self._run(self._scripts.create, keys, args, "create")
-        if reply != 1:
+        if self._run(self._scripts.create, keys, args, "create") != 1:
             return False
         self._hints.note(envelope)
         return True
 
     def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope or None. One HGETALL."""
+        """Return the stored envelope (with its notes) or None. One HGETALL."""
         check_key(kind, record_id)
-        key = self._layout.record(kind, record_id)
         with self._driver("get", kind, record_id):
-            fields = self._client.hgetall(key)
+            fields = self._client.hgetall(self._layout.record(kind, record_id))
         if not fields:
             return None
         envelope = _parse_record(kind, record_id, fields)
@@ -137,121 +158,217 @@ class RedisStore:
     def compare_and_set(
         self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
     ) -> bool:
-        """Atomically replace the record if its version is ``expected_version``.
+        """Atomically replace the record if its version is ``expected_version``; clears notes.
 
         True also when the identical write was already applied (a retried call); raises
-        ``FencedWriteRefused`` when ``fence`` is older than the lease's newest grant.
+        ``FencedWriteRefused`` when ``fence`` is older than its bucket's newest grant.
         """
         check_envelope(envelope)
-        if type(expected_version) is not int or envelope.version != expected_version + 1:
-            raise SagaValidationError("the new version must be expected_version + 1")
-        fence_keys, fence_args = self._fence(fence)
-        kind, record_id = envelope.kind, envelope.id
-        record_key = self._layout.record(kind, record_id)
-        new_index = self._layout.record_index(kind, record_id, envelope.state)
+        check_expected_version(envelope, expected_version)
+        fence_keys, fence_args = self._fence(fence, envelope.id)
+        kind, record_id, state, label = envelope.kind, envelope.id, envelope.state, envelope.label
+        layout = self._layout
         args: list[str | int | bytes] = [
-            record_id,
-            expected_version,
-            envelope.version,
-            envelope.state,
-            envelope.updated_at_ms,
+            record_id, expected_version, envelope.version, state, envelope.updated_at_ms,
             _utf8(envelope.body),
         ]
-        believed = self._hints.state_at(kind, record_id, expected_version) or envelope.state
+        tail: list[str | int | bytes] = [label or "", _optional_int(envelope.due_at_ms), *fence_args]
+        hint = self._hints.at(kind, record_id, expected_version)
+        believed = hint[0] if hint is not None else state
+        new_index = layout.record_index(kind, record_id, state)
+        due = layout.due(kind, self.bucket_of(record_id))
         for _ in range(_MOVED_RETRIES):
-            old_index = self._layout.record_index(kind, record_id, believed)
-            keys = [record_key, old_index, new_index, *fence_keys]
-            reply = self._run(self._scripts.compare_and_set, keys, [*args, believed, *fence_args], "cas")
+            old_index = layout.record_index(kind, record_id, believed)
+            keys = [
+                layout.record(kind, record_id), old_index, new_index,
+                layout.record_index(kind, record_id, believed, label) if label else old_index,
+                layout.record_index(kind, record_id, state, label) if label else new_index,
+                due, *fence_keys,
+            ]
+            reply = self._run(self._scripts.compare_and_set, keys, [*args, believed, *tail], "cas")
             status, detail = _status(reply, kind, record_id)
             if status != "moved":
                 return self._cas_outcome(envelope, status, detail, fence)
             believed = _stored_state(detail, kind, record_id)
         raise StoreError(f"{kind} {record_id!r} kept changing state during compare_and_set")
 
+    def annotate(
+        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
+    ) -> Envelope | None:
+        """Atomically append ``note`` and bump the version; the record as written. One EVALSHA."""
+        check_key(kind, record_id)
+        check_note(note)
+        if expected_version is not None and type(expected_version) is not int:
+            raise SagaValidationError("expected_version must be an int or None")
+        expected = "" if expected_version is None else str(expected_version)
+        args: list[str | int | bytes] = [record_id, _utf8(note), expected, MAX_NOTES]
+        keys = [self._layout.record(kind, record_id)]
+        with self._driver("annotate", kind, record_id):
+            reply: Any = self._scripts.annotate(keys=keys, args=args)
+        if not reply:
+            return None
+        fields = dict(zip(reply[::2], reply[1::2], strict=True))
+        envelope = _parse_record(kind, record_id, fields)
+        self._hints.note(envelope)
+        return envelope
+
+    def delete(
+        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        """Atomically remove the record and its index entries if its version matches."""
+        check_key(kind, record_id)
+        if type(expected_version) is not int:
+            raise SagaValidationError("expected_version must be an int")
+        fence_keys, fence_args = self._fence(fence, record_id)
+        layout = self._layout
+        state, label = self._hints.at(kind, record_id, expected_version) or ("-", "")
+        for _ in range(_MOVED_RETRIES):
+            state_index = layout.record_index(kind, record_id, state)
+            keys = [
+                layout.record(kind, record_id), state_index,
+                layout.record_index(kind, record_id, state, label) if label else state_index,
+                layout.due(kind, self.bucket_of(record_id)), *fence_keys,
+            ]
+            args: list[str | int | bytes] = [record_id, expected_version, state, label, *fence_args]
+            status, detail = _status(self._run(self._scripts.delete, keys, args, "delete"),
+                                     kind, record_id)
+            if status == "moved":
+                stored_state, _, stored_label = detail.partition("\n")
+                state, label = _stored_state(stored_state, kind, record_id), stored_label
+                continue
+            if status == "fenced" and fence is not None:
+                raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
+            if status == "corrupt":
+                raise InvalidRecordError(kind=kind, record_id=record_id)
+            if status == "deleted":
+                self._hints.forget(kind, record_id)
+            return status == "deleted"
+        raise StoreError(f"{kind} {record_id!r} kept changing state during delete")
+
+    # ------------------------------------------------------------------ scans
+
     def scan(
         self,
         kind: str,
         states: Sequence[str],
         *,
+        label: str | None = None,
         updated_before_ms: int | None = None,
+        bucket: int | None = None,
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page:
-        """Return up to ``limit`` records of ``kind`` in ``states``; read-only.
+        """Return up to ``limit`` records of ``kind`` in ``states`` (and ``label``); read-only.
 
         Walks state by state, bucket by bucket, oldest first within a bucket; touches only the
-        indexes of the states asked for, so its cost follows the matching records.
+        indexes asked for, so its cost follows the matching records.
         """
-        check_scan_args(kind, states, limit, updated_before_ms)
-        wanted = list(dict.fromkeys(states))
-        first_state, start, (first_bucket,) = decode_cursor(cursor, wanted, extras=1)
-        if not 0 <= first_bucket < self._layout.buckets:
-            raise SagaValidationError("malformed scan cursor")
-        positions: list[_Position] = []
-        for index in range(first_state, len(wanted)):
-            for bucket in range(first_bucket if index == first_state else 0, self._layout.buckets):
-                resume = start if (index, bucket) == (first_state, first_bucket) else None
-                key = self._layout.index(kind, wanted[index], bucket)
-                found = self._index_range(key, resume, updated_before_ms, limit + 1 - len(positions))
-                positions.extend((index, bucket, score, member) for score, member in found)
-                if len(positions) > limit:
-                    return self._page(kind, wanted, positions[:limit], positions[limit], updated_before_ms)
-        return self._page(kind, wanted, positions, None, updated_before_ms)
+        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
+        slots = [
+            (i, b, self._layout.index(kind, state, b, label))
+            for i, state in enumerate(wanted) for b in self._walked(bucket)
+        ]
+
+        def matches(envelope: Envelope, slot: int, score: int) -> bool:
+            return (envelope.state, envelope.updated_at_ms) == (wanted[slot], score)
+
+        def still(envelope: Envelope) -> tuple[int, int] | None:
+            if envelope.state not in wanted or envelope.label != label:
+                return None
+            if updated_before_ms is not None and envelope.updated_at_ms >= updated_before_ms:
+                return None
+            return wanted.index(envelope.state), envelope.updated_at_ms
+
+        return self._walk(kind, wanted, slots, cursor, updated_before_ms, limit, matches, still)
+
+    def scan_due(
+        self,
+        kind: str,
+        *,
+        due_before_ms: int,
+        bucket: int | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Records whose due time is before ``due_before_ms``, bucket by bucket, earliest first."""
+        check_kind(kind)
+        timestamp_ms(due_before_ms, field="due_before_ms")
+        check_limit(limit)
+        slots = [(0, b, self._layout.due(kind, b)) for b in self._walked(bucket)]
+
+        def matches(envelope: Envelope, slot: int, score: int) -> bool:
+            return envelope.due_at_ms == score
+
+        def still(envelope: Envelope) -> tuple[int, int] | None:
+            due = envelope.due_at_ms
+            return None if due is None or due >= due_before_ms else (0, due)
+
+        return self._walk(kind, _DUE, slots, cursor, due_before_ms, limit, matches, still)
+
+    def count(
+        self,
+        kind: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        updated_after_ms: int | None = None,
+        updated_before_ms: int | None = None,
+    ) -> int:
+        """ZCOUNT every matching index of every bucket, in one pipeline."""
+        wanted = check_count_args(kind, states, label, updated_after_ms, updated_before_ms)
+        low: int | str = updated_after_ms if updated_after_ms is not None else "-inf"
+        high = f"({updated_before_ms}" if updated_before_ms is not None else "+inf"
+        pipe = self._client.pipeline(transaction=False)
+        for state in wanted:
+            for bucket in range(self.buckets):
+                pipe.zcount(self._layout.index(kind, state, bucket, label), low, high)
+        with self._driver("count"):
+            replies = pipe.execute()
+        return sum(int(n) for n in replies)
 
     # ------------------------------------------------------------------ leases
 
-    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int) -> Lease | None:
-        """Atomically grant the lease unless an unexpired one exists; bumps the fence."""
+    def acquire_lease(
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
+    ) -> Lease | None:
+        """Atomically grant the lease of ``bucket`` unless an unexpired one exists."""
         check_lease_args(name, owner, token)
-        expires = _expiry(now_ms, lease_ms)
-        keys = self._layout.lease(name)
-        reply = self._run(
-            self._scripts.acquire_lease,
-            [keys.holder, keys.fence, keys.cursor],
-            [owner, token, now_ms, expires],
-            "acquire_lease",
-        )
-        if not isinstance(reply, list) or len(reply) != 3 or _text(reply[0]) != "granted":
+        expires = check_lease_times(now_ms, lease_ms)
+        key = self._layout.lease(name, check_bucket(bucket, self.buckets))
+        reply = self._run(self._scripts.acquire_lease, [key], [owner, token, now_ms, expires],
+                          "acquire_lease")
+        if not isinstance(reply, list) or len(reply) < 2 or _text(reply[0]) != "granted":
             return None
-        return Lease(name, owner, token, expires, _integer(reply[1]), _optional_text(reply[2]))
+        cursor = _optional_text(reply[2]) if len(reply) > 2 else None
+        return Lease(name, owner, token, expires, _integer(reply[1]), cursor, bucket)
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
         """Atomically extend an unexpired lease held with the same owner and token."""
-        check_lease_args(lease.name, lease.owner, lease.token)
-        expires = _expiry(now_ms, lease_ms)
-        keys = self._layout.lease(lease.name)
-        reply = self._run(
-            self._scripts.renew_lease,
-            [keys.holder, keys.cursor],
-            [lease.owner, lease.token, now_ms, expires],
-            "renew_lease",
-        )
-        if not isinstance(reply, list) or len(reply) != 3 or _text(reply[0]) != "renewed":
+        key = self._lease_key(lease)
+        expires = check_lease_times(now_ms, lease_ms)
+        reply = self._run(self._scripts.renew_lease, [key],
+                          [lease.owner, lease.token, now_ms, expires], "renew_lease")
+        if not isinstance(reply, list) or len(reply) < 2 or _text(reply[0]) != "renewed":
             return None
-        fence, cursor = _integer(reply[1]), _optional_text(reply[2])
-        return Lease(lease.name, lease.owner, lease.token, expires, fence, cursor)
+        cursor = _optional_text(reply[2]) if len(reply) > 2 else None
+        return Lease(lease.name, lease.owner, lease.token, expires, _integer(reply[1]), cursor,
+                     lease.bucket)
 
     def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
         """Atomically save the scan cursor of an unexpired lease held with this token."""
-        check_lease_args(lease.name, lease.owner, lease.token)
+        key = self._lease_key(lease)
         timestamp_ms(now_ms, field="now_ms")
         if cursor is not None and not isinstance(cursor, str):
             raise SagaValidationError("cursor must be a str or None")
-        keys = self._layout.lease(lease.name)
         flag = "0" if cursor is None else "1"
         args: list[str | int | bytes] = [lease.owner, lease.token, now_ms, flag, cursor or ""]
-        reply = self._run(
-            self._scripts.checkpoint_lease, [keys.holder, keys.cursor], args, "checkpoint_lease"
-        )
-        return reply == 1
+        return self._run(self._scripts.checkpoint_lease, [key], args, "checkpoint_lease") == 1
 
     def release_lease(self, lease: Lease) -> bool:
         """Atomically free the lease if held with this owner and token; keeps the cursor."""
-        check_lease_args(lease.name, lease.owner, lease.token)
-        keys = self._layout.lease(lease.name)
-        reply = self._run(
-            self._scripts.release_lease, [keys.holder], [lease.owner, lease.token], "release_lease"
-        )
+        key = self._lease_key(lease)
+        reply = self._run(self._scripts.release_lease, [key], [lease.owner, lease.token],
+                          "release_lease")
         return reply == 1
 
     def close(self) -> None:
@@ -283,13 +400,22 @@ class RedisStore:
             reply: object = script(keys=list(keys), args=list(args))
         return reply
 
-    def _fence(self, fence: Fence | None) -> tuple[list[str], list[str | int | bytes]]:
+    def _walked(self, bucket: int | None) -> range:
+        if bucket is None:
+            return range(self.buckets)
+        check_bucket(bucket, self.buckets)
+        return range(bucket, bucket + 1)
+
+    def _lease_key(self, lease: Lease) -> str:
+        check_lease_args(lease.name, lease.owner, lease.token)
+        return self._layout.lease(lease.name, check_bucket(lease.bucket, self.buckets))
+
+    def _fence(self, fence: Fence | None, record_id: str) -> tuple[list[str], list[str | int | bytes]]:
         if fence is None:
             return [], []
-        token(fence.lease, field="lease name", max_len=128)
-        if type(fence.number) is not int or not 0 <= fence.number <= MAX_SAFE_INTEGER:
-            raise SagaValidationError(f"fence number must be a non-negative int: {fence.number!r}")
-        return [self._layout.lease(fence.lease).fence], [fence.number]
+        check_fence(fence, self.buckets)
+        check_fenced_bucket(fence, self.bucket_of(record_id))
+        return [self._layout.lease(fence.lease, fence.bucket)], [fence.number]
 
     def _cas_outcome(self, envelope: Envelope, status: str, detail: str, fence: Fence | None) -> bool:
         if status in ("written", "same"):
@@ -307,10 +433,45 @@ class RedisStore:
             )
         raise StoreError(f"unexpected compare_and_set reply {status!r}")
 
+    # ------------------------------------------------------------------ paged walks
+
+    def _walk(
+        self,
+        kind: str,
+        names: list[str],
+        slots: list[_Slot],
+        cursor: str | None,
+        before: int | None,
+        limit: int,
+        matches: Callable[[Envelope, int, int], bool],
+        still: Callable[[Envelope], tuple[int, int] | None],
+    ) -> Page:
+        """Read ``slots`` (index keys in walk order) from the cursor on, then fetch the page.
+
+        ``matches`` says whether a fetched record is still where its index entry said;
+        ``still`` gives (name index, score) of a record that still matches the walk at all.
+        """
+        first_name, start, (first_bucket,) = decode_cursor(cursor, names, extras=1)
+        begin = next((n for n, (i, b, _) in enumerate(slots) if (i, b) == (first_name, first_bucket)),
+                     None)
+        if begin is None:
+            if cursor is not None:
+                raise SagaValidationError("malformed scan cursor")
+            begin = 0
+        positions: list[_Position] = []
+        for n in range(begin, len(slots)):
+            index, bucket, key = slots[n]
+            resume = start if n == begin else None
+            found = self._index_range(key, resume, before, limit + 1 - len(positions))
+            positions.extend((index, bucket, score, member) for score, member in found)
+            if len(positions) > limit:
+                return self._page(kind, names, positions[:limit], positions[limit], matches, still)
+        return self._page(kind, names, positions, None, matches, still)
+
     def _index_range(
         self, key: str, start: tuple[int, str] | None, before_ms: int | None, want: int
     ) -> list[tuple[int, str]]:
-        """Up to ``want`` (updated_at_ms, id) of one index, from ``start`` on (inclusive).
+        """Up to ``want`` (score, id) of one index, from ``start`` on (inclusive).
 
         Ties at the start's score sort by member, and the ones before ``start`` are read and
         dropped; when they fill a reply, reading goes on by offset. Each further read begins
@@ -349,10 +510,11 @@ class RedisStore:
     def _page(
         self,
         kind: str,
-        states: list[str],
+        names: list[str],
         positions: list[_Position],
         following: _Position | None,
-        before_ms: int | None,
+        matches: Callable[[Envelope, int, int], bool],
+        still: Callable[[Envelope], tuple[int, int] | None],
     ) -> Page:
         """Fetch the records of ``positions`` in one pipeline; the cursor names ``following``.
 
@@ -366,18 +528,18 @@ class RedisStore:
         items: list[Envelope] = []
         returned: set[str] = set()
         for (index, bucket, score, member), fields in zip(positions, fetched, strict=True):
-            envelope = _scanned(kind, states[index], score, member, fields)
-            if envelope.id in returned:
-                continue  # moved between two indexes this page read: returned once
-            if (envelope.state, envelope.updated_at_ms) == (states[index], score) or _passed(
-                envelope, bucket, states, before_ms, following
+            envelope = _scanned(kind, names[index], score, member, fields)
+            if envelope is None or envelope.id in returned:
+                continue  # deleted since its entry was read, or moved between two indexes
+            if envelope.version == 0 or matches(envelope, index, score) or _passed(
+                envelope, bucket, still, following
             ):
                 items.append(envelope)
                 returned.add(envelope.id)
         cursor = None
         if following is not None:
             index, bucket, score, member = following
-            cursor = encode_cursor(states, states[index], (score, member), bucket)
+            cursor = encode_cursor(names, names[index], (score, member), bucket)
         return Page(tuple(items), cursor)
 
     def _fetch(self, kind: str, record_ids: list[str]) -> list[object]:
@@ -404,30 +566,51 @@ class RedisStore:
 
 
 class _StateHints:
-    """Bounded memory of the state each (kind, id, version) was read or written with."""
+    """Bounded memory of the state and label each (kind, id, version) was read or written with."""
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._seen: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str], tuple[int, str, str]] = OrderedDict()
 
     def note(self, envelope: Envelope) -> None:
-        """Remember the envelope's version and state."""
+        """Remember the envelope's version, state and label."""
         key = (envelope.kind, envelope.id)
         with self._lock:
-            self._seen[key] = (envelope.version, envelope.state)
+            self._seen[key] = (envelope.version, envelope.state, envelope.label or "")
             self._seen.move_to_end(key)
             if len(self._seen) > self._size:
                 self._seen.popitem(last=False)
 
-    def state_at(self, kind: str, record_id: str, version: int) -> str | None:
-        """The state of that version, if this process saw it."""
+    def forget(self, kind: str, record_id: str) -> None:
+        """Drop what is known of a deleted record."""
+        with self._lock:
+            self._seen.pop((kind, record_id), None)
+
+    def at(self, kind: str, record_id: str, version: int) -> tuple[str, str] | None:
+        """The (state, label) of that version, if this process saw it."""
         with self._lock:
             seen = self._seen.get((kind, record_id))
-        return seen[1] if seen is not None and seen[0] == version else None
+        return (seen[1], seen[2]) if seen is not None and seen[0] == version else None
 
 
 # ---------------------------------------------------------------------- decoding
+
+
+def _split_buckets(url: str) -> tuple[str, int | None]:
+    """Take ``buckets=N`` out of a URL's query (redis-py would refuse it)."""
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return url, None
+    kept = [(k, v) for k, v in query if k != "buckets"]
+    found = [v for k, v in query if k == "buckets"]
+    if not found:
+        return url, None
+    if len(found) > 1 or not found[0].isdigit():
+        raise StoreError("the Redis store URL's buckets= must be one integer")
+    return urlunsplit(parts._replace(query=urlencode(kept))), int(found[0])
 
 
 def _text(value: object) -> str:
@@ -440,6 +623,10 @@ def _text(value: object) -> str:
 
 def _optional_text(value: object) -> str | None:
     return None if value is None else _text(value)
+
+
+def _optional_int(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _integer(value: object) -> int:
@@ -456,34 +643,31 @@ def _utf8(body: str) -> bytes:
         raise SagaValidationError("body must be valid UTF-8 text") from exc
 
 
-def _expiry(now_ms: int, lease_ms: int) -> int:
-    timestamp_ms(now_ms, field="now_ms")
-    duration_ms(lease_ms, field="lease_ms")
-    return timestamp_ms(now_ms + lease_ms, field="lease expiry")
-
-
 def _wrong_type(exc: RedisError) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
 def _status(reply: object, kind: str, record_id: str) -> tuple[str, str]:
     if not isinstance(reply, list) or len(reply) != 2:
-        raise StoreError(f"unexpected compare_and_set reply for {kind} {record_id!r}")
+        raise StoreError(f"unexpected script reply for {kind} {record_id!r}")
     return _text(reply[0]), _text(reply[1])
 
 
 def _stored_state(state: str, kind: str, record_id: str) -> str:
     try:
-        return token(state, field="record state", max_len=64)
+        return check_state(state)
     except SagaValidationError as exc:
         raise InvalidRecordError(kind=kind, record_id=record_id) from exc
 
 
-def _decimal(text: str, *, low: int) -> int | None:
-    if not text.isascii() or not text.isdigit() or (len(text) > 1 and text[0] == "0"):
+def _decimal(text: str | None, *, low: int) -> int | None:
+    if text is None or not text.isascii() or not text.isdigit() or (len(text) > 1 and text[0] == "0"):
         return None
     value = int(text)
     return value if low <= value <= MAX_SAFE_INTEGER else None
+
+
+_FIELDS = {"id", "version", "state", "updated_at_ms", "body", "label", "due_at_ms", "nn"}
 
 
 def _parse_record(kind: str, record_id: str, fields: Mapping[Any, Any]) -> Envelope:
@@ -493,35 +677,57 @@ def _parse_record(kind: str, record_id: str, fields: Mapping[Any, Any]) -> Envel
         text = {_text(name): _text(value) for name, value in fields.items()}
     except (UnicodeDecodeError, StoreError) as exc:
         raise fail from exc
-    missing = {"id", "version", "state", "updated_at_ms", "body"} - text.keys()
-    if missing or text["id"] != record_id:
+    version = _decimal(text.get("version"), low=1)
+    updated = _decimal(text.get("updated_at_ms"), low=0)
+    if text.get("id") != record_id or "body" not in text or version is None or updated is None:
         raise fail
-    version = _decimal(text["version"], low=1)
-    updated = _decimal(text["updated_at_ms"], low=0)
-    if version is None or updated is None:
+    state = _stored_state(text.get("state", ""), kind, record_id)
+    due = text.get("due_at_ms")
+    due_at = None if due is None else _decimal(due, low=0)
+    if due is not None and due_at is None:
         raise fail
-    state = _stored_state(text["state"], kind, record_id)
-    return Envelope(kind, record_id, version, state, updated, text["body"])
+    return Envelope(kind, record_id, version, state, updated, text["body"], text.get("label"),
+                    due_at, _notes(text, fail))
+
+
+def _notes(text: Mapping[str, str], fail: InvalidRecordError) -> tuple[str, ...]:
+    count = _decimal(text.get("nn", "0"), low=0)
+    if count is None or count > MAX_NOTES:
+        raise fail
+    try:
+        notes = tuple(text[f"n:{i}"] for i in range(1, count + 1))
+    except KeyError:
+        raise fail from None
+    if len(text) != len(_FIELDS & text.keys()) + count:
+        raise fail  # a field no version of the store writes
+    return notes
 
 
 def _passed(
-    envelope: Envelope, bucket: int, states: list[str], before_ms: int | None, following: _Position | None
+    envelope: Envelope,
+    bucket: int,
+    still: Callable[[Envelope], tuple[int, int] | None],
+    following: _Position | None,
 ) -> bool:
-    """True if ``envelope`` still matches the scan at a position before ``following``."""
-    if envelope.state not in states or (before_ms is not None and envelope.updated_at_ms >= before_ms):
+    """True if ``envelope`` still matches the walk at a position before ``following``."""
+    where = still(envelope)
+    if where is None:
         return False
-    position = (states.index(envelope.state), bucket, envelope.updated_at_ms, envelope.id)
+    position = (where[0], bucket, where[1], envelope.id)
     return following is None or position < following
 
 
-def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) -> Envelope:
-    """The envelope of one index entry as fetched: a placeholder if it is corrupt."""
+def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) -> Envelope | None:
+    """The envelope of one index entry as fetched: None if the record is gone (deleted since
+    its entry was read: scripts remove both at once), a placeholder if it is corrupt."""
     placeholder = Envelope(kind, record_id, 0, state, score, "")
     if isinstance(fields, ResponseError) and _wrong_type(fields):
         return placeholder
     if isinstance(fields, RedisError):
         raise StoreError(f"redis scan failed: {type(fields).__name__}: {fields}") from fields
-    if isinstance(fields, SagaValidationError) or not isinstance(fields, Mapping) or not fields:
+    if isinstance(fields, Mapping) and not fields:
+        return None
+    if isinstance(fields, SagaValidationError) or not isinstance(fields, Mapping):
         return placeholder
     try:
         return _parse_record(kind, record_id, fields)

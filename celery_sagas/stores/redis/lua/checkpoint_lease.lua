@@ -1,8 +1,7 @@
 -- checkpoint_lease: save (or clear) the scan cursor of an unexpired lease held with the same
 -- owner and token, atomically; the cursor outlives the lease for the next holder.
 --
--- KEYS[1]  holder hash     {<prefix>:lease:<name>}:holder  (owner, token, expires_at_ms, fence)
--- KEYS[2]  saved cursor    {<prefix>:lease:<name>}:cursor
+-- KEYS[1]  lease hash      {<prefix>:<b>}:lease:<name>  (owner, token, expires_at_ms, fence, cursor)
 -- ARGV[1]  owner
 -- ARGV[2]  token
 -- ARGV[3]  now_ms          (decimal integer, milliseconds since the epoch)
@@ -18,8 +17,8 @@ if not h[1] or at == nil or h[1] ~= ARGV[1] or h[2] ~= ARGV[2] or at <= tonumber
   return 0
 end
 if ARGV[4] == '1' then
-  redis.call('SET', KEYS[2], ARGV[5])
+  redis.call('HSET', KEYS[1], 'cursor', ARGV[5])
 else
-  redis.call('DEL', KEYS[2])
+  redis.call('HDEL', KEYS[1], 'cursor')
 end
 return 1

@@ -1,7 +1,7 @@
 -- release_lease: free a lease held with the same owner and token, atomically, even past its
--- expiry; the fence counter and the saved cursor stay.
+-- expiry; the fencing number and the saved cursor stay.
 --
--- KEYS[1]  holder hash     {<prefix>:lease:<name>}:holder  (owner, token, expires_at_ms, fence)
+-- KEYS[1]  lease hash      {<prefix>:<b>}:lease:<name>  (owner, token, expires_at_ms, fence, cursor)
 -- ARGV[1]  owner
 -- ARGV[2]  token
 --
@@ -11,5 +11,5 @@ local h = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if not h[1] or h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then
   return 0
 end
-redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[1], 'owner', 'token', 'expires_at_ms')
 return 1

@@ -1,7 +1,6 @@
 -- renew_lease: extend an unexpired lease held with the same owner and token, atomically.
 --
--- KEYS[1]  holder hash     {<prefix>:lease:<name>}:holder  (owner, token, expires_at_ms, fence)
--- KEYS[2]  saved cursor    {<prefix>:lease:<name>}:cursor  (read only)
+-- KEYS[1]  lease hash      {<prefix>:<b>}:lease:<name>  (owner, token, expires_at_ms, fence, cursor)
 -- ARGV[1]  owner
 -- ARGV[2]  token
 -- ARGV[3]  now_ms          (decimal integer, milliseconds since the epoch)
@@ -11,11 +10,10 @@
 -- {'lost'} when the lease is absent, expired, or held by another owner or token (nothing
 -- written). The stored token is never returned.
 
-local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'expires_at_ms', 'fence')
+local h = redis.call('HMGET', KEYS[1], 'owner', 'token', 'expires_at_ms', 'fence', 'cursor')
 local at = tonumber(h[3] or '')
 if not h[1] or at == nil or h[1] ~= ARGV[1] or h[2] ~= ARGV[2] or at <= tonumber(ARGV[3]) then
   return {'lost'}
 end
-local cursor = redis.call('GET', KEYS[2])
 redis.call('HSET', KEYS[1], 'expires_at_ms', ARGV[4])
-return {'renewed', h[4] or '0', cursor}
+return {'renewed', h[4] or '0', h[5]}
