@@ -31,13 +31,11 @@ from ._protocol.replay import (
     match_call,
     unreached,
 )
-from ._records import SagaRecord, StepRecord, StepState
+from ._records import APPROVAL_TASK, SagaRecord, StepRecord, StepState
 from .errors import SagaError, SagaValidationError, StepNotCommitted
 
 __all__ = ["APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "step_accepts"]
 
-# The task name recorded for approval gates: they are steps no task runs.
-APPROVAL_TASK = "celery_sagas.approval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +89,13 @@ class SagaContext:
         registry: Registry,
         new_id: Callable[[], str],
         now_ms: int,
-        payload_limit: int,
+        local_id: Callable[[], str] | None = None,
     ) -> None:
         self._saga = saga
         self._registry = registry
         self._new_id = new_id
+        self._local_id = local_id or new_id
         self._now_ms = now_ms
-        self._limit = payload_limit
         self._position = 0
         self._names: dict[str, int] = {}
         self._used: set[str] = set()
@@ -176,7 +174,7 @@ class SagaContext:
             raise _Stop(Diverged(match.reason))
         if isinstance(match, New):
             gate = replace(self._new_step(call), state=StepState.AWAITING_APPROVAL,
-                           approval_id=self._new_id(), dispatched_at_ms=None)
+                           approval_id=self._local_id(), dispatched_at_ms=None)
             raise _Suspend((gate,))
         if match.step.state is StepState.COMMITTED:
             return match.step.result
@@ -240,10 +238,14 @@ def replay(
     registry: Registry,
     new_id: Callable[[], str],
     now_ms: int,
-    payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT,
+    local_id: Callable[[], str] | None = None,
 ) -> Outcome:
-    """Run ``definition.run`` against the record; user errors become outcomes, never escape."""
-    ctx = SagaContext(saga, registry, new_id, now_ms, payload_limit)
+    """Run ``definition.run`` against the record; user errors become outcomes, never escape.
+
+    ``new_id`` draws effect ids; ``local_id`` draws ids of records the saga owns (approvals),
+    which must fall in the saga's bucket (docs/design.md §4.2).
+    """
+    ctx = SagaContext(saga, registry, new_id, now_ms, local_id)
     try:
         value = definition.run(ctx, saga.input)
     except _Suspend as suspend:

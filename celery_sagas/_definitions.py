@@ -5,15 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _values as values
 from ._protocol.compensation import default_backoff_ms
 from ._protocol.decisions import SagaPolicy, StepPolicy
 from .errors import SagaConfigurationError
-
-if TYPE_CHECKING:
-    from ._context import SagaContext
 
 __all__ = [
     "Backoff",
@@ -25,7 +22,8 @@ __all__ = [
 ]
 
 Backoff = Callable[[int], int]
-RunFunction = Callable[["SagaContext", Any], Any]
+# run(ctx, input): ctx is a SagaContext (typed loosely here: the context module builds on this one)
+RunFunction = Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True, slots=True)

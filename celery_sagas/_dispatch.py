@@ -12,18 +12,18 @@ __all__ = ["Dispatcher", "RecordingDispatcher", "Sent"]
 
 
 class Dispatcher(Protocol):
-    """Sends saga work to workers; each message carries ids only, never payloads."""
+    """Sends saga work to workers; each message carries ids only, never payloads.
 
-    def send_step(self, saga_id: str, step: StepRecord) -> None:
+    ``version`` is the saga record's version once the intent of that work was written: the
+    delivery claims on it without reading the record first (docs/design.md §3.2).
+    """
+
+    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Send the step's task with task id = the step's effect id."""
         ...
 
-    def send_compensation(self, saga_id: str, step: StepRecord) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Send the step's compensator with task id = its compensation effect id."""
-        ...
-
-    def send_advance(self, saga_id: str) -> None:
-        """Ask a worker to advance the saga."""
         ...
 
 
@@ -33,8 +33,10 @@ class Sent:
 
     kind: str
     saga_id: str
-    step: str | None = None
-    effect_id: str | None = None
+    step: str
+    effect_id: str
+    version: int | None = None
+    task: str | None = None
 
 
 class RecordingDispatcher:
@@ -44,17 +46,14 @@ class RecordingDispatcher:
         self._lock = threading.Lock()
         self.sent: list[Sent] = []
 
-    def send_step(self, saga_id: str, step: StepRecord) -> None:
+    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Record a step message."""
-        self._add(Sent("step", saga_id, step.name, step.effect_id))
+        self._add(Sent("step", saga_id, step.name, step.effect_id, version, step.task))
 
-    def send_compensation(self, saga_id: str, step: StepRecord) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Record a compensation message."""
-        self._add(Sent("compensation", saga_id, step.name, step.compensation_effect_id))
-
-    def send_advance(self, saga_id: str) -> None:
-        """Record an advance message."""
-        self._add(Sent("advance", saga_id))
+        self._add(Sent("compensation", saga_id, step.name, step.compensation_effect_id, version,
+                       step.compensator))
 
     def take(self) -> list[Sent]:
         """Return and forget every recorded message."""

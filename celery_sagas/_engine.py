@@ -1,33 +1,29 @@
-"""The engine: load a saga, ask the protocol what to do, write it with one CAS, then dispatch.
+"""The engine: ask the protocol what a saga needs next, write it, then carry it out.
 
-No Celery here and no concrete store: the engine talks to the ``Store``, ``Dispatcher`` and
-``Clock`` ports. Every write is a compare-and-set of the whole saga record; losing the race
-raises ``SagaConcurrencyError`` internally, and the engine reloads and decides again instead
-of overwriting. Work is dispatched only after the write that records its intent succeeded;
-if the process dies between the two, the sweep finds the intent and sends it again under the
-same effect id.
+No Celery here and no concrete store: the engine is handed a ``SagaRepository`` (over the
+``Store`` port), a ``Dispatcher``, the ``Gates`` of approvals, an event bus and a clock.
+Every change is a ``Plan`` written through the repository's one compare-and-set loop; work is
+dispatched only after the write that records its intent succeeded, and if the process dies
+between the two, the sweep finds the intent and sends it again under the same effect id
+(docs/design.md §3).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from . import _values as values
-from ._approvals.gate import ApprovalGate
 from ._clock import Clock, SystemClock, now_ms
-from ._context import APPROVAL_TASK, replay
+from ._context import replay
 from ._definitions import Registry, SagaDefinition, Timing
 from ._dispatch import Dispatcher
 from ._events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
-from ._journal import EffectRecorder, unique_write
-from ._liveness import PROCESS_ACTIVE, dead_effects
+from ._liveness import PROCESS_ACTIVE, ActiveEffects, dead_effects
 from ._protocol import codes, moves
 from ._protocol.decide import decide
 from ._protocol.decisions import (
@@ -44,71 +40,22 @@ from ._protocol.decisions import (
     Wait,
 )
 from ._protocol.resolution import resolve as resolve_outcome
-from ._records import (
-    SAGA,
-    SagaRecord,
-    SagaState,
-    StepRecord,
-    StepState,
-    saga_from_envelope,
-    saga_to_envelope,
-)
-from .errors import (
-    IllegalTransition,
-    PayloadTooLarge,
-    SagaConcurrencyError,
-    SagaConflictError,
-    SagaNotFound,
-    SagaResolutionError,
-)
-from .stores.base import Fence, Store
+from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
+from ._repository import Plan, SagaRepository
+from .errors import IllegalTransition, PayloadTooLarge, SagaConflictError, SagaResolutionError
+from .stores.base import Fence
 
-__all__ = ["Engine", "EngineSettings"]
+__all__ = ["Engine", "EngineSettings", "GateOutcome", "Gates"]
 
 logger = logging.getLogger("celery_sagas.engine")
 
-_WRITE_ID_ROOM = 64  # bytes the write id adds beyond the payload limit
-
 EXECUTE_CAPABILITY = "saga.execute"
 COMPENSATE_CAPABILITY = "saga.compensate"
+_START_DECISIONS = 16  # decisions start() may take in memory before the first write
 
 
 def _new_effect_id() -> str:
     return str(uuid.uuid4())
-
-
-class RecentSagas:
-    """A small, thread-safe LRU of saga records this process last saw (small records only)."""
-
-    def __init__(self, capacity: int = 512, max_body: int = 64 * 1024) -> None:
-        self._lock = threading.Lock()
-        self._records: OrderedDict[str, SagaRecord] = OrderedDict()
-        self._capacity = capacity
-        self._max_body = max_body
-
-    def remember(self, record: SagaRecord, body_size: int) -> None:
-        """Keep ``record`` as the latest known version of its saga."""
-        with self._lock:
-            known = self._records.get(record.saga_id)
-            if known is not None and known.version > record.version:
-                return
-            if body_size > self._max_body:
-                self._records.pop(record.saga_id, None)
-                return
-            self._records[record.saga_id] = record
-            self._records.move_to_end(record.saga_id)
-            while len(self._records) > self._capacity:
-                self._records.popitem(last=False)
-
-    def forget(self, saga_id: str) -> None:
-        """Drop a saga known to have changed elsewhere."""
-        with self._lock:
-            self._records.pop(saga_id, None)
-
-    def get(self, saga_id: str) -> SagaRecord | None:
-        """The last version seen, which may be stale."""
-        with self._lock:
-            return self._records.get(saga_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,40 +64,54 @@ class EngineSettings:
 
     payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT
     timing: Timing = field(default_factory=Timing)
-    max_races: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class GateOutcome:
+    """What an approval record says of its gate: passed (with the decision) or failed."""
+
+    result: dict[str, Any] | None = None
+    failure: str | None = None
+
+
+class Gates(Protocol):
+    """What the engine needs of approval gates (``_approvals.saga_gates`` implements it)."""
+
+    def open(self, saga_id: str, gate: StepRecord) -> None:
+        """Create the pending approval of a gate step before the step is recorded."""
+        ...
+
+    def outcome(self, saga_id: str, gate: StepRecord, fence: Fence | None) -> GateOutcome | None:
+        """What the gate's approval record says now (expiring it first when due), or None
+        while it still waits."""
+        ...
 
 
 class Engine:
-    """Drives sagas over a store; every public method validates before it writes."""
+    """Drives sagas over a repository; every public method validates before it writes."""
 
     def __init__(
         self,
-        store: Store,
+        repository: SagaRepository,
         registry: Registry,
         dispatcher: Dispatcher,
         *,
-        clock: Clock | None = None,
+        gates: Gates | None = None,
         events: EventBus | None = None,
+        clock: Clock | None = None,
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
-        journal: EffectRecorder | None = None,
+        active: ActiveEffects = PROCESS_ACTIVE,
     ) -> None:
-        self.store = store
+        self.repository = repository
         self.registry = registry
         self.dispatcher = dispatcher
-        self.clock: Clock = clock or SystemClock()
+        self.gates = gates
         self.events = events or EventBus()
+        self.clock: Clock = clock or SystemClock()
         self.new_id = new_id
         self.settings = settings or EngineSettings()
-        self.active = PROCESS_ACTIVE
-        # The last version of each saga this process read or wrote: a claim may try its
-        # compare-and-set on it without reading first (a stale guess just loses the CAS).
-        self.recent = RecentSagas()
-        # Journals every step execution and compensation as an effect record (SPEC §2.1).
-        self.journal = journal
-        self.approvals: ApprovalGate | None = None
-        # Set when approvals are configured: aligns gate steps with their approval records.
-        self.reconcile_gates: Callable[[SagaRecord, Fence | None], SagaRecord] | None = None
+        self.active = active
 
     # ------------------------------------------------------------ records
 
@@ -160,33 +121,21 @@ class Engine:
 
     def get(self, saga_id: str) -> SagaRecord | None:
         """The saga record, or None when absent."""
-        values.saga_id(saga_id)
-        envelope = self.store.get(SAGA, saga_id)
-        if envelope is None:
-            return None
-        record = saga_from_envelope(envelope, saga_id)
-        self.recent.remember(record, len(envelope.body))
-        return record
+        return self.repository.get(saga_id)
 
     def load(self, saga_id: str) -> SagaRecord:
         """The saga record; SagaNotFound when absent."""
-        record = self.get(saga_id)
-        if record is None:
-            raise SagaNotFound(saga_id=saga_id)
-        return record
+        return self.repository.load(saga_id)
 
-    def write(self, before: SagaRecord, after: SagaRecord, fence: Fence | None = None) -> SagaRecord:
-        """Store ``after`` if the record is still at ``before.version`` (and the fence holds)."""
-        limit = self.settings.payload_limit
-        # Unique per call: two racers that computed the same next record (same move, same
-        # millisecond) must not both be told they won (the store takes an identical stored
-        # record for an already-applied retry of this very call).
-        envelope = unique_write(saga_to_envelope(after, limit=limit), limit=limit + _WRITE_ID_ROOM)
-        if not self.store.compare_and_set(envelope, before.version, fence=fence):
-            self.recent.forget(before.saga_id)
-            raise SagaConcurrencyError(f"saga {before.saga_id!r} changed under us")
-        self.recent.remember(after, len(envelope.body))
-        return after
+    def colocated_id(self, saga_id: str) -> str:
+        """A fresh id drawn until it falls in the saga's bucket: what a saga owns lives in its
+        slot (docs/design.md §4.2). Expected draws: the store's bucket count."""
+        store = self.repository.store
+        home = store.bucket_of(saga_id)
+        while True:
+            candidate = uuid.uuid4().hex
+            if store.bucket_of(candidate) == home:
+                return candidate
 
     def definition_of(self, saga: SagaRecord) -> SagaDefinition:
         """The definition a saga was started with (must be registered in this process)."""
@@ -195,44 +144,77 @@ class Engine:
     # ------------------------------------------------------------ start
 
     def start(self, definition: str, input: Any, saga_id: str) -> SagaRecord:
-        """Create the saga (idempotent for the same input) and ask a worker to advance it."""
+        """Create the saga with its first step's intent, then send that step (docs/design.md
+        §3.1); idempotent for the same definition and input."""
         values.saga_id(saga_id)
         self.registry.definition(definition)
         canonical = values.encode_json(input, field="saga input", limit=self.settings.payload_limit)
         now = self.now()
-        record = SagaRecord(
-            saga_id, definition, SagaState.RUNNING, values.decode_json(canonical), now, now
-        )
-        if self.store.create(saga_to_envelope(record, limit=self.settings.payload_limit)):
-            self._send_advance(saga_id)
+        fresh = SagaRecord(saga_id, definition, SagaState.RUNNING, values.decode_json(canonical),
+                           now, now, version=0)
+        plan = self._first_write(fresh)
+        if plan.before is not None:
+            plan.before()
+        try:
+            record = self._create(plan)
+        except PayloadTooLarge:
+            fallback = plan.fallback()
+            if fallback is None:
+                raise
+            plan, record = fallback, self._create(fallback)
+        if record is not None:
+            plan.run_effects(record)
             return record
+        return self._existing(saga_id, definition, canonical)
+
+    def _create(self, plan: Plan) -> SagaRecord | None:
+        """Create the plan's record; None when the saga id exists already."""
+        assert plan.after is not None
+        return plan.after if self.repository.create(plan.after) else None
+
+    def _first_write(self, fresh: SagaRecord) -> Plan:
+        """Replay ``run`` in this process up to its first step: the record to create (version 1),
+        what to do before and once it exists, and what to create instead if it is too large."""
+        record, before, too_large = fresh, None, None
+        effects: list[Callable[[SagaRecord], None]] = []
+        for _ in range(_START_DECISIONS):
+            plan = self.plan(record)
+            if plan is None or plan.after is None:
+                break
+            fallback = plan.fallback()
+            if fallback is not None and fallback.after is not None:
+                too_large = Plan(after=replace(fallback.after, version=1), then=tuple(effects))
+            record, before = plan.after, before or plan.before
+            effects.extend(plan.then)
+            if record.steps or record.state is not SagaState.RUNNING:
+                break
+        return Plan(after=replace(record, version=1), before=before, then=tuple(effects),
+                    too_large=too_large)
+
+    def _existing(self, saga_id: str, definition: str, canonical: str) -> SagaRecord:
         existing = self.load(saga_id)
         same_input = values.encode_json(existing.input, limit=2**53) == canonical
         if existing.definition != definition or not same_input:
             raise SagaConflictError(saga_id=saga_id)
         if existing.state is SagaState.RUNNING and not existing.steps:
-            self._send_advance(saga_id)
+            return self.advance(saga_id, existing)  # created by a version that sent an advance task
         return existing
 
-    # ------------------------------------------------------------ advance
+    # ------------------------------------------------------------ progress
 
-    def advance(
-        self, saga_id: str, known: SagaRecord | None = None, fence: Fence | None = None
-    ) -> SagaRecord:
-        """Apply decisions until the saga must wait for something outside this process."""
+    def advance(self, saga_id: str, known: SagaRecord | None = None,
+                fence: Fence | None = None) -> SagaRecord:
+        """Write and carry out decisions until the saga waits for something outside this process."""
         saga = known if known is not None else self.load(saga_id)
-        for _ in range(self.settings.max_races + 4 * len(saga.steps) + 8):
-            decision = self.decide(saga)
-            if isinstance(decision, Wait):
+        for _ in range(4 * len(saga.steps) + 16):
+            saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
+            if plan is None:
                 return saga
-            try:
-                saga = self.apply(saga, decision, fence)
-            except SagaConcurrencyError:
-                saga = self.load(saga_id)
+            plan.run_effects(saga)
         logger.warning("saga %s: stopped advancing after many decisions", saga_id)
         return saga
 
-    def decide(self, saga: SagaRecord) -> Decision:
+    def decision(self, saga: SagaRecord) -> Decision:
         """The protocol's next decision for this record, now."""
         if saga.state.final or saga.state is SagaState.MANUAL_REVIEW:
             return Wait()
@@ -241,116 +223,98 @@ class Engine:
         now = self.now()
 
         def run_replay() -> Any:
-            return replay(definition, saga, self.registry, self.new_id, now, self.settings.payload_limit)
+            return replay(definition, saga, self.registry, self.new_id, now,
+                          lambda: self.colocated_id(saga.saga_id))
 
         return decide(saga, run_replay, now, policy, dead_effects(saga.steps, self.active))
 
-    def apply(
-        self,
-        saga: SagaRecord,
-        decision: Decision,
-        fence: Fence | None = None,
-        *,
-        prior: SagaRecord | None = None,
-        on_written: Callable[[SagaRecord], None] | None = None,
-    ) -> SagaRecord:
-        """Carry out one decision: one CAS, then the events and dispatches it calls for.
+    def plan(self, saga: SagaRecord) -> Plan | None:
+        """What the next decision writes and does, or None when the saga must wait."""
+        decision = self.decision(saga)
+        if isinstance(decision, Wait):
+            return None
+        return self._plan(saga, decision, self.now())
 
-        With ``prior``, ``saga`` is a move of ``prior`` not yet written: both go in one write
-        (a step's commit and the next step's intent cost one round trip, not two), and
-        ``on_written`` runs right after it, before this decision's own effects.
-        """
-        base = prior if prior is not None else saga
-        after, effects = self._plan(saga, decision, self.now())
-        try:
-            written = self.write(base, after if prior is None else moves.one_write(prior, after), fence)
-        except PayloadTooLarge:
-            if not isinstance(decision, Append):
-                raise
-            reason = "the arguments of the next step would exceed the payload limit"
-            parked = moves.to_manual_review(saga, codes.PAYLOAD_TOO_LARGE, reason, self.now())
-            written = self.write(base, parked if prior is None else moves.one_write(prior, parked), fence)
-            effects = []
-        if on_written is not None:
-            on_written(written)
-        for effect in effects:
-            effect(written)
-        return written
+    def continued(self, moved: SagaRecord, announce: Callable[[SagaRecord], None],
+                  too_large: Plan | Callable[[], Plan] | None = None) -> Plan:
+        """``moved`` (one move of a stored record, not yet written) together with the decision
+        that follows it, as one write: a step's commit and the next step's intent cost one
+        round trip, not two. If the merged record is over the payload limit, ``moved`` alone
+        (and if that is too, ``too_large``)."""
+        alone = Plan(after=moved, then=(announce,), too_large=too_large)
+        follow = self.plan(moved)
+        if follow is None or follow.after is None:
+            return alone
+        return Plan(
+            after=replace(follow.after, version=moved.version), before=follow.before,
+            then=(announce, *follow.then), too_large=alone,
+        )
 
-    def _plan(self, saga: SagaRecord, decision: Decision, now: int
-              ) -> tuple[SagaRecord, list[Callable[[SagaRecord], None]]]:
-        """The record a decision writes and what to do once it is written."""
+    def _plan(self, saga: SagaRecord, decision: Decision, now: int) -> Plan:
         if isinstance(decision, Append):
             return self._plan_append(saga, decision, now)
         if isinstance(decision, Redispatch):
-            send = self.dispatcher.send_compensation if decision.compensation else self.dispatcher.send_step
-            after = moves.mark_redispatched(saga, decision.step.name, now)
-            return after, [lambda _: self._send(partial(send, saga.saga_id, decision.step))]
+            return Plan(after=moves.mark_redispatched(saga, decision.step.name, now),
+                        then=(self._sender(decision.step.name, decision.compensation),))
         if isinstance(decision, BeginCompensation):
-            name = decision.step.name
-            return moves.begin_compensation(saga, name, now), [partial(self._compensate, name)]
+            return self._plan_compensation(saga, decision.step, now)
         if isinstance(decision, Vanished):
-            return self._plan_vanished(saga, decision, now)
-        after = self._saga_move(saga, decision, now)
+            return self.vanished(saga, decision, now)
         if isinstance(decision, Abandon):
             step = decision.step
-            return after, [lambda w: self.emit(w, step, Stage.EXECUTION, Phase.FAILED,
-                                               codes.NOT_STARTED)]
-        return after, []
+            return Plan(after=moves.abandon_step(saga, step.name, step.effect_id, now),
+                        then=(lambda w: self.emit(w, step, Stage.EXECUTION, Phase.FAILED,
+                                                  codes.NOT_STARTED),))
+        return Plan(after=self._saga_move(saga, decision, now))
 
-    def _plan_append(self, saga: SagaRecord, decision: Append, now: int
-                     ) -> tuple[SagaRecord, list[Callable[[SagaRecord], None]]]:
-        if not self._open_gates(saga, decision.steps):
+    def _plan_append(self, saga: SagaRecord, decision: Append, now: int) -> Plan:
+        gates = [s for s in decision.steps if s.state is StepState.AWAITING_APPROVAL]
+        if gates and self.gates is None:
             reason = "ctx.approval needs approval secrets (sagas_approval_secrets)"
-            return moves.to_manual_review(saga, codes.INVALID_STEP_CALL, reason, now), []
+            return Plan(after=moves.to_manual_review(saga, codes.INVALID_STEP_CALL, reason, now))
+        opener = self.gates
+
+        def open_gates() -> None:
+            for gate in gates:
+                assert opener is not None
+                opener.open(saga.saga_id, gate)
 
         def announce(written: SagaRecord) -> None:
             for step in decision.steps:
                 self.emit(written, step, Stage.EXECUTION, Phase.INTENT)
                 if step.state is StepState.EXECUTING:
-                    self._send(partial(self.dispatcher.send_step, written.saga_id, step))
+                    self._send(partial(self.dispatcher.send_step, written.saga_id, step,
+                                       written.version))
 
-        return moves.append_steps(saga, decision.steps, now), [announce]
+        reason = "the arguments of the next step would exceed the payload limit"
+        return Plan(after=moves.append_steps(saga, decision.steps, now),
+                    before=open_gates if gates else None, then=(announce,),
+                    too_large=Plan(after=moves.to_manual_review(saga, codes.PAYLOAD_TOO_LARGE,
+                                                                reason, now)))
 
-    def _compensate(self, name: str, written: SagaRecord) -> None:
-        begun = written.step(name)
-        assert begun is not None
-        self.emit(written, begun, Stage.COMPENSATION, Phase.INTENT)
-        self._send(partial(self.dispatcher.send_compensation, written.saga_id, begun))
+    def _plan_compensation(self, saga: SagaRecord, step: StepRecord, now: int) -> Plan:
+        def announce(written: SagaRecord) -> None:
+            begun = written.step(step.name)
+            assert begun is not None
+            self.emit(written, begun, Stage.COMPENSATION, Phase.INTENT)
+            self._send(lambda: self.dispatcher.send_compensation(written.saga_id, begun,
+                                                                 written.version))
 
-    def settle(
-        self, prior: SagaRecord, moved: SagaRecord, on_written: Callable[[SagaRecord], None]
-    ) -> SagaRecord:
-        """Write ``moved`` (one move of ``prior``) merged with the decision that follows it.
+        return Plan(after=moves.begin_compensation(saga, step.name, now), then=(announce,))
 
-        Raises SagaConcurrencyError when ``prior`` is no longer current; nothing was written.
-        """
-        decision = self.decide(moved)
-        if isinstance(decision, Wait):
-            written = self.write(prior, moved)
-            on_written(written)
-            return written
-        return self.apply(moved, decision, prior=prior, on_written=on_written)
+    def _sender(self, name: str, compensation: bool) -> Callable[[SagaRecord], None]:
+        def send(written: SagaRecord) -> None:
+            step = written.step(name)
+            assert step is not None
+            if compensation:
+                self._send(lambda: self.dispatcher.send_compensation(written.saga_id, step,
+                                                                     written.version))
+            else:
+                self._send(lambda: self.dispatcher.send_step(written.saga_id, step, written.version))
 
-    def _open_gates(self, saga: SagaRecord, steps: tuple[StepRecord, ...]) -> bool:
-        """Create the pending approval of each new gate before its step is recorded."""
-        gates = [s for s in steps if s.state is StepState.AWAITING_APPROVAL]
-        if gates and self.approvals is None:
-            return False
-        for gate in gates:
-            assert self.approvals is not None and gate.approval_id is not None
-            binding = gate.kwargs
-            self.approvals.open(
-                effect_id=gate.effect_id, approval_id=gate.approval_id,
-                capability=binding["capability"], tenant_id=binding["tenant_id"],
-                principal_id=binding["principal_id"], target=binding.get("target"),
-                digest=binding.get("digest"), saga_id=saga.saga_id, step=gate.name,
-            )
-        return True
+        return send
 
     def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
-        if isinstance(decision, Abandon):
-            return moves.abandon_step(saga, decision.step.name, decision.step.effect_id, now)
         if isinstance(decision, Complete):
             return moves.complete(saga, now)
         if isinstance(decision, FinishCompensation):
@@ -361,27 +325,59 @@ class Engine:
         logger.warning("saga %s needs manual review: %s", saga.saga_id, decision.error_code)
         return moves.to_manual_review(saga, decision.error_code, decision.reason, now)
 
-    def _plan_vanished(self, saga: SagaRecord, decision: Vanished, now: int
-                       ) -> tuple[SagaRecord, list[Callable[[SagaRecord], None]]]:
+    def vanished(self, saga: SagaRecord, decision: Vanished, now: int) -> Plan:
+        """The write that settles an attempt that went silent: a retry, or ambiguity."""
         step = decision.step
         if decision.compensation:
-            effect, attempt = step.compensation_effect_id, step.compensation_attempts
-            if decision.retry:
-                after = moves.compensation_failed(saga, step.name, effect, attempt, now, now)
-            else:
-                after = moves.compensation_ambiguous(saga, step.name, effect, attempt, now)
-            stage = Stage.COMPENSATION
+            ref, stage = AttemptRef.compensation(step), Stage.COMPENSATION
+            after = (moves.compensation_failed(saga, ref, now, now) if decision.retry
+                     else moves.compensation_ambiguous(saga, ref, now))
         else:
-            effect, attempt = step.effect_id, step.attempts
-            if decision.retry:
-                after = moves.release_step(
-                    saga, step.name, effect, attempt, now, decision.error_code, now
-                )
-            else:
-                after = moves.step_ambiguous(saga, step.name, effect, attempt, decision.error_code, now)
-            stage = Stage.EXECUTION
+            ref, stage = AttemptRef.execution(step), Stage.EXECUTION
+            after = (moves.release_step(saga, ref, now, decision.error_code, now) if decision.retry
+                     else moves.step_ambiguous(saga, ref, decision.error_code, now))
         phase = Phase.FAILED if decision.retry else Phase.AMBIGUOUS
-        return after, [lambda w: self.emit(w, step, stage, phase, decision.error_code)]
+        return Plan(after=after, then=(lambda w: self.emit(w, step, stage, phase, decision.error_code),))
+
+    # ------------------------------------------------------------ approval gates
+
+    def settle_gate(self, saga_id: str, name: str, approval_id: str, outcome: GateOutcome,
+                    fence: Fence | None = None) -> tuple[SagaRecord, bool]:
+        """Pass or fail a gate step as its approval record says; (record, whether this call
+        did it). SagaResolutionError when the saga has no such gate."""
+
+        def decide_gate(saga: SagaRecord) -> Plan | None:
+            step = saga.step(name)
+            if step is None or step.approval_id != approval_id:
+                raise SagaResolutionError(f"saga {saga_id!r} has no gate {name!r} for that approval")
+            if step.state is not StepState.AWAITING_APPROVAL:
+                return None
+            now = self.now()
+            if outcome.failure is None:
+                after = moves.pass_gate(saga, name, approval_id, outcome.result, now)
+            else:
+                after = moves.fail_gate(saga, name, approval_id, outcome.failure, now)
+            phase = Phase.COMMITTED if outcome.failure is None else Phase.FAILED
+            return Plan(after=after, then=(lambda w: self.emit(w, step, Stage.EXECUTION, phase,
+                                                               outcome.failure),))
+
+        saga, plan = self.repository.update(saga_id, decide_gate, fence=fence)
+        if plan is None:
+            return saga, False
+        plan.run_effects(saga)
+        return self.advance(saga_id, saga, fence), True
+
+    def reconcile_gates(self, saga: SagaRecord, fence: Fence | None = None) -> SagaRecord:
+        """Bring every waiting gate of ``saga`` in line with its approval record (sweep repair)."""
+        if self.gates is None:
+            return saga
+        for step in saga.steps:
+            if step.state is not StepState.AWAITING_APPROVAL or step.approval_id is None:
+                continue
+            outcome = self.gates.outcome(saga.saga_id, step, fence)
+            if outcome is not None:
+                saga, _ = self.settle_gate(saga.saga_id, step.name, step.approval_id, outcome, fence)
+        return saga
 
     # ------------------------------------------------------------ operator actions
 
@@ -408,44 +404,37 @@ class Engine:
         move: Callable[[SagaRecord, int], SagaRecord],
         needless: Callable[[SagaRecord], bool],
     ) -> SagaRecord:
-        """Apply an operator's move with a CAS (reloading on a lost race), then advance."""
-        for _ in range(self.settings.max_races):
-            saga = self.load(saga_id)
+        """Apply an operator's move (re-deciding on a lost race), then advance."""
+
+        def decide_move(saga: SagaRecord) -> Plan | None:
             if needless(saga):
-                return saga if saga.state.final else self.advance(saga_id, saga)
+                return None
             try:
-                after = move(saga, self.now())
+                return Plan(after=move(saga, self.now()))
             except IllegalTransition as exc:
                 raise SagaResolutionError(
                     f"saga {saga_id!r} has an unresolved step; resolve it first ({verb} refused)"
                 ) from exc
-            try:
-                return self.advance(saga_id, self.write(saga, after))
-            except SagaConcurrencyError:
-                continue
-        raise SagaConcurrencyError(f"saga {saga_id!r} kept changing; {verb} not applied")
 
-    def resolve(
-        self,
-        saga_id: str,
-        step: str,
-        effect_id: str,
-        outcome: str,
-        *,
-        result: Any = None,
-        error_code: str | None = None,
-    ) -> SagaRecord:
+        saga, _ = self.repository.update(saga_id, decide_move)
+        return saga if saga.state.final else self.advance(saga_id, saga)
+
+    def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
+                result: Any = None, error_code: str | None = None) -> SagaRecord:
         """Record what an operator found out about an unknown outcome (no advance)."""
         values.step_name(step)
         values.effect_id(effect_id)
         normalised = values.json_value(result, field="result")
-        saga = self.load(saga_id)
-        max_attempts = self.definition_of(saga).max_attempts
-        after = resolve_outcome(
-            saga, step, effect_id, outcome, now_ms=self.now(), max_attempts=max_attempts,
-            result=normalised, error_code=error_code,
-        )
-        written = self.write(saga, after)
+
+        def decide_resolution(saga: SagaRecord) -> Plan:
+            after = resolve_outcome(
+                saga, step, effect_id, outcome, now_ms=self.now(),
+                max_attempts=self.definition_of(saga).max_attempts, result=normalised,
+                error_code=error_code,
+            )
+            return Plan(after=after)
+
+        written, _ = self.repository.update(saga_id, decide_resolution)
         changed = written.step(step)
         assert changed is not None
         self.emit(written, changed, Stage.RECONCILIATION, _resolution_phase(str(outcome)), error_code)
@@ -457,17 +446,16 @@ class Engine:
         self, saga: SagaRecord, step: StepRecord, stage: str, phase: str,
         error_code: str | None = None, duration_ms: int | None = None,
     ) -> None:
-        """Journal a step's effect transition, then publish it as a lifecycle event.
+        """Publish a step's effect transition as a lifecycle event.
 
         ``saga`` is the record after the move (``step`` may be the step before it): the
-        step's state there tells a final failure from one that will be retried, and which
-        effect an operator's resolution settled.
+        step's state there tells which effect an operator's resolution settled.
         """
         current = saga.step(step.name) or step
         compensating = effect_stage(stage, current.state) == Stage.COMPENSATION
-        event = LifecycleEvent(
+        self.events.emit(LifecycleEvent(
             effect_id=step.compensation_effect_id if compensating else step.effect_id,
-            capability=self._capability(saga, step, compensating),
+            capability=self.capability(saga, step, compensating),
             stage=stage,
             phase=phase,
             attempt=step.compensation_attempts if compensating else step.attempts,
@@ -476,14 +464,11 @@ class Engine:
             step=step.name,
             error_code=error_code,
             duration_ms=duration_ms,
-        )
-        # Approval gates are no side effect: their approval record is their journal.
-        if self.journal is not None and step.task != APPROVAL_TASK:
-            self.journal.record(event, current.state)
-        self.events.emit(event)
+        ))
 
-    def _capability(self, saga: SagaRecord, step: StepRecord, compensating: bool) -> str:
-        """Step (or compensator) option if set, else the definition's (steps only), else default."""
+    def capability(self, saga: SagaRecord, step: StepRecord, compensating: bool) -> str:
+        """The capability of a step's effect: the step's (or compensator's) option if set, else
+        the definition's (steps only), else the default."""
         if compensating:
             comp = self.registry.compensators.get(step.compensator or "")
             return comp.capability if comp else COMPENSATE_CAPABILITY
@@ -494,9 +479,6 @@ class Engine:
         if definition is not None and definition.capability:
             return definition.capability
         return EXECUTE_CAPABILITY
-
-    def _send_advance(self, saga_id: str) -> None:
-        self._send(partial(self.dispatcher.send_advance, saga_id))
 
     def _send(self, send: Callable[[], None]) -> None:
         """Dispatch after a recorded intent; a failure is left to the sweep to repair."""

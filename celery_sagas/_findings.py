@@ -1,20 +1,21 @@
-"""Paged reports of what needs an operator (SPEC §5): findings over sagas and effects.
+"""Paged reports of what needs an operator (docs/design.md §6): findings over sagas and effects.
 
-A walk goes through up to four index-backed scans, in this order, so its cost follows the
-matching records and never every record kept:
+A walk goes through the walker's pagers in this order, each an index-backed scan of saga
+records, so its cost follows the matching records and never every record kept:
 
 1. ``manual-review`` sagas (every one: an operator must act);
 2. ``running`` and ``compensating`` sagas not updated since ``stale_before``: each is
    ``ambiguous-execution`` / ``ambiguous-compensation`` (a step still in flight or unknown,
    with its effect id) or ``stale``;
-3. effects in ``admission`` since before ``stale_before``: ``incomplete``;
-4. effects ``executing`` or ``unknown`` since before ``in_flight_before``: ``ambiguous``.
+3. and 4. the effects of those same sagas (docs/design.md §2.3): ``admission`` since before
+   ``stale_before`` is ``incomplete``; ``executing`` or ``unknown`` since before
+   ``in_flight_before`` is ``ambiguous``.
 
-Each scanned record yields exactly one finding (a record that fails read validation yields a
-``corrupt`` one), so a page holds up to ``limit`` findings (1..1000) and the opaque cursor
-resumes the walk where the page ended. The cursor also carries the window of the first page:
-later pages judge staleness against the same instants, however long the walk takes.
-``all_findings`` walks every page but raises instead of returning more than 1000.
+A page holds up to ``limit`` findings (1..1000; a few more when the last saga on it has several
+effects to report) and the opaque cursor resumes the walk where the page
+ended. The cursor also carries the window of the first page: later pages judge staleness
+against the same instants, however long the walk takes. ``all_findings`` walks every page but
+raises instead of returning more than 1000.
 """
 
 from __future__ import annotations
@@ -22,34 +23,32 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ._engine import Engine
 from ._events import FindingEvent
+from ._protocol.effects import effects_of
 from ._protocol.findings import Finding, FindingKind, effect_finding, saga_finding
-from ._records import SAGA, EffectState, SagaState
-from ._scans import CorruptRecord, RecordPage, scan_effects, scan_sagas
+from ._records import EffectState, SagaRecord, SagaState
+from ._scans import CorruptRecord, RecordPage, Scans
+from ._walker import walk
 from .errors import SagaValidationError
-from .stores.base import MAX_SCAN_LIMIT, Store
+from .stores.base import MAX_SCAN_LIMIT
 
 __all__ = [
-    "OPEN_SAGA_STATES",
     "REPORTS",
     "FindingPage",
+    "Findings",
     "Window",
-    "all_findings",
     "corrupt_finding",
-    "count_sagas",
+    "effect_findings",
     "finding_event",
-    "page_findings",
     "window_of",
 ]
 
-OPEN_SAGA_STATES = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 REPORTS = ("all", "sagas", "effects")
-_CURSOR_VERSION = 1
+_CURSOR_VERSION = 2
 _MAX_CURSOR_LENGTH = 4096
 
 
@@ -69,40 +68,31 @@ class FindingPage:
     cursor: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """One scan of a walk: which records, and how each becomes a finding."""
-
-    report: str
-    fetch: Callable[[Store, Window, str | None, int], RecordPage[Any]]
-    judge: Callable[[Any, Window], Finding | None]
-
-
-def _review_sagas(store: Store, _: Window, cursor: str | None, limit: int) -> RecordPage[Any]:
-    return scan_sagas(store, [SagaState.MANUAL_REVIEW], cursor=cursor, limit=limit)
+def window_of(engine: Engine, now_ms: int | None = None) -> Window:
+    """The engine's window now: stale after ``stale_after``; an effect in flight is judged
+    only once the longest registered time limit plus the ambiguity grace has passed."""
+    now = engine.now() if now_ms is None else now_ms
+    timing = engine.settings.timing
+    limits = [o.time_limit_ms for o in engine.registry.steps.values() if o.time_limit_ms]
+    longest = max([timing.default_time_limit_ms, *limits])
+    return Window(max(0, now - timing.stale_ms), max(0, now - longest - timing.grace_ms))
 
 
-def _stale_sagas(store: Store, window: Window, cursor: str | None, limit: int) -> RecordPage[Any]:
-    return scan_sagas(store, [SagaState.RUNNING, SagaState.COMPENSATING],
-                      updated_before_ms=window.stale_before_ms, cursor=cursor, limit=limit)
+def _capability(_saga: object, _step: object, compensation: bool) -> str:
+    return "saga.compensate" if compensation else "saga.execute"
 
 
-def _admitted(store: Store, window: Window, cursor: str | None, limit: int) -> RecordPage[Any]:
-    return scan_effects(store, [EffectState.ADMISSION], updated_before_ms=window.stale_before_ms,
-                        cursor=cursor, limit=limit)
-
-
-def _in_flight(store: Store, window: Window, cursor: str | None, limit: int) -> RecordPage[Any]:
-    return scan_effects(store, [EffectState.EXECUTING, EffectState.UNKNOWN],
-                        updated_before_ms=window.in_flight_before_ms, cursor=cursor, limit=limit)
-
-
-_SOURCES = (
-    _Source("sagas", _review_sagas, lambda r, w: saga_finding(r, w.stale_before_ms)),
-    _Source("sagas", _stale_sagas, lambda r, w: saga_finding(r, w.stale_before_ms)),
-    _Source("effects", _admitted, lambda r, w: effect_finding(r, w.stale_before_ms)),
-    _Source("effects", _in_flight, lambda r, w: effect_finding(r, w.in_flight_before_ms)),
-)
+def effect_findings(saga: SagaRecord, window: Window) -> list[Finding]:
+    """The findings of a saga's effects: incomplete (never begun, stale) or ambiguous (began,
+    silent past every time limit, or unknown)."""
+    found = []
+    for effect in effects_of(saga, _capability):
+        before = window.stale_before_ms if effect.state is EffectState.ADMISSION else \
+            window.in_flight_before_ms
+        finding = effect_finding(effect, before)
+        if finding is not None:
+            found.append(finding)
+    return found
 
 
 def corrupt_finding(corrupt: CorruptRecord) -> Finding:
@@ -119,6 +109,116 @@ def finding_event(finding: Finding, fence: int | None = None) -> FindingEvent:
     )
 
 
+# ---------------------------------------------------------------- the walk
+
+Judge = Callable[[SagaRecord, Window], list[Finding]]
+
+
+def _saga_judge(saga: SagaRecord, window: Window) -> list[Finding]:
+    finding = saga_finding(saga, window.stale_before_ms)
+    return [] if finding is None else [finding]
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One scan of a walk: which sagas, and how each becomes findings."""
+
+    report: str
+    states: tuple[SagaState, ...]
+    stale_only: bool
+    judge: Judge
+
+
+_SOURCES = (
+    _Source("sagas", (SagaState.MANUAL_REVIEW,), False, _saga_judge),
+    _Source("sagas", (SagaState.RUNNING, SagaState.COMPENSATING), True, _saga_judge),
+    _Source("effects", (SagaState.MANUAL_REVIEW,), False, effect_findings),
+    _Source("effects", (SagaState.RUNNING, SagaState.COMPENSATING), True, effect_findings),
+)
+
+
+class _Pager:
+    """One source bound to a window and the findings of the page being built."""
+
+    def __init__(self, scans: Scans, source: _Source, window: Window, found: list[Finding],
+                 limit: int) -> None:
+        self._scans, self._source, self._window = scans, source, window
+        self._found, self._limit = found, limit
+
+    def _fetch(self, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
+        before = self._window.stale_before_ms if self._source.stale_only else None
+        return self._scans.sagas(self._source.states, updated_before_ms=before, cursor=cursor,
+                                 limit=limit)
+
+    def page(self, cursor: str | None) -> str | None:
+        room = self._limit - len(self._found)
+        limit = room
+        while True:
+            page = self._fetch(cursor, limit)
+            judged = [self._source.judge(record, self._window) for record in page.records]
+            used = len(page.corrupt) + sum(map(len, judged))
+            if used <= room or limit == 1:
+                break
+            # One saga can report several effects: read the page again, as far as fits (and
+            # the saga that overflows, so the walk always moves on).
+            limit = min(limit - 1, _leading(judged, room - len(page.corrupt)) + 1)
+        self._found.extend(corrupt_finding(c) for c in page.corrupt)
+        self._found.extend(f for findings in judged for f in findings)
+        return page.cursor
+
+
+def _leading(judged: list[list[Finding]], room: int) -> int:
+    """How many of the first sagas' findings fit in ``room``."""
+    used = 0
+    for count, findings in enumerate(judged):
+        used += len(findings)
+        if used > room:
+            return count
+    return len(judged)
+
+
+class Findings:
+    """Paged findings over one store's scans."""
+
+    def __init__(self, scans: Scans) -> None:
+        self.scans = scans
+
+    def page(self, window: Window | None = None, *, report: str = "all",
+             cursor: str | None = None, limit: int = 100) -> FindingPage:
+        """One page of findings (``report``: all, sagas or effects; ``limit`` 1..1000).
+
+        The first page needs ``window``; later pages take it from ``cursor``.
+        """
+        report, limit = _check_report(report), _check_limit(limit)
+        position, window = _start(report, window, cursor)
+        sources = [s for s in _SOURCES if report in ("all", s.report)]
+        found: list[Finding] = []
+        pagers = [_Pager(self.scans, s, window, found, limit) for s in sources]
+        resume = position
+        for reached in walk(pagers, position):
+            resume = reached
+            if len(found) >= limit:
+                break
+        return FindingPage(tuple(found), None if resume is None else _encode(report, resume, window))
+
+    def all(self, window: Window, *, report: str = "all") -> tuple[Finding, ...]:
+        """Every finding; raises SagaValidationError rather than return more than 1000."""
+        found: list[Finding] = []
+        cursor: str | None = None
+        while True:
+            # Once 1000 are in hand, ask for one more: only a finding proves there are more.
+            limit = min(MAX_SCAN_LIMIT, MAX_SCAN_LIMIT + 1 - len(found))
+            page = self.page(None if cursor else window, report=report, cursor=cursor, limit=limit)
+            found.extend(page.findings)
+            if len(found) > MAX_SCAN_LIMIT:
+                raise SagaValidationError(
+                    f"more than {MAX_SCAN_LIMIT} findings; page with findings(cursor=...) instead"
+                )
+            if page.cursor is None:
+                return tuple(found)
+            cursor = page.cursor
+
+
 def _check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
         raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
@@ -132,117 +232,32 @@ def _check_report(report: object) -> str:
     return report
 
 
-def _encode(report: str, index: int, inner: str | None, window: Window) -> str:
-    raw = [_CURSOR_VERSION, report, index, inner, window.stale_before_ms, window.in_flight_before_ms]
+def _encode(report: str, position: str, window: Window) -> str:
+    raw = [_CURSOR_VERSION, report, position, window.stale_before_ms, window.in_flight_before_ms]
     return base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
 
 
-def _decode(cursor: object) -> tuple[str, int, str | None, Window]:
-    # A cursor comes back from callers (CLI, web): bounded, and any garbage is malformed.
-    if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR_LENGTH:
+def _decode(cursor: object) -> tuple[str, str, Window]:
+    if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR_LENGTH:
         raise SagaValidationError("malformed findings cursor")
     try:
         fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        version, report, index, inner, stale, in_flight = fields
+        version, report, position, stale, in_flight = fields
     except (ValueError, TypeError, UnicodeError, binascii.Error, RecursionError):
         raise SagaValidationError("malformed findings cursor") from None
-    numbers_ok = all(type(n) is int and n >= 0 for n in (index, stale, in_flight))
-    if (version != _CURSOR_VERSION or report not in REPORTS or not numbers_ok
-            or index >= len(_SOURCES) or not (inner is None or isinstance(inner, str))):
+    numbers_ok = all(type(n) is int and n >= 0 for n in (stale, in_flight))
+    if version != _CURSOR_VERSION or report not in REPORTS or not numbers_ok \
+            or not isinstance(position, str):
         raise SagaValidationError("malformed findings cursor")
-    return report, index, inner, Window(stale, in_flight)
+    return report, position, Window(stale, in_flight)
 
 
-def _start(report: str, window: Window | None, cursor: str | None) -> tuple[int, str | None, Window]:
+def _start(report: str, window: Window | None, cursor: str | None) -> tuple[str | None, Window]:
     if cursor is None:
         if window is None:
             raise SagaValidationError("the first page of a findings walk needs a window")
-        return 0, None, window
-    started, index, inner, carried = _decode(cursor)
+        return None, window
+    started, position, carried = _decode(cursor)
     if started != report or (window is not None and window != carried):
         raise SagaValidationError("this cursor belongs to another findings walk")
-    return index, inner, carried
-
-
-def _relevant(report: str, index: int) -> int:
-    """The first source at or after ``index`` that this report walks."""
-    while index < len(_SOURCES) and report not in ("all", _SOURCES[index].report):
-        index += 1
-    return index
-
-
-def window_of(engine: Engine, now_ms: int | None = None) -> Window:
-    """The engine's window now: stale after ``stale_after``; an effect in flight is judged
-    only once the longest registered time limit plus the ambiguity grace has passed."""
-    now = engine.now() if now_ms is None else now_ms
-    timing = engine.settings.timing
-    limits = [o.time_limit_ms for o in engine.registry.steps.values() if o.time_limit_ms]
-    longest = max([timing.default_time_limit_ms, *limits])
-    return Window(max(0, now - timing.stale_ms), max(0, now - longest - timing.grace_ms))
-
-
-def page_findings(
-    store: Store,
-    window: Window | None = None,
-    *,
-    report: str = "all",
-    cursor: str | None = None,
-    limit: int = 100,
-) -> FindingPage:
-    """One page of findings (``report``: all, sagas or effects; ``limit`` 1..1000).
-
-    The first page needs ``window``; later pages take it from ``cursor``.
-    """
-    report, limit = _check_report(report), _check_limit(limit)
-    index, inner, window = _start(report, window, cursor)
-    found: list[Finding] = []
-    index = _relevant(report, index)
-    while index < len(_SOURCES) and len(found) < limit:
-        source = _SOURCES[index]
-        page = source.fetch(store, window, inner, limit - len(found))
-        found.extend(corrupt_finding(c) for c in page.corrupt)
-        found.extend(f for r in page.records if (f := source.judge(r, window)) is not None)
-        if page.cursor is None:
-            index, inner = _relevant(report, index + 1), None
-        else:
-            inner = page.cursor
-    done = index >= len(_SOURCES)
-    return FindingPage(tuple(found), None if done else _encode(report, index, inner, window))
-
-
-def all_findings(store: Store, window: Window, *, report: str = "all") -> tuple[Finding, ...]:
-    """Every finding; raises SagaValidationError rather than return more than 1000."""
-    found: list[Finding] = []
-    cursor: str | None = None
-    while True:
-        # Once 1000 are in hand, ask for one more: only a finding proves there are more.
-        limit = min(MAX_SCAN_LIMIT, MAX_SCAN_LIMIT + 1 - len(found))
-        page = page_findings(store, None if cursor else window, report=report, cursor=cursor,
-                             limit=limit)
-        found.extend(page.findings)
-        if len(found) > MAX_SCAN_LIMIT:
-            raise SagaValidationError(
-                f"more than {MAX_SCAN_LIMIT} findings; page with findings(cursor=...) instead"
-            )
-        if page.cursor is None:
-            return tuple(found)
-        cursor = page.cursor
-
-
-def count_sagas(
-    store: Store, states: Sequence[SagaState] = OPEN_SAGA_STATES, *, cap: int = 10_000
-) -> dict[str, int]:
-    """The number of sagas in each state, counted with paged scans and capped at ``cap``."""
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise SagaValidationError(f"cap must be a positive int, got {cap!r}")
-    counts: dict[str, int] = {}
-    for state in states:
-        name, count, cursor = str(SagaState(state)), 0, None
-        while count < cap:
-            page = store.scan(SAGA, [name], cursor=cursor, limit=min(MAX_SCAN_LIMIT, cap - count))
-            count += len(page.items)
-            cursor = page.cursor
-            if cursor is None:
-                break
-        counts[name] = count
-    return counts
+    return position, carried

@@ -1,4 +1,4 @@
-"""Lease semantics over the store's four lease primitives (SPEC §5).
+"""Lease semantics over the store's four lease primitives (docs/design.md §4.1, §5).
 
 A lease lets one sweeper work at a time. Each grant carries a fresh random token (only the
 holder knows it) and a fencing number that strictly increases with every grant of the name.
@@ -67,14 +67,15 @@ class Leases:
         self.clock = clock
         self.owner = principal_id(owner, field="lease owner")
 
-    def acquire(self, name: str, lease_ms: int) -> Lease | None:
-        """Grant ``name`` to this owner for ``lease_ms``, or None while another holds it."""
+    def acquire(self, name: str, lease_ms: int, *, bucket: int = 0) -> Lease | None:
+        """Grant ``name`` of ``bucket`` to this owner for ``lease_ms``, or None while another
+        holds it."""
         lease_token = new_lease_token()
         check_lease_args(name, self.owner, lease_token)
         duration = duration_ms(lease_ms, field="lease_ms")
         now = now_ms(self.clock)
         timestamp_ms(now + duration, field="lease expiry")
-        return self.store.acquire_lease(name, self.owner, lease_token, now, duration)
+        return self.store.acquire_lease(name, self.owner, lease_token, now, duration, bucket=bucket)
 
     def renew(self, lease: Lease, lease_ms: int) -> Lease:
         """Extend the lease to now + ``lease_ms``; raise LeaseLost if it expired or moved on."""
@@ -99,9 +100,9 @@ class Leases:
         return self.store.release_lease(_check_lease(lease))
 
     @contextmanager
-    def held(self, name: str, lease_ms: int) -> Iterator[Lease | None]:
-        """Acquire ``name`` for the block (None if taken) and release it at exit."""
-        lease = self.acquire(name, lease_ms)
+    def held(self, name: str, lease_ms: int, *, bucket: int = 0) -> Iterator[Lease | None]:
+        """Acquire ``name`` of ``bucket`` for the block (None if taken) and release it at exit."""
+        lease = self.acquire(name, lease_ms, bucket=bucket)
         try:
             yield lease
         finally:

@@ -1,8 +1,7 @@
-"""Frozen records, their states, and their JSON form with read validation (SPEC §1, §2).
+"""Frozen records, their states and the value objects moves take (docs/design.md §2).
 
-A record travels to a store as an ``Envelope``: version, state and updated_at_ms ride in the
-envelope (the store indexes them), everything else in a JSON body. Decoding validates what
-came back; anything off raises ``InvalidRecordError`` and is never acted on.
+The model imports no storage: how a record becomes an envelope (and back, with read
+validation) is ``_codec.py``'s business.
 """
 
 from __future__ import annotations
@@ -12,30 +11,27 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from . import _values as values
-from .errors import InvalidRecordError, SagaValidationError
-from .stores.base import Envelope
-
 __all__ = [
+    "APPROVAL",
+    "APPROVAL_TASK",
+    "SAGA",
     "ApprovalRecord",
     "ApprovalState",
+    "AttemptRef",
+    "Binding",
     "EffectRecord",
     "EffectState",
     "SagaRecord",
     "SagaState",
     "StepRecord",
     "StepState",
-    "approval_from_envelope",
-    "approval_to_envelope",
-    "effect_from_envelope",
-    "effect_to_envelope",
-    "saga_from_envelope",
-    "saga_to_envelope",
 ]
 
 SAGA = "saga"
-EFFECT = "effect"
 APPROVAL = "approval"
+
+# The task name recorded for approval gates: steps no task runs.
+APPROVAL_TASK = "celery_sagas.approval"
 
 
 class _State(str, Enum):
@@ -183,259 +179,50 @@ class ApprovalRecord:
     step: str | None = None
     nonce: str | None = field(default=None, repr=False)
 
-
-# ---------------------------------------------------------------- encoding
-
-
-def _envelope(kind: str, record_id: str, record: Any, body: dict[str, Any], limit: int) -> Envelope:
-    text = values.encode_json(body, field=f"{kind} record", limit=limit)
-    return Envelope(kind, record_id, record.version, str(record.state), record.updated_at_ms, text)
+    @property
+    def binding(self) -> Binding:
+        """What the approval was granted for."""
+        return Binding(self.capability, self.tenant_id, self.principal_id, self.target, self.digest)
 
 
-def _step_body(step: StepRecord) -> dict[str, Any]:
-    body = {
-        "name": step.name,
-        "task": step.task,
-        "effect_id": step.effect_id,
-        "compensation_effect_id": step.compensation_effect_id,
-        "state": str(step.state),
-        "args": list(step.args),
-        "kwargs": dict(step.kwargs),
-        "compensator": step.compensator,
-        "result": step.result,
-        "attempts": step.attempts,
-        "compensation_attempts": step.compensation_attempts,
-        "next_attempt_at_ms": step.next_attempt_at_ms,
-        "started_at_ms": step.started_at_ms,
-        "claimed_by": step.claimed_by,
-        "dispatched_at_ms": step.dispatched_at_ms,
-        "time_limit_ms": step.time_limit_ms,
-        "committed_at_ms": step.committed_at_ms,
-        "error_code": step.error_code,
-        "approval_id": step.approval_id,
-        "group": step.group,
-    }
-    return {k: v for k, v in body.items() if v is not None}
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """Which attempt of which effect of a step a move is about (a late or duplicate report of
+    an older attempt must not move a newer one)."""
+
+    step: str
+    effect_id: str
+    attempt: int
+
+    @classmethod
+    def execution(cls, step: StepRecord) -> AttemptRef:
+        """The current attempt of a step's execution."""
+        return cls(step.name, step.effect_id, step.attempts)
+
+    @classmethod
+    def compensation(cls, step: StepRecord) -> AttemptRef:
+        """The current attempt of a step's compensation."""
+        return cls(step.name, step.compensation_effect_id, step.compensation_attempts)
 
 
-def saga_to_envelope(record: SagaRecord, *, limit: int = values.DEFAULT_PAYLOAD_LIMIT) -> Envelope:
-    """Encode a saga record; refuses non-JSON payloads and bodies over ``limit`` bytes."""
-    body = {
-        "definition": record.definition,
-        "input": record.input,
-        "created_at_ms": record.created_at_ms,
-        "steps": [_step_body(step) for step in record.steps],
-        "error_code": record.error_code,
-        "reason": record.reason,
-        "rolling_back": record.rolling_back,
-    }
-    return _envelope(SAGA, record.saga_id, record, body, limit)
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What an approval is for: a capability, the tenant and principal asking, and optionally
+    the target and a digest of the exact request."""
 
+    capability: str
+    tenant_id: str
+    principal_id: str
+    target: str | None = None
+    digest: str | None = None
 
-def effect_to_envelope(record: EffectRecord) -> Envelope:
-    """Encode an effect record."""
-    body = {
-        "capability": record.capability,
-        "created_at_ms": record.created_at_ms,
-        "target": record.target,
-        "digest": record.digest,
-        "tenant_id": record.tenant_id,
-        "principal_id": record.principal_id,
-        "error_code": record.error_code,
-        "saga_id": record.saga_id,
-        "step": record.step,
-        "stage": record.stage,
-    }
-    return _envelope(EFFECT, record.effect_id, record, body, values.DEFAULT_PAYLOAD_LIMIT)
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Binding:
+        """The binding recorded in a gate step's keyword arguments."""
+        return cls(values["capability"], values["tenant_id"], values["principal_id"],
+                   values.get("target"), values.get("digest"))
 
-
-def approval_to_envelope(record: ApprovalRecord) -> Envelope:
-    """Encode an approval record (the token hash, never the token)."""
-    body = {
-        "effect_id": record.effect_id,
-        "capability": record.capability,
-        "tenant_id": record.tenant_id,
-        "principal_id": record.principal_id,
-        "token_hash": record.token_hash,
-        "created_at_ms": record.created_at_ms,
-        "expires_at_ms": record.expires_at_ms,
-        "target": record.target,
-        "digest": record.digest,
-        "decided_by": record.decided_by,
-        "saga_id": record.saga_id,
-        "step": record.step,
-        "nonce": record.nonce,
-    }
-    return _envelope(APPROVAL, record.approval_id, record, body, values.DEFAULT_PAYLOAD_LIMIT)
-
-
-# ---------------------------------------------------------------- decoding
-
-
-class _Body:
-    """Typed accessors over a decoded body; any mismatch is an invalid record."""
-
-    def __init__(self, raw: Mapping[str, Any], fail: InvalidRecordError) -> None:
-        self.raw = raw
-        self.fail = fail
-
-    def need(self, key: str, kind: type) -> Any:
-        value = self.raw.get(key)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.fail
-        return value
-
-    def maybe(self, key: str, kind: type) -> Any:
-        return None if self.raw.get(key) is None else self.need(key, kind)
-
-
-def _open(envelope: Envelope | None, kind: str, record_id: str) -> tuple[_Body, InvalidRecordError]:
-    fail = InvalidRecordError(kind=kind, record_id=record_id)
-    if envelope is None or envelope.kind != kind or envelope.id != record_id:
-        raise fail
-    if type(envelope.version) is not int or envelope.version < 1:
-        raise fail
-    if type(envelope.updated_at_ms) is not int or envelope.updated_at_ms < 0:
-        raise fail
-    try:
-        raw = values.decode_json(envelope.body)
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise fail from exc
-    if not isinstance(raw, dict):
-        raise fail
-    body = _Body(raw, fail)
-    created = body.need("created_at_ms", int)
-    if not 0 <= created <= envelope.updated_at_ms:
-        raise fail
-    return body, fail
-
-
-def _state(enum: type[Any], value: str, fail: InvalidRecordError) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        raise fail from None
-
-
-def _checked(fail: InvalidRecordError, check: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    try:
-        return check(value)
-    except SagaValidationError:
-        raise fail from None
-
-
-def _step(raw: Any, fail: InvalidRecordError) -> StepRecord:
-    if not isinstance(raw, dict):
-        raise fail
-    body = _Body(raw, fail)
-    return StepRecord(
-        name=_checked(fail, values.step_name, body.need("name", str)),
-        task=body.need("task", str),
-        effect_id=_checked(fail, values.effect_id, body.need("effect_id", str)),
-        compensation_effect_id=_checked(
-            fail, values.effect_id, body.need("compensation_effect_id", str)
-        ),
-        state=_state(StepState, body.need("state", str), fail),
-        args=tuple(body.need("args", list)),
-        kwargs=body.need("kwargs", dict),
-        compensator=body.maybe("compensator", str),
-        result=raw.get("result"),
-        attempts=body.need("attempts", int),
-        compensation_attempts=body.need("compensation_attempts", int),
-        next_attempt_at_ms=body.maybe("next_attempt_at_ms", int),
-        started_at_ms=body.maybe("started_at_ms", int),
-        claimed_by=body.maybe("claimed_by", str),
-        dispatched_at_ms=body.maybe("dispatched_at_ms", int),
-        time_limit_ms=body.maybe("time_limit_ms", int),
-        committed_at_ms=body.maybe("committed_at_ms", int),
-        error_code=body.maybe("error_code", str),
-        approval_id=body.maybe("approval_id", str),
-        group=body.maybe("group", str),
-    )
-
-
-def saga_from_envelope(envelope: Envelope | None, saga_id: str) -> SagaRecord:
-    """Decode and validate a saga record read for ``saga_id``."""
-    body, fail = _open(envelope, SAGA, saga_id)
-    assert envelope is not None
-    steps = tuple(_step(raw, fail) for raw in body.need("steps", list))
-    names = [s.name for s in steps]
-    effect_ids = [e for s in steps for e in (s.effect_id, s.compensation_effect_id)]
-    if len(set(names)) != len(names) or len(set(effect_ids)) != len(effect_ids):
-        raise fail
-    return SagaRecord(
-        saga_id=saga_id,
-        definition=_checked(fail, values.definition_name, body.need("definition", str)),
-        state=_state(SagaState, envelope.state, fail),
-        input=body.raw.get("input"),
-        created_at_ms=body.need("created_at_ms", int),
-        updated_at_ms=envelope.updated_at_ms,
-        steps=steps,
-        version=envelope.version,
-        error_code=body.maybe("error_code", str),
-        reason=body.maybe("reason", str),
-        rolling_back=bool(body.maybe("rolling_back", bool)),
-    )
-
-
-def _identity(body: _Body, fail: InvalidRecordError, *, required: bool) -> tuple[Any, Any]:
-    tenant = _checked(fail, values.tenant_id, body.maybe("tenant_id", str))
-    principal = _checked(fail, values.principal_id, body.maybe("principal_id", str))
-    if (tenant is None) != (principal is None) or (required and tenant is None):
-        raise fail
-    return tenant, principal
-
-
-def effect_from_envelope(envelope: Envelope | None, effect_id: str) -> EffectRecord:
-    """Decode and validate an effect record read for ``effect_id``."""
-    body, fail = _open(envelope, EFFECT, effect_id)
-    assert envelope is not None
-    tenant, principal = _identity(body, fail, required=False)
-    return EffectRecord(
-        effect_id=effect_id,
-        capability=_checked(fail, values.capability, body.need("capability", str)),
-        state=_state(EffectState, envelope.state, fail),
-        created_at_ms=body.need("created_at_ms", int),
-        updated_at_ms=envelope.updated_at_ms,
-        version=envelope.version,
-        target=_checked(fail, values.target, body.maybe("target", str)),
-        digest=_checked(fail, values.digest, body.maybe("digest", str)),
-        tenant_id=tenant,
-        principal_id=principal,
-        error_code=body.maybe("error_code", str),
-        saga_id=body.maybe("saga_id", str),
-        step=body.maybe("step", str),
-        stage=body.maybe("stage", str),
-    )
-
-
-def approval_from_envelope(envelope: Envelope | None, approval_id: str) -> ApprovalRecord:
-    """Decode and validate an approval record read for ``approval_id``."""
-    body, fail = _open(envelope, APPROVAL, approval_id)
-    assert envelope is not None
-    tenant, principal = _identity(body, fail, required=True)
-    return ApprovalRecord(
-        approval_id=approval_id,
-        effect_id=_checked(fail, values.effect_id, body.need("effect_id", str)),
-        capability=_checked(fail, values.capability, body.need("capability", str)),
-        tenant_id=tenant,
-        principal_id=principal,
-        token_hash=_checked(fail, values.digest, body.need("token_hash", str)),
-        state=_state(ApprovalState, envelope.state, fail),
-        created_at_ms=body.need("created_at_ms", int),
-        expires_at_ms=body.need("expires_at_ms", int),
-        updated_at_ms=envelope.updated_at_ms,
-        version=envelope.version,
-        target=_checked(fail, values.target, body.maybe("target", str)),
-        digest=_checked(fail, values.digest, body.maybe("digest", str)),
-        decided_by=_checked(fail, _decider, body.maybe("decided_by", str)),
-        saga_id=_checked(fail, values.saga_id, body.maybe("saga_id", str)),
-        step=_checked(fail, values.step_name, body.maybe("step", str)),
-        nonce=_checked(fail, values.nonce, body.maybe("nonce", str)),
-    )
-
-
-def _decider(value: object) -> str:
-    return values.principal_id(value, field="decided by")
+    def as_dict(self) -> dict[str, str | None]:
+        """The binding as a gate step records it."""
+        return {"capability": self.capability, "tenant_id": self.tenant_id,
+                "principal_id": self.principal_id, "target": self.target, "digest": self.digest}

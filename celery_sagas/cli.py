@@ -23,9 +23,8 @@ from kombu.exceptions import OperationalError
 
 from . import _cli_format as fmt
 from ._celery.facade import Sagas, sagas_of
-from ._findings import REPORTS, page_findings, window_of
+from ._findings import REPORTS
 from ._records import SagaRecord, SagaState
-from ._scans import CorruptRecord, scan_sagas
 from .errors import (
     InvalidRecordError,
     SagaConfigurationError,
@@ -160,18 +159,9 @@ def _limit_option(default: int, what: str) -> Callable[[F], F]:
 def list_sagas(ctx: click.Context, state: str | None, definition: str | None, limit: int,
                cursor: str | None, as_json: bool) -> None:
     """List sagas (ids, states, error codes; never payloads)."""
-    store = _session(ctx).sagas.store
-    states = [state] if state else [str(s) for s in SagaState]
-    found: list[SagaRecord] = []
-    corrupt: list[CorruptRecord] = []
-    while len(found) < limit:
-        # Ask only for what is still wanted, so no page is cut and its cursor stays exact.
-        page = scan_sagas(store, states, cursor=cursor, limit=limit - len(found))
-        found += [r for r in page.records if definition in (None, r.definition)]
-        corrupt += page.corrupt
-        cursor = page.cursor
-        if cursor is None:
-            break
+    page = _session(ctx).sagas.browse(states=[state] if state else None, definition=definition,
+                                      cursor=cursor, limit=limit)
+    found, corrupt, cursor = list(page.records), list(page.corrupt), page.cursor
     data = {"sagas": [fmt.saga_summary(r) for r in found], "cursor": cursor,
             "corrupt": [fmt.corrupt_view(c) for c in corrupt]}
     text = fmt.saga_table(found) if found else "no sagas"
@@ -203,7 +193,7 @@ def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None
 
 @click.command("findings")
 @click.option("--report", type=click.Choice(REPORTS), default="all", show_default=True,
-              help="Sagas, effect journal records, or both.")
+              help="Sagas, their effects, or both.")
 @_limit_option(100, "findings")
 @cursor_option
 @json_option
@@ -214,12 +204,10 @@ def findings(ctx: click.Context, report: str, limit: int, cursor: str | None,
     """Report what needs an operator.
 
     Sagas in manual review, running or compensating sagas idle past stale_after (a step in
-    flight or unknown, or just stale), effects left unfinished in the journal, and corrupt
+    flight or unknown, or just stale), effects left unfinished or unknown, and corrupt
     records, each with the next thing to do.
     """
-    engine = _session(ctx).sagas.engine
-    window = None if cursor else window_of(engine)
-    page = page_findings(engine.store, window, report=report, cursor=cursor, limit=limit)
+    page = _session(ctx).sagas.findings(report, cursor=cursor, limit=limit)
     data = {"findings": [fmt.finding_view(f) for f in page.findings], "cursor": page.cursor}
     text = fmt.findings_text(page.findings, ())
     if page.cursor is not None:

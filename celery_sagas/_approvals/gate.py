@@ -1,4 +1,4 @@
-"""The approval coordinator (SPEC §4): open an approval, decide it, consume its token.
+"""The approval coordinator (docs/design.md §3.8): open an approval, decide it, consume its token.
 
     gate = ApprovalGate(store, clock, secrets=[SECRET], ttl_ms=15 * 60_000)
     signal = gate.open(effect_id=..., capability="payments.refund", tenant_id="t1",
@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 
 from .. import _values as values
 from .._clock import Clock, now_ms
-from .._records import ApprovalRecord
-from ..errors import ApprovalRequired, SagaConflictError
-from ..stores.base import Store
-from . import ledger
+from .._codec import Codec
+from .._records import ApprovalRecord, ApprovalState, Binding
+from .._scans import Scans
+from ..errors import ApprovalRequired, SagaConflictError, SagaValidationError
+from ..stores.base import MAX_SCAN_LIMIT, Store
+from .ledger import ApprovalLedger
 from .tokens import TokenSigner, token_hash
 
 __all__ = ["DEFAULT_TTL_MS", "ApprovalGate", "PendingApproval"]
@@ -51,25 +53,16 @@ class PendingApproval:
     step: str | None = None
 
 
-class _Pinned:
-    """A clock frozen at one reading, so the token's expiry equals the record's."""
-
-    def __init__(self, now: int) -> None:
-        self.now = now
-
-    def now_ms(self) -> int:
-        return self.now
-
-
 class ApprovalGate:
     """Creates, decides and consumes approvals over a store; holds the signing secrets."""
 
     def __init__(self, store: Store, clock: Clock, secrets: Sequence[bytes | str], *,
-                 ttl_ms: int = DEFAULT_TTL_MS) -> None:
+                 ttl_ms: int = DEFAULT_TTL_MS, codec: Codec | None = None) -> None:
         self.store = store
         self.clock = clock
         self.signer = TokenSigner(secrets)
         self.ttl_ms = values.duration_ms(ttl_ms, field="approval ttl")
+        self.ledger = ApprovalLedger(store, clock, codec)
 
     def __repr__(self) -> str:
         return f"ApprovalGate(ttl_ms={self.ttl_ms})"
@@ -82,34 +75,29 @@ class ApprovalGate:
         Opening the same ``approval_id`` again returns the same approval and token.
         """
         name = values.approval_id(approval_id or uuid.uuid4().hex)
+        binding = Binding(capability, tenant_id, principal_id, target, digest)
         now = now_ms(self.clock)
         nonce = random_secrets.token_urlsafe(24)
         token = self.signer.mint(approval_id=name, nonce=nonce, expires_at_ms=now + self.ttl_ms)
         try:
-            record = ledger.create_approval(
-                self.store, _Pinned(now), approval_id=name, effect_id=effect_id,
-                capability=capability, tenant_id=tenant_id, principal_id=principal_id,
-                token_hash=token_hash(token), ttl_ms=self.ttl_ms, target=target, digest=digest,
-                saga_id=saga_id, step=step, nonce=nonce,
+            record = self.ledger.create(
+                approval_id=name, effect_id=effect_id, binding=binding,
+                token_hash=token_hash(token), ttl_ms=self.ttl_ms, saga_id=saga_id, step=step,
+                nonce=nonce, now=now,
             )
         except SagaConflictError:
             # The id exists: a fresh nonce made a fresh hash, so judge the request without it.
-            record = self._reopened(name, {
-                "effect_id": effect_id, "capability": capability, "tenant_id": tenant_id,
-                "principal_id": principal_id, "target": target, "digest": digest,
-                "saga_id": saga_id, "step": step,
-            })
+            record = self._reopened(name, (effect_id, binding, saga_id, step))
         shown = self.token_of(record) or token
         return ApprovalRequired(
             approval_id=record.approval_id, effect_id=record.effect_id,
             expires_at_ms=record.expires_at_ms, token=shown,
         )
 
-    def _reopened(self, approval_id: str, request: dict[str, str | None]) -> ApprovalRecord:
+    def _reopened(self, approval_id: str, request: tuple[object, ...]) -> ApprovalRecord:
         existing = self.get(approval_id)
-        same = existing is not None and all(
-            getattr(existing, name) == value for name, value in request.items()
-        )
+        same = existing is not None and (
+            existing.effect_id, existing.binding, existing.saga_id, existing.step) == request
         if existing is None or not same or self.token_of(existing) is None:
             raise SagaConflictError(f"approval {approval_id!r} exists for another request")
         return existing
@@ -126,7 +114,7 @@ class ApprovalGate:
 
     def get(self, approval_id: str) -> ApprovalRecord | None:
         """The approval record, or None."""
-        return ledger.get_approval(self.store, approval_id)
+        return self.ledger.get(approval_id)
 
     def pending(self, record: ApprovalRecord) -> PendingApproval | None:
         """The record with its token, for the party that started the work."""
@@ -142,24 +130,39 @@ class ApprovalGate:
     def decide(self, approval_id: str, *, tenant_id: str, decision: str,
                decided_by: str) -> ApprovalRecord:
         """Approve or deny a pending, unexpired approval of this tenant, exactly once."""
-        return ledger.decide(self.store, self.clock, approval_id, tenant_id=tenant_id,
-                             decision=decision, decided_by=decided_by)
+        return self.ledger.decide(approval_id, tenant_id=tenant_id, decision=decision,
+                                  decided_by=decided_by)
 
     def consume(self, token: object, *, tenant_id: str, principal_id: str, capability: str,
                 target: str | None = None, digest: str | None = None) -> ApprovalRecord:
         """Verify the token (signature, expiry), then consume its approved approval once."""
         claims = self.signer.verify(token, now_ms=now_ms(self.clock))
         assert isinstance(token, str)
-        return ledger.consume(
-            self.store, self.clock, claims.approval_id, token_hash=token_hash(token),
-            tenant_id=tenant_id, principal_id=principal_id, capability=capability,
-            target=target, digest=digest,
-        )
+        binding = Binding(capability, tenant_id, principal_id, target, digest)
+        return self.ledger.consume(claims.approval_id, token_hash=token_hash(token), binding=binding)
 
     def approval_of(self, token: object) -> str:
         """The approval id an authentic, unexpired token names."""
         return self.signer.verify(token, now_ms=now_ms(self.clock)).approval_id
 
     def expire_due(self, limit: int = 100) -> list[ApprovalRecord]:
-        """Mark pending approvals past their expiry as expired; returns them."""
-        return ledger.expire_due(self.store, self.clock, limit=limit)
+        """Mark up to ``limit`` pending approvals past their expiry as expired; returns them."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
+            raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
+        now = now_ms(self.clock)
+        scans = Scans(self.store, self.ledger.codec)
+        expired: list[ApprovalRecord] = []
+        cursor: str | None = None
+        while len(expired) < limit:
+            # A pending approval is never updated, and a positive TTL puts expiry after creation.
+            page = scans.approvals([ApprovalState.PENDING], updated_before_ms=now, cursor=cursor,
+                                   limit=limit)
+            for record in page.records:
+                if now >= record.expires_at_ms and len(expired) < limit:
+                    done = self.ledger.expire(record.approval_id)
+                    if done is not None:
+                        expired.append(done)
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        return expired

@@ -22,17 +22,15 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
     "payload_limit": (values.DEFAULT_PAYLOAD_LIMIT, "maximum bytes of one saga record"),
     "key_prefix": ("sagas", "Redis key prefix of the store"),
     "table_prefix": ("sagas_", "SQL table prefix of the store"),
-    "queue": (None, "queue of the internal advance and sweep tasks (None: the default queue)"),
+    "queue": (None, "queue of the sweep task (None: the default queue)"),
     "sweep_lease": (30.0, "seconds a sweeper's lease lasts before another may take over"),
     "sweep_page_size": (100, "records read per sweep page (1..1000)"),
+    "sweep_shards": (1, "sweep tasks beat sends per interval; each takes the buckets it can lease"),
     "approval_secrets": ((), "HMAC secrets for approval tokens, newest first (32+ bytes each)"),
     "approval_ttl": (900.0, "seconds an approval stays decidable"),
     "allow_non_durable": (False, "allow the memory store outside tests (loses everything on exit)"),
-    "journal": (True, "journal every step execution and compensation as an effect record (SPEC §2.1); "
-                      "off saves three effect writes per step but leaves the effect findings empty"),
     "metrics": (False, "Prometheus metrics (extra 'metrics'): True for the default registry, or a "
                        "CollectorRegistry"),
-    "metrics_count_cap": (10_000, "open sagas counted per state for the celery_sagas_sagas gauge"),
 }
 
 
@@ -71,9 +69,9 @@ def _registry(value: Any) -> Any:
     return value
 
 
-def _count_cap(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SagaConfigurationError("sagas_metrics_count_cap must be a positive int")
+def _shards(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+        raise SagaConfigurationError("sagas_sweep_shards must be an int in 1..64")
     return value
 
 
@@ -93,14 +91,18 @@ class SagaSettings:
     approval_secrets: tuple[bytes | str, ...]
     approval_ttl_ms: int
     allow_non_durable: bool
-    journal: bool = True
+    sweep_shards: int = 1
     metrics: bool = False
     metrics_registry: Any = None
-    metrics_count_cap: int = 10_000
 
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
         """Read ``sagas_<name>`` from ``conf``; keyword ``<name>`` in ``overrides`` wins."""
+        if "journal" in overrides:
+            raise SagaConfigurationError(
+                "the journal option was removed: effects are derived from the saga records, in "
+                "the same write, and cost nothing (docs/design.md §2.3)"
+            )
         unknown = set(overrides) - set(SETTING_DOCS)
         if unknown:
             raise SagaConfigurationError(f"unknown saga options: {', '.join(sorted(unknown))}")
@@ -139,10 +141,9 @@ class SagaSettings:
             approval_secrets=tuple(secrets),
             approval_ttl_ms=_seconds_ms("approval_ttl", raw["approval_ttl"]),
             allow_non_durable=_flag("allow_non_durable", raw["allow_non_durable"]),
-            journal=_flag("journal", raw["journal"]),
+            sweep_shards=_shards(raw["sweep_shards"]),
             metrics=raw["metrics"] is not False and raw["metrics"] is not None,
             metrics_registry=_registry(raw["metrics"]),
-            metrics_count_cap=_count_cap(raw["metrics_count_cap"]),
         )
 
     def __repr__(self) -> str:

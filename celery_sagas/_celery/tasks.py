@@ -1,43 +1,36 @@
-"""Celery task base classes for steps and compensators, and the message that drives them.
+"""Celery task base classes for steps and compensators (the message format: ``messages.py``).
 
-A saga delivers a step as the step's own Celery task, with ``task_id`` = the effect id and a
-single reserved keyword argument, ``_saga`` = ``{"id": saga_id, "step": step_name}``. Arguments
-stay in the saga store (never in the broker). Called without ``_saga`` (directly, or with
-``.delay()`` outside a saga) the task simply runs its function.
+A step or compensator task delivers its saga message through a ``Delivery`` of the engine it
+is handed (an engine provider: this process's engine, opened after a fork). Called without the
+``_saga`` reference (directly, or with ``.delay()`` outside a saga) the task simply runs its
+function.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from celery import Task
 
 from .._context import StepContext, step_accepts
-from .._delivery import execute_compensation, execute_step
+from .._delivery import Delivery
+from .._engine import Engine
 from .._protocol import codes
 from ..errors import SagaConfigurationError, StepNotCommitted
+from .messages import SAGA_REF, parse_ref
 
-if TYPE_CHECKING:
-    from .facade import Sagas
-
-__all__ = ["SAGA_REF", "CompensatorTask", "SagaStepTask", "saga_ref"]
-
-SAGA_REF = "_saga"
+__all__ = ["CompensatorTask", "EngineSource", "SagaStepTask"]
 
 
-def saga_ref(saga_id: str, step: str) -> dict[str, str]:
-    """The reserved keyword argument a saga message carries."""
-    return {"id": saga_id, "step": step}
+class EngineSource(Protocol):
+    """Where a task finds this process's engine."""
 
-
-def _parse_ref(ref: Any) -> tuple[str, str]:
-    if not isinstance(ref, Mapping) or not isinstance(ref.get("id"), str) or not isinstance(
-        ref.get("step"), str
-    ):
-        raise SagaConfigurationError("malformed saga reference in the task message")
-    return ref["id"], ref["step"]
+    @property
+    def engine(self) -> Engine:
+        """The engine (opened lazily, and again after a fork)."""
+        ...
 
 
 # What a saga task relies on; Celery applies task_annotations after the class is made.
@@ -55,7 +48,7 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
     # The reserved ``_saga`` keyword is not in the function's signature; apply_async's
     # argument check would refuse it.
     typing = False
-    sagas: ClassVar[Sagas | None] = None
+    engines: ClassVar[EngineSource | None] = None
 
     @classmethod
     def annotate(cls) -> None:
@@ -68,10 +61,12 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
                 "tasks need acks_late=True, reject_on_worker_lost=True and serializer='json'"
             )
 
-    def _sagas(self) -> Sagas:
-        if self.sagas is None:
+    def _delivery(self, ref: object, *, compensation: bool) -> Delivery:
+        if self.engines is None:
             raise SagaConfigurationError(f"task {self.name!r} is not bound to a Sagas instance")
-        return self.sagas
+        parsed = parse_ref(ref)
+        return Delivery(self.engines.engine, parsed.saga_id, parsed.step, self.request.id,
+                        parsed.version, compensation=compensation)
 
     def _body_kwargs(self, kwargs: Mapping[str, Any], ctx: StepContext, **extra: Any) -> dict[str, Any]:
         merged = dict(kwargs)
@@ -92,14 +87,14 @@ class SagaStepTask(_SagaTaskBase):
         ref = kwargs.pop(SAGA_REF, None)
         if ref is None:
             return self.run(*args, **kwargs)
-        saga_id, step = _parse_ref(ref)
+        delivery = self._delivery(ref, compensation=False)
 
         def body(ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any]) -> Any:
             call_kwargs = self._body_kwargs(step_kwargs, ctx)
             _refuse_unbindable(self.run, step_args, call_kwargs)
             return self.run(*step_args, **call_kwargs)
 
-        execute_step(self._sagas().engine, saga_id, step, self.request.id, body)
+        delivery.run_step(body)
         return None
 
 
@@ -126,12 +121,12 @@ class CompensatorTask(_SagaTaskBase):
         ref = kwargs.pop(SAGA_REF, None)
         if ref is None:
             return self.run(*args, **kwargs)
-        saga_id, step = _parse_ref(ref)
+        delivery = self._delivery(ref, compensation=True)
 
         def body(
             ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any], result: Any
         ) -> Any:
             return self.run(*step_args, **self._body_kwargs(step_kwargs, ctx, result=result))
 
-        execute_compensation(self._sagas().engine, saga_id, step, self.request.id, body)
+        delivery.run_compensation(body)
         return None

@@ -21,7 +21,8 @@ Compensation, for a committed step:
     compensating* --failed-----> compensation-failed (next_attempt_at stored)
     compensating* --ambiguous--> compensating, saga manual-review
 
-(* = started: ``started_at_ms`` set by the claim.) After every step move, ``settle`` derives
+(* = started: ``started_at_ms`` set by the claim.) Moves about one attempt take an
+``AttemptRef`` (step, effect id, attempt number). After every step move, ``settle`` derives
 the saga state: ambiguity with nothing else in flight means manual review; a known failure
 turns a running saga into a compensating one.
 """
@@ -32,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from .._records import SagaRecord, SagaState, StepRecord, StepState
+from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
@@ -228,13 +229,11 @@ def _attempt_matches(step: StepRecord, attempt: int) -> bool:
     return step.attempts == attempt and started
 
 
-def commit_step(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, result: Any, now_ms: int
-) -> SagaRecord:
+def commit_step(saga: SagaRecord, ref: AttemptRef, result: Any, now_ms: int) -> SagaRecord:
     """Record a step's result; also settles an ambiguous step whose attempt reported late."""
-    step = _find(saga, name, effect_id, "commit_step", compensation=False)
+    step = _find(saga, ref.step, ref.effect_id, "commit_step", compensation=False)
     _need(saga, step, "commit_step", (StepState.EXECUTING, StepState.AMBIGUOUS), _ANY_OPEN)
-    if not _attempt_matches(step, attempt):
+    if not _attempt_matches(step, ref.attempt):
         raise _illegal(saga, "commit_step: another attempt", step)
     return _step_move(
         saga, step, now_ms, state=StepState.COMMITTED, result=result,
@@ -252,46 +251,41 @@ def _commit_stamp(saga: SagaRecord, step: StepRecord, now_ms: int) -> int:
     return max([now_ms, *(t + 1 for t in earlier)])
 
 
-def fail_step(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, error_code: str, now_ms: int
-) -> SagaRecord:
+def fail_step(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int) -> SagaRecord:
     """A known failure: the step did not commit; the saga rolls back."""
-    step = _find(saga, name, effect_id, "fail_step", compensation=False)
+    step = _find(saga, ref.step, ref.effect_id, "fail_step", compensation=False)
     _need(saga, step, "fail_step", (StepState.EXECUTING, StepState.AMBIGUOUS), _ANY_OPEN)
-    if not _attempt_matches(step, attempt):
+    if not _attempt_matches(step, ref.attempt):
         raise _illegal(saga, "fail_step: another attempt", step)
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
 
 
-def step_ambiguous(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, error_code: str, now_ms: int
-) -> SagaRecord:
+def step_ambiguous(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int) -> SagaRecord:
     """A started step's outcome is unknown: never guessed, sent to review once others settle.
 
     While rolling back this also takes a step released for a retry that will not run now.
     """
-    step = _find(saga, name, effect_id, "step_ambiguous", compensation=False)
+    step = _find(saga, ref.step, ref.effect_id, "step_ambiguous", compensation=False)
     released = saga.rolling_back and step.started_at_ms is None and step.attempts > 0
     _need(saga, step, "step_ambiguous", (StepState.EXECUTING,), _ANY_OPEN,
           started=None if released else True)
-    if step.attempts != attempt:
+    if step.attempts != ref.attempt:
         raise _illegal(saga, "step_ambiguous: another attempt", step)
     return _step_move(saga, step, now_ms, state=StepState.AMBIGUOUS, error_code=_code(error_code))
 
 
 def release_step(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, retry_at_ms: int,
-    error_code: str, now_ms: int,
+    saga: SagaRecord, ref: AttemptRef, retry_at_ms: int, error_code: str, now_ms: int
 ) -> SagaRecord:
     """Put a started idempotent step back to be re-dispatched at ``retry_at_ms``.
 
     Never while rolling back: no retry would be claimed, so the attempt is ambiguous instead.
     """
-    step = _find(saga, name, effect_id, "release_step", compensation=False)
+    step = _find(saga, ref.step, ref.effect_id, "release_step", compensation=False)
     _need(saga, step, "release_step", (StepState.EXECUTING,), _LIVE, started=True)
     if saga.rolling_back:
         raise _illegal(saga, "release_step while rolling back", step)
-    if step.attempts != attempt:
+    if step.attempts != ref.attempt:
         raise _illegal(saga, "release_step: another attempt", step)
     return _write(
         saga,
@@ -383,29 +377,26 @@ def claim_compensation(
     return _write(saga, now_ms, steps=_swap(saga, step, started_at_ms=now_ms, claimed_by=claimer))
 
 
-def _compensation_attempt(saga: SagaRecord, name: str, effect_id: str, attempt: int,
-                          event: str) -> StepRecord:
-    step = _find(saga, name, effect_id, event, compensation=True)
+def _compensation_attempt(saga: SagaRecord, ref: AttemptRef, event: str) -> StepRecord:
+    step = _find(saga, ref.step, ref.effect_id, event, compensation=True)
     _need(saga, step, event, (StepState.COMPENSATING,), _ANY_OPEN, started=True)
-    if step.compensation_attempts != attempt:
+    if step.compensation_attempts != ref.attempt:
         raise _illegal(saga, f"{event}: another attempt", step)
     return step
 
 
-def compensation_succeeded(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, now_ms: int
-) -> SagaRecord:
+def compensation_succeeded(saga: SagaRecord, ref: AttemptRef, now_ms: int) -> SagaRecord:
     """The compensator returned: the step is undone."""
-    step = _compensation_attempt(saga, name, effect_id, attempt, "compensation_succeeded")
+    step = _compensation_attempt(saga, ref, "compensation_succeeded")
     return _step_move(saga, step, now_ms, state=StepState.COMPENSATED, error_code=None,
                       next_attempt_at_ms=None)
 
 
 def compensation_failed(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, retry_at_ms: int, now_ms: int
+    saga: SagaRecord, ref: AttemptRef, retry_at_ms: int, now_ms: int
 ) -> SagaRecord:
     """The compensator raised: retry at ``retry_at_ms`` (the planner checks the budget)."""
-    step = _compensation_attempt(saga, name, effect_id, attempt, "compensation_failed")
+    step = _compensation_attempt(saga, ref, "compensation_failed")
     return _step_move(
         saga, step, now_ms, state=StepState.COMPENSATION_FAILED,
         error_code=codes.COMPENSATION_FAILED, next_attempt_at_ms=retry_at_ms,
@@ -413,11 +404,9 @@ def compensation_failed(
     )
 
 
-def compensation_ambiguous(
-    saga: SagaRecord, name: str, effect_id: str, attempt: int, now_ms: int
-) -> SagaRecord:
+def compensation_ambiguous(saga: SagaRecord, ref: AttemptRef, now_ms: int) -> SagaRecord:
     """A claimed compensator vanished: its outcome is unknown, the saga goes to review."""
-    step = _compensation_attempt(saga, name, effect_id, attempt, "compensation_ambiguous")
+    step = _compensation_attempt(saga, ref, "compensation_ambiguous")
     return _step_move(saga, step, now_ms, state=StepState.COMPENSATING,
                       error_code=codes.AMBIGUOUS_COMPENSATION)
 

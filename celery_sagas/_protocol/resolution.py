@@ -12,7 +12,7 @@ from dataclasses import replace
 from enum import Enum
 from typing import Any
 
-from .._records import SagaRecord, SagaState, StepRecord, StepState
+from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition, SagaResolutionError
 from . import codes
@@ -69,10 +69,11 @@ def _forward(saga: SagaRecord, step: StepRecord, outcome: Resolution, result: An
              code: str | None, now_ms: int) -> SagaRecord:
     if step.state is not StepState.AMBIGUOUS:
         raise SagaResolutionError(f"step {step.name!r} is {step.state}, not ambiguous")
+    ref = AttemptRef.execution(step)
     if outcome is Resolution.COMMITTED:
-        return commit_step(saga, step.name, step.effect_id, step.attempts, result, now_ms)
+        return commit_step(saga, ref, result, now_ms)
     failure = check_error_code(code) if code is not None else codes.NOT_COMMITTED
-    return fail_step(saga, step.name, step.effect_id, step.attempts, failure, now_ms)
+    return fail_step(saga, ref, failure, now_ms)
 
 
 def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_attempts: int,
@@ -82,12 +83,13 @@ def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_attem
     if not unknown and not (exhausted and outcome is Resolution.COMPENSATED):
         raise SagaResolutionError(f"step {step.name!r} is {step.state}: no compensation to settle")
     attempt = step.compensation_attempts
+    ref = AttemptRef.compensation(step)
     if outcome is Resolution.COMPENSATED:
         if exhausted:
             step = replace(step, state=StepState.COMPENSATING, started_at_ms=now_ms)
             saga = replace(saga, steps=tuple(step if s.name == step.name else s for s in saga.steps))
-        return compensation_succeeded(saga, step.name, step.compensation_effect_id, attempt, now_ms)
-    after = compensation_failed(saga, step.name, step.compensation_effect_id, attempt, now_ms, now_ms)
+        return compensation_succeeded(saga, ref, now_ms)
+    after = compensation_failed(saga, ref, now_ms, now_ms)
     if attempt >= max_attempts and after.state is not SagaState.MANUAL_REVIEW:
         reason = f"compensation of step {step.name!r} failed {attempt} times"
         return one_write(saga, to_manual_review(after, codes.COMPENSATION_EXHAUSTED, reason, now_ms))

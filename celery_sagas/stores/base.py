@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..errors import SagaValidationError
 from .._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
+from ..errors import SagaValidationError
 
 __all__ = [
     "MAX_NOTES",

@@ -42,16 +42,10 @@ from typing import Any
 
 import pytest
 
-from .._approvals.ledger import consume, create_approval, decide
-from .._records import (
-    ApprovalRecord,
-    ApprovalState,
-    SagaRecord,
-    SagaState,
-    saga_from_envelope,
-    saga_to_envelope,
-)
-from .._scans import scan_sagas
+from .._approvals.ledger import ApprovalLedger
+from .._codec import Codec
+from .._records import ApprovalRecord, ApprovalState, Binding, SagaRecord, SagaState
+from .._scans import Scans
 from ..errors import (
     ApprovalDecisionError,
     ApprovalTokenReplay,
@@ -83,6 +77,7 @@ BAD_IDS = [
 ]
 BAD_KINDS = ["", "Saga", "sa ga", "1saga", "saga-x", "k" * 40]
 BAD_LIMITS: list[Any] = [0, 1001, -1, True, False, 1.5, "10", None]
+_BINDING = Binding("payments.refund", "t1", "alice")
 
 
 def _fresh(prefix: str) -> str:
@@ -494,13 +489,13 @@ class StoreConformance:
         ids = [_fresh(f"saga{i}") for i in range(3)]
         for i, saga_id in enumerate(ids):
             record = SagaRecord(saga_id, "demo", SagaState.RUNNING, {"i": i}, T0 - 1_000_000, T0 + i)
-            assert store.create(saga_to_envelope(record)) is True
+            assert store.create(Codec().saga_envelope(record)) is True
         self.corrupt(store, "saga", ids[1])
         found: set[str] = set()
         corrupt: set[str] = set()
         cursor: str | None = None
         while True:
-            page = scan_sagas(store, [SagaState.RUNNING], cursor=cursor, limit=1000)
+            page = Scans(store, Codec()).sagas([SagaState.RUNNING], cursor=cursor, limit=1000)
             found.update(record.saga_id for record in page.records)
             corrupt.update(item.id for item in page.corrupt)
             if page.cursor is None:
@@ -509,7 +504,7 @@ class StoreConformance:
         assert {ids[0], ids[2]} <= found and ids[1] not in found
         assert ids[1] in corrupt
         with pytest.raises(InvalidRecordError):
-            saga_from_envelope(store.get("saga", ids[1]), ids[1])
+            Codec().saga(store.get("saga", ids[1]), ids[1])
 
     # ------------------------------------------------------------ leases
 
@@ -916,35 +911,21 @@ class StoreConformance:
 
     def _approval(self, clock: FrozenClock) -> tuple[str, str]:
         approval_id, token_hash = _fresh("appr"), hashlib.sha256(b"resume-token").hexdigest()
-        create_approval(
-            self._store(),
-            clock,
-            approval_id=approval_id,
-            effect_id=_fresh("eff"),
-            capability="payments.refund",
-            tenant_id="t1",
-            principal_id="alice",
-            token_hash=token_hash,
-            ttl_ms=60_000,
+        ApprovalLedger(self._store(), clock).create(
+            approval_id=approval_id, effect_id=_fresh("eff"), binding=_BINDING,
+            token_hash=token_hash, ttl_ms=60_000,
         )
         return approval_id, token_hash
 
     def test_concurrent_consumers_of_one_approval_exactly_one_consumes(self) -> None:
         clock = FrozenClock(T0)
         approval_id, token_hash = self._approval(clock)
-        decide(self._store(), clock, approval_id, tenant_id="t1", decision="approved", decided_by="bob")
-        racing = ReadTogether(self._store(), THREADS)
+        ApprovalLedger(self._store(), clock).decide(approval_id, tenant_id="t1", decision="approved",
+                                                    decided_by="bob")
+        racing = ApprovalLedger(ReadTogether(self._store(), THREADS), clock)
 
         def attempt(_: int) -> Any:
-            return consume(
-                racing,
-                clock,
-                approval_id,
-                token_hash=token_hash,
-                tenant_id="t1",
-                principal_id="alice",
-                capability="payments.refund",
-            )
+            return racing.consume(approval_id, token_hash=token_hash, binding=_BINDING)
 
         results = race(attempt)
         consumed = [r for r in results if isinstance(r, ApprovalRecord)]
@@ -956,17 +937,11 @@ class StoreConformance:
         clock = FrozenClock(T0)
         approval_id, _ = self._approval(clock)
         choices = ["approved" if i % 2 else "denied" for i in range(THREADS)]
-        racing = ReadTogether(self._store(), THREADS)
+        racing = ApprovalLedger(ReadTogether(self._store(), THREADS), clock)
 
         def attempt(i: int) -> Any:
-            return decide(
-                racing,
-                clock,
-                approval_id,
-                tenant_id="t1",
-                decision=choices[i],
-                decided_by=f"op{i}",
-            )
+            return racing.decide(approval_id, tenant_id="t1", decision=choices[i],
+                                 decided_by=f"op{i}")
 
         results = race(attempt)
         winners = [(i, r) for i, r in enumerate(results) if isinstance(r, ApprovalRecord)]

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._celery.dispatcher import ADVANCE_TASK
-from .._celery.tasks import SAGA_REF, saga_ref
+from .._celery.messages import SAGA_REF, saga_ref
 from .._dispatch import RecordingDispatcher, Sent
 
 if TYPE_CHECKING:
@@ -41,21 +40,22 @@ class SagaDriver:
 
     def deliver(self, message: Sent) -> None:
         """Deliver one message to its task, as a worker would (task id = effect id)."""
-        app = self.sagas.app
-        if message.kind == "advance":
-            app.tasks[ADVANCE_TASK](message.saga_id)
+        name = message.task or self._task_of(message)
+        if name is None:
             return
-        record = self.sagas.engine.load(message.saga_id)
-        step = record.step(message.step or "")
-        if step is None:
-            return
-        name = step.task if message.kind == "step" else step.compensator
-        task = app.tasks[name]
+        task = self.sagas.app.tasks[name]
         task.push_request(id=message.effect_id)
         try:
-            task(**{SAGA_REF: saga_ref(message.saga_id, step.name)})
+            task(**{SAGA_REF: saga_ref(message.saga_id, message.step, message.version)})
         finally:
             task.pop_request()
+
+    def _task_of(self, message: Sent) -> str | None:
+        """The task of a hand-made message that does not name one, from the saga record."""
+        step = self.sagas.engine.load(message.saga_id).step(message.step)
+        if step is None:
+            return None
+        return step.task if message.kind == "step" else step.compensator
 
     def run_until_idle(self, max_messages: int = 10_000) -> int:
         """Deliver messages (and those they cause) until none is left; returns how many."""

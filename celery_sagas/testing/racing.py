@@ -12,9 +12,10 @@ writes, so a test of "exactly one wins" cannot pass just because threads ran in 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from ..stores.base import Envelope, Fence, Lease, Page, Store
+from ..stores.base import Envelope, Store
+from .proxy import StoreProxy
 
 __all__ = ["DEFAULT_THREADS", "ReadTogether", "race"]
 
@@ -44,60 +45,18 @@ def race(call: Callable[[int], object], threads: int = DEFAULT_THREADS) -> list[
     return results
 
 
-class ReadTogether:
+class ReadTogether(StoreProxy):
     """A ``Store`` whose first ``get`` in each thread waits until ``parties`` threads have read."""
 
     def __init__(self, store: Store, parties: int = DEFAULT_THREADS) -> None:
-        self.durable = store.durable
-        self._store = store
+        super().__init__(store)
         self._barrier = threading.Barrier(parties, timeout=JOIN_TIMEOUT_S)
         self._seen = threading.local()
 
     def get(self, kind: str, record_id: str) -> Envelope | None:
         """Read, then (first read of this thread only) wait for the other racers."""
-        found = self._store.get(kind, record_id)
+        found = self.inner.get(kind, record_id)
         if not getattr(self._seen, "read", False):
             self._seen.read = True
             self._barrier.wait()
         return found
-
-    def create(self, envelope: Envelope) -> bool:
-        """Delegate."""
-        return self._store.create(envelope)
-
-    def compare_and_set(
-        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
-        """Delegate."""
-        return self._store.compare_and_set(envelope, expected_version, fence=fence)
-
-    def scan(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        updated_before_ms: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
-        """Delegate."""
-        return self._store.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
-
-    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int) -> Lease | None:
-        """Delegate."""
-        return self._store.acquire_lease(name, owner, token, now_ms, lease_ms)
-
-    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
-        """Delegate."""
-        return self._store.renew_lease(lease, now_ms, lease_ms)
-
-    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
-        """Delegate."""
-        return self._store.checkpoint_lease(lease, cursor, now_ms)
-
-    def release_lease(self, lease: Lease) -> bool:
-        """Delegate."""
-        return self._store.release_lease(lease)
-
-    def close(self) -> None:
-        """The wrapped store is the caller's to close."""

@@ -12,7 +12,6 @@ from tests.engine.conftest import Shop, kinds
 
 def _reserve_committed_charge_pending(shop: Shop) -> None:
     shop.start_order()
-    shop.deliver_next()  # advance
     shop.deliver_next()  # reserve commits; charge's message is now pending
     assert shop.step("shop.charge").attempts == 0
 

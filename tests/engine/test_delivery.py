@@ -20,9 +20,8 @@ from tests.engine.conftest import HOST, Shop, kinds
 
 
 def _step_message_pending(shop: Shop, saga_id: str = "o-1") -> Sent:
-    """Start the order and deliver the advance; return reserve's (undelivered) message."""
+    """Start the order; return reserve's (undelivered) message."""
     shop.start_order(saga_id)
-    shop.deliver_next()
     [message] = shop.driver.take()
     assert message.step == "shop.reserve"
     return message
@@ -182,7 +181,6 @@ def test_a_redelivered_idempotent_step_whose_claimer_died_reruns_under_the_same_
 ) -> None:
     # given
     shop.notify_user.start({"user": "ann"}, saga_id="n-1")
-    shop.deliver_next()
     [message] = shop.driver.take()
     shop.claim_as(f"{HOST}:{dead_pid}", "shop.notify", "n-1")
 
@@ -216,7 +214,7 @@ def test_the_sweep_marks_a_claimed_step_silent_past_its_time_limit_and_grace_amb
 ) -> None:
     # given: ship (time limit 10 s) was claimed on another host and never reported
     shop.start_order()
-    for _ in range(3):
+    for _ in range(2):
         shop.deliver_next()
     shop.driver.take()
     shop.claim_as("other-host:4242", "shop.ship")
@@ -237,7 +235,7 @@ def test_the_sweep_marks_a_claimed_step_silent_past_its_time_limit_and_grace_amb
 def test_the_sweep_waits_for_a_claimed_step_until_its_time_limit_and_grace_pass(shop: Shop) -> None:
     # given
     shop.start_order()
-    for _ in range(3):
+    for _ in range(2):
         shop.deliver_next()
     shop.driver.take()
     shop.claim_as("other-host:4242", "shop.ship")
@@ -257,7 +255,7 @@ def test_the_sweep_waits_for_a_claimed_step_until_its_time_limit_and_grace_pass(
 def test_a_late_commit_of_a_step_declared_ambiguous_is_recorded(shop: Shop) -> None:
     # given: the sweep declared ship ambiguous while its body was still running
     shop.start_order()
-    for _ in range(3):
+    for _ in range(2):
         shop.deliver_next()
     [message] = shop.driver.take()
 
@@ -410,7 +408,6 @@ def test_an_idempotent_compensator_whose_claimer_died_is_retried_under_the_same_
 
     run.start({}, saga_id="h-1")
     shop.deliver_next()
-    shop.deliver_next()
     [message] = shop.driver.take()
     shop.claim_as(f"{HOST}:{dead_pid}", "shop.hold", "h-1", compensation=True)
 
@@ -453,7 +450,6 @@ def test_a_second_sagas_instance_in_the_process_leaves_a_running_delivery_alone(
     first, second = _pay_sagas(store, clock, runs), _pay_sagas(store, clock, runs)
     first_driver, second_driver = SagaDriver(first[0]), SagaDriver(second[0])
     first[1].start({}, saga_id="x-1")
-    first_driver.deliver(first_driver.take()[0])
     [pay] = first_driver.take()
 
     def duplicate_through_the_second() -> None:

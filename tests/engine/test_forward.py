@@ -7,15 +7,19 @@ from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import ORDER, Shop, kinds
 
 
-def test_start_records_a_running_saga_without_steps_and_sends_one_advance(shop: Shop) -> None:
+def test_start_records_the_first_step_with_the_saga_and_sends_it(shop: Shop) -> None:
     # when
     started = shop.start_order()
 
-    # then
-    assert started.state == "running"
-    assert started.steps == ()
+    # then: one create holds the saga and its first step's intent; that step is sent at once
+    assert started.state == "running" and started.version == 1
+    assert [(s.name, s.state, s.attempts) for s in started.steps] == [
+        ("shop.reserve", StepState.EXECUTING, 0)]
+    assert shop.record() == started
     assert shop.record().input == ORDER
-    assert kinds(shop.driver.take()) == [("advance", None)]
+    sent = shop.driver.take()
+    assert kinds(sent) == [("step", "shop.reserve")]
+    assert sent[0].version == 1
     assert shop.script.calls == []
 
 
@@ -62,7 +66,7 @@ def test_step_args_and_kwargs_are_recorded_and_passed_to_the_body(shop: Shop) ->
     assert call.args == ("sku-1", 2) and call.kwargs["warehouse"] == "east"
 
 
-def test_one_advance_at_start_then_exactly_one_message_per_step(shop: Shop) -> None:
+def test_exactly_one_message_per_step(shop: Shop) -> None:
     # given
     shop.start_order()
 
@@ -74,9 +78,8 @@ def test_one_advance_at_start_then_exactly_one_message_per_step(shop: Shop) -> N
             break
         batches.append(kinds(delivered))
 
-    # then: the continuation after each commit sends the next step, never another advance
+    # then: start sends the first step; the continuation after each commit sends the next
     assert batches == [
-        [("advance", None)],
         [("step", "shop.reserve")],
         [("step", "shop.charge")],
         [("step", "shop.ship")],
@@ -86,10 +89,8 @@ def test_one_advance_at_start_then_exactly_one_message_per_step(shop: Shop) -> N
 
 def test_intent_is_recorded_before_the_step_message_is_sent(shop: Shop) -> None:
     # given
-    shop.start_order()
-    shop.deliver_next()  # the advance
-
     # when
+    shop.start_order()
     sent = shop.driver.take()
 
     # then: the message names the effect id already stored as "executing", not yet claimed

@@ -113,7 +113,6 @@ def fan(shop: Shop) -> Fan:
 def start_fan_out(shop: Shop, width: int, saga_id: str = "f-1") -> dict[str, Sent]:
     """Start fan-in, run its advance and the charge; return the branch messages by step name."""
     shop.sagas.start("fan-in", {"width": width}, saga_id=saga_id)
-    shop.deliver_next()  # advance: charge recorded and sent
     shop.deliver_next()  # charge commits; the branches are recorded and sent
     messages = shop.driver.take()
     assert kinds(messages) == [("step", branch(i)) for i in range(1, width + 1)]
@@ -169,7 +168,6 @@ def test_branches_get_the_task_name_numbered_in_call_order_and_one_group(
 def test_every_branch_is_recorded_by_one_write_and_sent_by_one_advance(shop: Shop, fan: Fan) -> None:
     # given: the charge committed, its continuation not yet run
     shop.sagas.start("fan-in", {"width": 8}, saga_id="f-1")
-    shop.deliver_next()
     [charge] = shop.driver.take()
     version_before = shop.record("f-1").version
 

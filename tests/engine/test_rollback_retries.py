@@ -66,7 +66,6 @@ def released_after_one_attempt(shop: Shop, saga_id: str) -> None:
 def test_a_sibling_failing_sends_a_released_branch_to_review(shop: Shop, book: Any) -> None:
     # given: the booking branch raised after its request left, and waits a minute to retry
     shop.sagas.start("trip-fan", {}, saga_id="f-1")
-    shop.deliver_next()
     sent = {m.step: m for m in shop.driver.take()}
     shop.script.then("book", RuntimeError("connection reset after the request left"))
     shop.driver.deliver(sent[BOOK])
@@ -83,7 +82,6 @@ def test_a_sibling_failing_sends_a_released_branch_to_review(shop: Shop, book: A
 
 def test_cancel_sends_a_released_step_to_review(shop: Shop, book: Any) -> None:
     shop.sagas.start("trip", {}, saga_id="c-1")
-    shop.deliver_next()
     shop.script.then("book", TimeoutError("no answer after the request left"))
     shop.deliver_next()
     released_after_one_attempt(shop, "c-1")
@@ -101,7 +99,6 @@ def test_an_attempt_erroring_while_the_saga_rolls_back_is_not_released(
     shop: Shop, book: Any
 ) -> None:
     shop.sagas.start("trip-fan", {}, saga_id="f-2")
-    shop.deliver_next()
     sent = {m.step: m for m in shop.driver.take()}
 
     def sibling_declined_meanwhile() -> None:

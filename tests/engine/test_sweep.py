@@ -4,6 +4,7 @@ a corrupt record is reported and never stops the pass; manual-review sagas are r
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from celery import Celery
 
@@ -11,10 +12,18 @@ from celery_sagas import MemoryStore, Sagas
 from celery_sagas._leases import Leases
 from celery_sagas._protocol.findings import FindingKind
 from celery_sagas._records import SagaState
-from celery_sagas._sweep import SWEEP_LEASE, SweepReport, sweep
+from celery_sagas._codec import Codec
+from celery_sagas._scans import Scans
+from celery_sagas._sweep import SWEEP_LEASE, Sweeper, SweepReport
 from celery_sagas.stores.base import Envelope
 from celery_sagas.testing import FrozenClock
 from tests.engine.conftest import Shop, kinds
+
+
+def sweeper(shop: Shop, owner: str, on_page: Any = None) -> Sweeper:
+    """A sweeper of the shop's engine with its own owner (another beat, or a test's hook)."""
+    return Sweeper(shop.sagas.engine, Scans(shop.sagas.store, Codec()), owner=owner,
+                   lease_ms=30_000, on_page=on_page)
 
 
 def test_an_idle_sweep_acquires_the_lease_and_completes(shop: Shop) -> None:
@@ -29,7 +38,6 @@ def test_an_idle_sweep_acquires_the_lease_and_completes(shop: Shop) -> None:
 def test_a_sweep_while_another_sweeper_holds_the_lease_does_nothing(shop: Shop) -> None:
     # given: a lost step message that a sweep would re-send, and another sweeper holding the lease
     shop.start_order()
-    shop.deliver_next()
     shop.driver.take()
     shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
     held = Leases(shop.sagas.store, shop.clock, owner="beat-on-another-host").acquire(SWEEP_LEASE, 30_000)
@@ -58,7 +66,7 @@ def test_a_second_sagas_on_the_same_store_is_refused_while_the_first_sweeps(
             seen.append(other.sweep())
 
     # when: the second sweeper tries while the first is between pages
-    first = sweep(shop.sagas.engine, owner="beat-1", lease_ms=30_000, on_page=second_sweeper_mid_pass)
+    first = sweeper(shop, "beat-1", second_sweeper_mid_pass).sweep()
 
     # then
     assert first.acquired and first.complete
@@ -71,10 +79,10 @@ def test_a_direct_sweep_with_another_owner_is_refused_while_the_lease_is_held(sh
 
     def intruder(*_: object) -> None:
         if not seen:
-            seen.append(sweep(shop.sagas.engine, owner="intruder", lease_ms=30_000))
+            seen.append(sweeper(shop, "intruder").sweep())
 
     # when
-    sweep(shop.sagas.engine, owner="beat-1", lease_ms=30_000, on_page=intruder)
+    sweeper(shop, "beat-1", intruder).sweep()
 
     # then
     assert seen[0].acquired is False
@@ -127,7 +135,6 @@ def test_a_corrupt_record_does_not_stop_the_sweep_from_repairing_others(
     # given: garbage stored before and after a saga whose step message was lost
     _write_garbage(store, shop.clock, "corrupt-1", "[]")
     shop.start_order()
-    shop.deliver_next()
     lost = shop.driver.take()
     _write_garbage(store, shop.clock, "corrupt-2", '{"saga_id": "someone-else"}')
     shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)

@@ -49,7 +49,6 @@ def test_a_stale_compensation_in_flight_is_still_reported(shop: Shop) -> None:
 def test_a_saga_the_sweep_sends_to_manual_review_is_reported_once(shop: Shop) -> None:
     # given: reserve claimed on another host, silent past its time limit and grace
     shop.start_order()
-    shop.deliver_next()
     shop.driver.take()
     shop.claim_as("elsewhere:1/ab", "shop.reserve")
     timing = shop.sagas.settings.timing

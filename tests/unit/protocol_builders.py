@@ -27,7 +27,7 @@ from celery_sagas._protocol.decisions import (
     Vanished,
     Wait,
 )
-from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition
 
 T0 = 1_700_000_000_000
@@ -227,12 +227,12 @@ def _vanished(record: SagaRecord, decision: Vanished, now: int) -> SagaRecord:
     if decision.compensation:
         effect, attempt = found.compensation_effect_id, found.compensation_attempts
         if decision.retry:
-            return moves.compensation_failed(record, found.name, effect, attempt, now, now)
-        return moves.compensation_ambiguous(record, found.name, effect, attempt, now)
+            return moves.compensation_failed(record, AttemptRef(found.name, effect, attempt), now, now)
+        return moves.compensation_ambiguous(record, AttemptRef(found.name, effect, attempt), now)
     if decision.retry:
-        return moves.release_step(record, found.name, found.effect_id, found.attempts, now,
+        return moves.release_step(record, AttemptRef(found.name, found.effect_id, found.attempts), now,
                                   decision.error_code, now)
-    return moves.step_ambiguous(record, found.name, found.effect_id, found.attempts,
+    return moves.step_ambiguous(record, AttemptRef(found.name, found.effect_id, found.attempts),
                                 decision.error_code, now)
 
 

@@ -122,7 +122,6 @@ def ambiguous_charge(shop: Shop, saga_id: str = "o-1") -> str:
 def running(shop: Shop, saga_id: str) -> None:
     """An order whose reserve step is dispatched but not delivered."""
     shop.start_order(saga_id, id=saga_id)
-    shop.deliver_next()  # the advance: reserve is recorded and sent
     assert shop.record(saga_id).state == SagaState.RUNNING
 
 

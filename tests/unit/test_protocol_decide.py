@@ -25,7 +25,7 @@ from celery_sagas._protocol.decisions import (
     Wait,
 )
 from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
-from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 
 from .protocol_builders import (
     AM,
@@ -378,7 +378,7 @@ def test_a_cancelled_saga_with_an_unclaimed_intent_reaches_compensated_once_undo
     assert record.state is SagaState.COMPENSATING
     assert record.steps[0].state is StepState.COMPENSATING
     record = moves.claim_compensation(record, "a", cx("a"), "w", NOW + 100)
-    record = moves.compensation_succeeded(record, "a", cx("a"), 1, NOW + 101)
+    record = moves.compensation_succeeded(record, AttemptRef("a", cx("a"), 1), NOW + 101)
     record = drive(record, never, NOW + 102)
     assert record.state is SagaState.COMPENSATED
     assert record.steps[1].error_code == codes.NOT_STARTED
@@ -402,7 +402,7 @@ def test_decisions_on_a_forward_run_are_applicable() -> None:
     record = apply_decision(record, decision, NOW)
     assert [s.name for s in record.steps] == ["a"]
     record = moves.claim_step(record, "a", fx("a"), "w", NOW + 5)
-    record = moves.commit_step(record, "a", fx("a"), 1, {"ok": True}, NOW + 6)
+    record = moves.commit_step(record, AttemptRef("a", fx("a"), 1), {"ok": True}, NOW + 6)
     record = drive(record, stub(Returned())[0], NOW + 7)
     assert record.state is SagaState.COMPLETED
 

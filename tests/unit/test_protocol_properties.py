@@ -25,7 +25,15 @@ from celery_sagas._protocol.decisions import SagaPolicy, StepPolicy
 from celery_sagas._protocol.effect import FINAL_EFFECT_STATES, transition_effect
 from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
 from celery_sagas._protocol.resolution import Resolution, resolve
-from celery_sagas._records import EffectRecord, EffectState, SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._records import (
+    AttemptRef,
+    EffectRecord,
+    EffectState,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
+)
 from celery_sagas.errors import IllegalTransition, SagaResolutionError
 
 from .protocol_builders import T0, apply_decision, intent
@@ -181,17 +189,17 @@ def step_event(p: Picks, world: World) -> tuple[str, Event] | None:
     approval = p.pick([f"ap-{name}", f"ap-{name}", "ap-other"])
     events: dict[str, Event] = {
         "claim_step": lambda s: moves.claim_step(s, name, eid, "w", now),
-        "commit_step": lambda s: moves.commit_step(s, name, eid, attempt, {"n": name}, now),
-        "fail_step": lambda s: moves.fail_step(s, name, eid, attempt, code, now),
-        "step_ambiguous": lambda s: moves.step_ambiguous(s, name, eid, attempt, code, now),
-        "release_step": lambda s: moves.release_step(s, name, eid, attempt, later, code, now),
+        "commit_step": lambda s: moves.commit_step(s, AttemptRef(name, eid, attempt), {"n": name}, now),
+        "fail_step": lambda s: moves.fail_step(s, AttemptRef(name, eid, attempt), code, now),
+        "step_ambiguous": lambda s: moves.step_ambiguous(s, AttemptRef(name, eid, attempt), code, now),
+        "release_step": lambda s: moves.release_step(s, AttemptRef(name, eid, attempt), later, code, now),
         "abandon_step": lambda s: moves.abandon_step(s, name, eid, now),
         "mark_redispatched": lambda s: moves.mark_redispatched(s, name, now),
         "begin_compensation": lambda s: moves.begin_compensation(s, name, now),
         "claim_compensation": lambda s: moves.claim_compensation(s, name, eid, "w", now),
-        "compensation_succeeded": lambda s: moves.compensation_succeeded(s, name, eid, attempt, now),
-        "compensation_failed": lambda s: moves.compensation_failed(s, name, eid, attempt, later, now),
-        "compensation_ambiguous": lambda s: moves.compensation_ambiguous(s, name, eid, attempt, now),
+        "compensation_succeeded": lambda s: moves.compensation_succeeded(s, AttemptRef(name, eid, attempt), now),
+        "compensation_failed": lambda s: moves.compensation_failed(s, AttemptRef(name, eid, attempt), later, now),
+        "compensation_ambiguous": lambda s: moves.compensation_ambiguous(s, AttemptRef(name, eid, attempt), now),
         "pass_gate": lambda s: moves.pass_gate(s, name, approval, {"ok": True}, now),
         "fail_gate": lambda s: moves.fail_gate(s, name, approval, codes.APPROVAL_DENIED, now),
     }
@@ -343,14 +351,14 @@ def worker_event(p: Picks, world: World) -> tuple[str, Event] | None:
     if found.state is S.COMPENSATING and found.started_at_ms is None:
         return "claim_compensation", lambda s: moves.claim_compensation(s, name, cid, "w", now)
     forward: list[tuple[str, Event]] = [
-        ("commit_step", lambda s: moves.commit_step(s, name, eid, attempt, {"n": name}, now)),
-        ("fail_step", lambda s: moves.fail_step(s, name, eid, attempt, code, now)),
-        ("step_ambiguous", lambda s: moves.step_ambiguous(s, name, eid, attempt, code, now)),
+        ("commit_step", lambda s: moves.commit_step(s, AttemptRef(name, eid, attempt), {"n": name}, now)),
+        ("fail_step", lambda s: moves.fail_step(s, AttemptRef(name, eid, attempt), code, now)),
+        ("step_ambiguous", lambda s: moves.step_ambiguous(s, AttemptRef(name, eid, attempt), code, now)),
     ]
     backward: list[tuple[str, Event]] = [
-        ("compensation_succeeded", lambda s: moves.compensation_succeeded(s, name, cid, comp, now)),
-        ("compensation_failed", lambda s: moves.compensation_failed(s, name, cid, comp, now + 50, now)),
-        ("compensation_ambiguous", lambda s: moves.compensation_ambiguous(s, name, cid, comp, now)),
+        ("compensation_succeeded", lambda s: moves.compensation_succeeded(s, AttemptRef(name, cid, comp), now)),
+        ("compensation_failed", lambda s: moves.compensation_failed(s, AttemptRef(name, cid, comp), now + 50, now)),
+        ("compensation_ambiguous", lambda s: moves.compensation_ambiguous(s, AttemptRef(name, cid, comp), now)),
     ]
     if found.state is S.EXECUTING:
         return p.pick([*[forward[0]] * 6, forward[1], forward[2]])

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from celery_sagas._protocol import codes, moves
-from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition, SagaValidationError
 
 from .protocol_builders import (
@@ -91,7 +91,7 @@ MOVES = [
     ),
     Move(
         "commit_step",
-        lambda s, st, now: moves.commit_step(s, st.name, st.effect_id, st.attempts, RESULT, now),
+        lambda s, st, now: moves.commit_step(s, AttemptRef.execution(st), RESULT, now),
         where(OPEN, (X1, AM)),
         lambda st, now: replace(st, state=S.COMMITTED, result=RESULT, committed_at_ms=now,
                                 error_code=None),
@@ -99,14 +99,14 @@ MOVES = [
     ),
     Move(
         "fail_step",
-        lambda s, st, now: moves.fail_step(s, st.name, st.effect_id, st.attempts, "out_of_stock", now),
+        lambda s, st, now: moves.fail_step(s, AttemptRef.execution(st), "out_of_stock", now),
         where(OPEN, (X1, AM)),
         lambda st, now: replace(st, state=S.FAILED, error_code="out_of_stock"),
         settles=True,
     ),
     Move(
         "step_ambiguous",
-        lambda s, st, now: moves.step_ambiguous(s, st.name, st.effect_id, st.attempts,
+        lambda s, st, now: moves.step_ambiguous(s, AttemptRef.execution(st),
                                                 codes.TIME_LIMIT, now),
         # while rolling back also a step released for a retry that will not be claimed now
         lambda c, v: where(OPEN, (X1,))(c, v) or where(ROLLING_BACK, (XR,))(c, v),
@@ -115,7 +115,7 @@ MOVES = [
     ),
     Move(
         "release_step",
-        lambda s, st, now: moves.release_step(s, st.name, st.effect_id, st.attempts, RETRY_AT,
+        lambda s, st, now: moves.release_step(s, AttemptRef.execution(st), RETRY_AT,
                                               codes.WORKER_LOST, now),
         where(frozenset({RUNNING}), (X1,)),
         lambda st, now: replace(st, started_at_ms=None, claimed_by=None, next_attempt_at_ms=RETRY_AT,
@@ -166,16 +166,14 @@ MOVES = [
     ),
     Move(
         "compensation_succeeded",
-        lambda s, st, now: moves.compensation_succeeded(s, st.name, st.compensation_effect_id,
-                                                        st.compensation_attempts, now),
+        lambda s, st, now: moves.compensation_succeeded(s, AttemptRef.compensation(st), now),
         where(OPEN, (P1, PA)),
         lambda st, now: replace(st, state=S.COMPENSATED, error_code=None, next_attempt_at_ms=None),
         settles=True,
     ),
     Move(
         "compensation_failed",
-        lambda s, st, now: moves.compensation_failed(s, st.name, st.compensation_effect_id,
-                                                     st.compensation_attempts, RETRY_AT, now),
+        lambda s, st, now: moves.compensation_failed(s, AttemptRef.compensation(st), RETRY_AT, now),
         where(OPEN, (P1, PA)),
         lambda st, now: replace(st, state=S.COMPENSATION_FAILED, error_code=codes.COMPENSATION_FAILED,
                                 next_attempt_at_ms=RETRY_AT, started_at_ms=None, claimed_by=None),
@@ -183,8 +181,7 @@ MOVES = [
     ),
     Move(
         "compensation_ambiguous",
-        lambda s, st, now: moves.compensation_ambiguous(s, st.name, st.compensation_effect_id,
-                                                        st.compensation_attempts, now),
+        lambda s, st, now: moves.compensation_ambiguous(s, AttemptRef.compensation(st), now),
         where(OPEN, (P1, PA)),
         lambda st, now: replace(st, error_code=codes.AMBIGUOUS_COMPENSATION),
         settles=True,
@@ -439,9 +436,9 @@ def test_another_attempt_is_refused(move: Move, delta: int) -> None:
 
 def test_an_attempt_that_never_claimed_cannot_report() -> None:
     record = saga(step(X0))
-    assert_refused(lambda s: moves.commit_step(s, "s", fx("s"), 0, RESULT, NOW), record)
-    assert_refused(lambda s: moves.fail_step(s, "s", fx("s"), 0, "declined", NOW), record)
-    assert_refused(lambda s: moves.step_ambiguous(s, "s", fx("s"), 0, "time_limit", NOW), record)
+    assert_refused(lambda s: moves.commit_step(s, AttemptRef("s", fx("s"), 0), RESULT, NOW), record)
+    assert_refused(lambda s: moves.fail_step(s, AttemptRef("s", fx("s"), 0), "declined", NOW), record)
+    assert_refused(lambda s: moves.step_ambiguous(s, AttemptRef("s", fx("s"), 0), "time_limit", NOW), record)
 
 
 @pytest.mark.parametrize("gate", ["pass_gate", "fail_gate"])
@@ -491,15 +488,15 @@ def test_a_duplicate_compensation_claim_loses() -> None:
 
 def test_compensation_reports_need_a_claimed_compensator() -> None:
     record = saga(step(P0), state=SS.COMPENSATING)
-    assert_refused(lambda s: moves.compensation_succeeded(s, "s", cx("s"), 1, NOW), record)
-    assert_refused(lambda s: moves.compensation_failed(s, "s", cx("s"), 1, NOW, NOW), record)
+    assert_refused(lambda s: moves.compensation_succeeded(s, AttemptRef("s", cx("s"), 1), NOW), record)
+    assert_refused(lambda s: moves.compensation_failed(s, AttemptRef("s", cx("s"), 1), NOW, NOW), record)
 
 
 def test_execution_reports_refuse_the_compensation_effect_id() -> None:
     record = saga(step(X1))
-    assert_refused(lambda s: moves.commit_step(s, "s", cx("s"), 1, None, NOW), record)
+    assert_refused(lambda s: moves.commit_step(s, AttemptRef("s", cx("s"), 1), None, NOW), record)
     back = saga(step(P1), state=SS.COMPENSATING)
-    assert_refused(lambda s: moves.compensation_succeeded(s, "s", fx("s"), 1, NOW), back)
+    assert_refused(lambda s: moves.compensation_succeeded(s, AttemptRef("s", fx("s"), 1), NOW), back)
 
 
 def test_begin_and_redispatch_refuse_unknown_steps() -> None:
@@ -558,10 +555,10 @@ def test_append_accepts_an_approval_gate_and_refuses_while_rolling_back() -> Non
 
 def test_ambiguity_waits_for_steps_in_flight_before_review() -> None:
     record = saga(step(X1, "a"), step(X1, "b"))
-    one = moves.step_ambiguous(record, "a", fx("a"), 1, codes.WORKER_LOST, NOW)
+    one = moves.step_ambiguous(record, AttemptRef("a", fx("a"), 1), codes.WORKER_LOST, NOW)
     assert one.state is SS.RUNNING
     assert one.steps[0].state is S.AMBIGUOUS
-    two = moves.commit_step(one, "b", fx("b"), 1, RESULT, NOW + 1)
+    two = moves.commit_step(one, AttemptRef("b", fx("b"), 1), RESULT, NOW + 1)
     assert two.state is SS.MANUAL_REVIEW
     assert two.error_code == codes.AMBIGUOUS_STEP
     assert two.reason is not None and "'a'" in two.reason and fx("a") in two.reason
@@ -569,19 +566,19 @@ def test_ambiguity_waits_for_steps_in_flight_before_review() -> None:
 
 def test_ambiguity_waits_for_a_sibling_that_then_fails() -> None:
     record = saga(step(X1, "a"), step(X1, "b"))
-    one = moves.step_ambiguous(record, "a", fx("a"), 1, codes.WORKER_LOST, NOW)
-    two = moves.fail_step(one, "b", fx("b"), 1, "out_of_stock", NOW + 1)
+    one = moves.step_ambiguous(record, AttemptRef("a", fx("a"), 1), codes.WORKER_LOST, NOW)
+    two = moves.fail_step(one, AttemptRef("b", fx("b"), 1), "out_of_stock", NOW + 1)
     assert two.state is SS.MANUAL_REVIEW
     assert two.error_code == codes.AMBIGUOUS_STEP
     assert two.rolling_back
-    settled = moves.commit_step(two, "a", fx("a"), 1, RESULT, NOW + 2)
+    settled = moves.commit_step(two, AttemptRef("a", fx("a"), 1), RESULT, NOW + 2)
     assert settled.state is SS.COMPENSATING
     assert settled.error_code == "out_of_stock"
 
 
 def test_a_known_failure_turns_a_running_saga_to_compensating() -> None:
     record = saga(step(CM, "a"), step(X1, "b"))
-    after = moves.fail_step(record, "b", fx("b"), 1, "card_declined", NOW)
+    after = moves.fail_step(record, AttemptRef("b", fx("b"), 1), "card_declined", NOW)
     assert after.state is SS.COMPENSATING
     assert after.rolling_back
     assert after.error_code == "card_declined"
@@ -590,15 +587,15 @@ def test_a_known_failure_turns_a_running_saga_to_compensating() -> None:
 
 def test_a_failure_while_a_sibling_is_in_flight_still_turns_back() -> None:
     record = saga(step(X1, "a"), step(X1, "b"))
-    after = moves.fail_step(record, "a", fx("a"), 1, "card_declined", NOW)
+    after = moves.fail_step(record, AttemptRef("a", fx("a"), 1), "card_declined", NOW)
     assert after.state is SS.COMPENSATING
     assert after.steps[1].state is S.EXECUTING
 
 
 def test_a_second_failure_keeps_the_first_cause() -> None:
     record = saga(step(X1, "a"), step(X1, "b"))
-    one = moves.fail_step(record, "a", fx("a"), 1, "card_declined", NOW)
-    two = moves.fail_step(one, "b", fx("b"), 1, "out_of_stock", NOW + 1)
+    one = moves.fail_step(record, AttemptRef("a", fx("a"), 1), "card_declined", NOW)
+    two = moves.fail_step(one, AttemptRef("b", fx("b"), 1), "out_of_stock", NOW + 1)
     assert two.state is SS.COMPENSATING
     assert two.error_code == "card_declined"
 
@@ -606,7 +603,7 @@ def test_a_second_failure_keeps_the_first_cause() -> None:
 def test_late_commit_of_the_ambiguous_step_lifts_the_review() -> None:
     record = saga(step(CM, "a"), step(AM, "b"), state=SS.MANUAL_REVIEW,
                   error_code=codes.AMBIGUOUS_STEP, reason="step 'b' is ambiguous")
-    after = moves.commit_step(record, "b", fx("b"), 1, RESULT, NOW)
+    after = moves.commit_step(record, AttemptRef("b", fx("b"), 1), RESULT, NOW)
     assert after.state is SS.RUNNING
     assert after.error_code is None and after.reason is None
     assert after.steps[1].result == RESULT
@@ -615,7 +612,7 @@ def test_late_commit_of_the_ambiguous_step_lifts_the_review() -> None:
 def test_late_commit_while_rolling_back_returns_to_compensating() -> None:
     record = saga(step(CM, "a"), step(AM, "b"), state=SS.MANUAL_REVIEW, rolling_back=True,
                   error_code=codes.AMBIGUOUS_STEP, reason="step 'b' is ambiguous")
-    after = moves.commit_step(record, "b", fx("b"), 1, RESULT, NOW)
+    after = moves.commit_step(record, AttemptRef("b", fx("b"), 1), RESULT, NOW)
     assert after.state is SS.COMPENSATING
     assert after.error_code not in codes.AUTO_LIFTED
 
@@ -623,7 +620,7 @@ def test_late_commit_while_rolling_back_returns_to_compensating() -> None:
 def test_late_failure_of_the_ambiguous_step_turns_back() -> None:
     record = saga(step(CM, "a"), step(AM, "b"), state=SS.MANUAL_REVIEW,
                   error_code=codes.AMBIGUOUS_STEP, reason="step 'b' is ambiguous")
-    after = moves.fail_step(record, "b", fx("b"), 1, "card_declined", NOW)
+    after = moves.fail_step(record, AttemptRef("b", fx("b"), 1), "card_declined", NOW)
     assert after.state is SS.COMPENSATING
     assert after.rolling_back
     assert after.error_code == "card_declined"
@@ -632,7 +629,7 @@ def test_late_failure_of_the_ambiguous_step_turns_back() -> None:
 def test_a_review_for_another_reason_is_not_lifted_by_a_late_commit() -> None:
     record = saga(step(AM, "a"), state=SS.MANUAL_REVIEW, error_code=codes.RUN_FAILED,
                   reason="run() raised")
-    after = moves.commit_step(record, "a", fx("a"), 1, RESULT, NOW)
+    after = moves.commit_step(record, AttemptRef("a", fx("a"), 1), RESULT, NOW)
     assert after.state is SS.MANUAL_REVIEW
     assert after.error_code == codes.RUN_FAILED
 
@@ -640,37 +637,37 @@ def test_a_review_for_another_reason_is_not_lifted_by_a_late_commit() -> None:
 def test_a_review_is_not_lifted_while_another_step_is_still_ambiguous() -> None:
     record = saga(step(AM, "a"), step(AM, "b"), state=SS.MANUAL_REVIEW,
                   error_code=codes.AMBIGUOUS_STEP, reason="step 'a' is ambiguous")
-    after = moves.commit_step(record, "a", fx("a"), 1, RESULT, NOW)
+    after = moves.commit_step(record, AttemptRef("a", fx("a"), 1), RESULT, NOW)
     assert after.state is SS.MANUAL_REVIEW
     assert moves.unresolved_ambiguity(after) == after.steps[1]
 
 
 def test_the_review_names_the_step_still_to_look_at() -> None:
     record = saga(step(X1, "a"), step(X1, "b"))
-    one = moves.step_ambiguous(record, "a", fx("a"), 1, codes.WORKER_LOST, NOW)
-    two = moves.step_ambiguous(one, "b", fx("b"), 1, codes.WORKER_LOST, NOW + 1)
+    one = moves.step_ambiguous(record, AttemptRef("a", fx("a"), 1), codes.WORKER_LOST, NOW)
+    two = moves.step_ambiguous(one, AttemptRef("b", fx("b"), 1), codes.WORKER_LOST, NOW + 1)
     assert two.state is SS.MANUAL_REVIEW
-    three = moves.commit_step(two, "a", fx("a"), 1, RESULT, NOW + 2)
+    three = moves.commit_step(two, AttemptRef("a", fx("a"), 1), RESULT, NOW + 2)
     assert three.state is SS.MANUAL_REVIEW
     assert three.reason is not None and fx("b") in three.reason and fx("a") not in three.reason
 
 
 def test_a_known_failure_beside_an_ambiguity_and_a_step_in_flight_turns_compensating() -> None:
     record = saga(step(AM, "a"), step(X1, "b"), step(X1, "c"))
-    after = moves.fail_step(record, "b", fx("b"), 1, "card_declined", NOW)
+    after = moves.fail_step(record, AttemptRef("b", fx("b"), 1), "card_declined", NOW)
     assert after.rolling_back
     assert after.state is SS.COMPENSATING
 
 
 def test_compensation_ambiguity_goes_to_review_and_success_lifts_it() -> None:
     record = saga(step(CM, "a"), step(P1, "b"), state=SS.COMPENSATING, error_code=codes.CANCELLED)
-    review = moves.compensation_ambiguous(record, "b", cx("b"), 1, NOW)
+    review = moves.compensation_ambiguous(record, AttemptRef("b", cx("b"), 1), NOW)
     assert review.state is SS.MANUAL_REVIEW
     assert review.error_code == codes.AMBIGUOUS_COMPENSATION
     assert review.reason is not None and cx("b") in review.reason
     assert_refused(lambda s: moves.claim_compensation(s, "b", cx("b"), "w", NOW), review)
     assert_refused(lambda s: moves.resume(s, NOW), review)
-    lifted = moves.compensation_succeeded(review, "b", cx("b"), 1, NOW + 1)
+    lifted = moves.compensation_succeeded(review, AttemptRef("b", cx("b"), 1), NOW + 1)
     assert lifted.state is SS.COMPENSATING
     assert lifted.steps[1].state is S.COMPENSATED
 
@@ -678,7 +675,7 @@ def test_compensation_ambiguity_goes_to_review_and_success_lifts_it() -> None:
 def test_compensation_failure_after_ambiguity_returns_to_compensating() -> None:
     record = saga(step(PA, "b"), state=SS.MANUAL_REVIEW, rolling_back=True,
                   error_code=codes.AMBIGUOUS_COMPENSATION, reason="compensation is ambiguous")
-    after = moves.compensation_failed(record, "b", cx("b"), 1, RETRY_AT, NOW)
+    after = moves.compensation_failed(record, AttemptRef("b", cx("b"), 1), RETRY_AT, NOW)
     assert after.state is SS.COMPENSATING
     assert after.steps[0].state is S.COMPENSATION_FAILED
     assert after.steps[0].next_attempt_at_ms == RETRY_AT
@@ -799,9 +796,9 @@ def test_unresolved_ambiguity_finds_forward_and_compensation_unknowns() -> None:
 BAD_CODES: list[tuple[str, Callable[[SagaRecord, str], SagaRecord], SagaRecord]] = [
     ("to_manual_review", lambda s, c: moves.to_manual_review(s, c, "why", NOW), saga(step(CM))),
     ("start_compensation", lambda s, c: moves.start_compensation(s, c, "why", NOW), saga(step(CM))),
-    ("fail_step", lambda s, c: moves.fail_step(s, "s", fx("s"), 1, c, NOW), saga(step(X1))),
-    ("step_ambiguous", lambda s, c: moves.step_ambiguous(s, "s", fx("s"), 1, c, NOW), saga(step(X1))),
-    ("release_step", lambda s, c: moves.release_step(s, "s", fx("s"), 1, NOW, c, NOW), saga(step(X1))),
+    ("fail_step", lambda s, c: moves.fail_step(s, AttemptRef("s", fx("s"), 1), c, NOW), saga(step(X1))),
+    ("step_ambiguous", lambda s, c: moves.step_ambiguous(s, AttemptRef("s", fx("s"), 1), c, NOW), saga(step(X1))),
+    ("release_step", lambda s, c: moves.release_step(s, AttemptRef("s", fx("s"), 1), NOW, c, NOW), saga(step(X1))),
     ("fail_gate", lambda s, c: moves.fail_gate(s, "s", "ap-s", c, NOW), saga(step(AW))),
 ]
 
@@ -822,7 +819,7 @@ def test_an_invalid_error_code_is_refused(
 
 def test_one_write_collapses_several_transitions_into_one_version() -> None:
     record = saga(step(P1, "a"), state=SS.COMPENSATING, version=7)
-    failed = moves.compensation_failed(record, "a", cx("a"), 1, NOW, NOW)
+    failed = moves.compensation_failed(record, AttemptRef("a", cx("a"), 1), NOW, NOW)
     parked = moves.to_manual_review(failed, codes.INVALID_RETRY_POLICY, "bad backoff", NOW)
     assert parked.version == 9
     written = moves.one_write(record, parked)
@@ -843,7 +840,7 @@ def test_one_write_of_a_single_transition_is_that_transition() -> None:
 def _forward(record: SagaRecord, name: str, now: int) -> SagaRecord:
     record = moves.append_steps(record, [intent(name)], now)
     record = moves.claim_step(record, name, fx(name), "w", now + 1)
-    return moves.commit_step(record, name, fx(name), 1, {"n": name}, now + 2)
+    return moves.commit_step(record, AttemptRef(name, fx(name), 1), {"n": name}, now + 2)
 
 
 def test_happy_path_versions_count_every_write() -> None:
@@ -862,13 +859,13 @@ def test_failure_then_compensation_in_reverse_reaches_compensated() -> None:
     record = _forward(record, "charge", NOW + 10)
     record = moves.append_steps(record, [intent("ship")], NOW + 20)
     record = moves.claim_step(record, "ship", fx("ship"), "w", NOW + 21)
-    record = moves.fail_step(record, "ship", fx("ship"), 1, "no_courier", NOW + 22)
+    record = moves.fail_step(record, AttemptRef("ship", fx("ship"), 1), "no_courier", NOW + 22)
     assert record.state is SS.COMPENSATING
     for i, name in enumerate(("charge", "reserve")):
         t = NOW + 30 + 10 * i
         record = moves.begin_compensation(record, name, t)
         record = moves.claim_compensation(record, name, cx(name), "w", t + 1)
-        record = moves.compensation_succeeded(record, name, cx(name), 1, t + 2)
+        record = moves.compensation_succeeded(record, AttemptRef(name, cx(name), 1), t + 2)
     done = moves.finish_compensation(record, NOW + 100)
     assert done.state is SS.COMPENSATED
     assert [s.state for s in done.steps] == [S.COMPENSATED, S.COMPENSATED, S.FAILED]
@@ -876,10 +873,10 @@ def test_failure_then_compensation_in_reverse_reaches_compensated() -> None:
 
 def test_idempotent_release_then_reclaim_counts_attempts() -> None:
     record = saga(step(X1, "a"))
-    released = moves.release_step(record, "a", fx("a"), 1, RETRY_AT, codes.WORKER_LOST, NOW)
+    released = moves.release_step(record, AttemptRef("a", fx("a"), 1), RETRY_AT, codes.WORKER_LOST, NOW)
     again = moves.claim_step(released, "a", fx("a"), "w2", RETRY_AT)
     assert again.steps[0].attempts == 2
     assert again.steps[0].next_attempt_at_ms is None
-    assert_refused(lambda s: moves.commit_step(s, "a", fx("a"), 1, None, NOW), again)
-    done = moves.commit_step(again, "a", fx("a"), 2, RESULT, RETRY_AT + 1)
+    assert_refused(lambda s: moves.commit_step(s, AttemptRef("a", fx("a"), 1), None, NOW), again)
+    done = moves.commit_step(again, AttemptRef("a", fx("a"), 2), RESULT, RETRY_AT + 1)
     assert done.steps[0].state is S.COMMITTED

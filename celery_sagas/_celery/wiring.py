@@ -1,0 +1,133 @@
+"""What one process needs to run sagas, built in one place from the settings (docs/design.md §1).
+
+``Runtime`` hands every collaborator to what needs it at construction: store, codec and
+repository; the approval gate and the gates the engine consults; the engine; the scans, the
+sweeper and the findings over the same store. ``PerProcess`` builds a runtime lazily and again
+after a fork (a pool child must not share its parent's sockets).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._approvals.gate import ApprovalGate
+from .._approvals.saga_gates import SagaApprovals, SagaGates, expiry_pass
+from .._clock import Clock, SystemClock
+from .._codec import Codec
+from .._definitions import Registry
+from .._dispatch import Dispatcher
+from .._engine import Engine, EngineSettings
+from .._events import EventBus
+from .._findings import Findings
+from .._liveness import claimer_id
+from .._repository import SagaRepository
+from .._scans import Scans
+from .._sweep import Sweeper
+from ..errors import SagaConfigurationError
+from ..stores import open_store
+from ..stores.base import Store
+from .settings import SagaSettings
+
+__all__ = ["PerProcess", "Runtime", "open_configured_store"]
+
+logger = logging.getLogger("celery_sagas")
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+
+
+def open_configured_store(target: str | Store, settings: SagaSettings) -> Store:
+    """The store a URL names, with the key or table prefix of the settings (or the store given)."""
+    if not isinstance(target, str):
+        return target
+    scheme = target.split("://", 1)[0].split("+", 1)[0].lower()
+    options: dict[str, Any] = {}
+    if scheme in _REDIS_SCHEMES:
+        options["prefix"] = settings.key_prefix
+    elif scheme in _SQL_SCHEMES:
+        options["table_prefix"] = settings.table_prefix
+    store = open_store(target, **options)
+    if not store.durable and not settings.allow_non_durable:
+        logger.warning("saga store %s keeps nothing across restarts", scheme)
+    return store
+
+
+class Runtime:
+    """The engine of this process and everything built around it."""
+
+    def __init__(self, store: Store, settings: SagaSettings, registry: Registry, events: EventBus,
+                 dispatcher: Dispatcher, clock: Clock) -> None:
+        codec = Codec(settings.payload_limit)
+        self.store = store
+        self.repository = SagaRepository(store, codec)
+        self.gate = _gate(store, clock, settings, codec)
+        self.engine = Engine(
+            self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,
+            events=events, clock=clock,
+            settings=EngineSettings(settings.payload_limit, settings.timing),
+        )
+        self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None
+        self.scans = Scans(store, codec)
+        self.findings = Findings(self.scans)
+        self.sweeper = Sweeper(
+            self.engine, self.scans, owner=claimer_id(), lease_ms=settings.sweep_lease_ms,
+            page_size=settings.sweep_page_size, interval_ms=int(settings.sweep_interval_s * 1000),
+            extra_passes=[expiry_pass(self.approvals)] if self.approvals else (),
+            count_states=settings.metrics,
+        )
+
+
+def _gate(store: Store, clock: Clock, settings: SagaSettings, codec: Codec) -> ApprovalGate | None:
+    if not settings.approval_secrets:
+        return None
+    return ApprovalGate(store, clock, settings.approval_secrets, ttl_ms=settings.approval_ttl_ms,
+                        codec=codec)
+
+
+class PerProcess:
+    """Builds a ``Runtime`` on first use in each process (again after a fork)."""
+
+    def __init__(self, build: Callable[[], Runtime]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._runtime: Runtime | None = None
+        self._pid = 0
+
+    @property
+    def current(self) -> Runtime:
+        """This process's runtime."""
+        pid = os.getpid()
+        with self._lock:
+            if self._runtime is None or self._pid != pid:
+                self._runtime, self._pid = self._build(), pid
+            return self._runtime
+
+    @property
+    def engine(self) -> Engine:
+        """This process's engine."""
+        return self.current.engine
+
+    def forget(self) -> None:
+        """Build afresh on next use (a forked pool child)."""
+        with self._lock:
+            self._runtime = None
+
+
+def default_clock(clock: Clock | None) -> Clock:
+    """The clock given, or the system's."""
+    return clock or SystemClock()
+
+
+def require_store(chosen: object) -> str | Store:
+    """A store URL or a Store object; SagaConfigurationError otherwise."""
+    if chosen is None:
+        raise SagaConfigurationError("Sagas needs store= (a URL or a Store) or sagas_store")
+    if not isinstance(chosen, str) and not callable(getattr(chosen, "compare_and_set", None)):
+        raise SagaConfigurationError(
+            f"the saga store must be a URL or a Store object, got {type(chosen).__name__}"
+        )
+    return chosen  # type: ignore[return-value]

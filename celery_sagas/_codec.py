@@ -1,0 +1,279 @@
+"""Records to envelopes and back, with read validation (docs/design.md §2, §4.1).
+
+A record travels to a store as an ``Envelope``: version, state and updated_at_ms ride in the
+envelope (the store indexes them), a saga's definition is its label, the earliest time a saga
+needs looking at again is its due time, and everything else is the JSON body. Encoding writes
+every field that is set; decoding checks each against the table below and raises
+``InvalidRecordError`` for anything off, so a corrupt record is never acted on. A saga record's
+notes (claims appended without a read) are applied to it on the way in.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from enum import Enum
+from typing import Any
+
+from . import _values as values
+from ._protocol.due import due_at
+from ._protocol.notes import apply_notes, parse_note
+from ._records import (
+    APPROVAL,
+    SAGA,
+    ApprovalRecord,
+    ApprovalState,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
+)
+from .errors import InvalidRecordError, PayloadTooLarge, SagaValidationError
+from .stores.base import Envelope
+
+__all__ = ["Codec", "stamped"]
+
+Check = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """How one body field is read back: its JSON type, whether it may be absent, its check."""
+
+    kind: type | None
+    optional: bool = False
+    check: Check | None = None
+
+
+def _need(kind: type | None, check: Check | None = None) -> _Field:
+    return _Field(kind, False, check)
+
+
+def _maybe(kind: type, check: Check | None = None) -> _Field:
+    return _Field(kind, True, check)
+
+
+def _decider(value: object) -> str:
+    return values.principal_id(value, field="decided by")
+
+
+_STEP: dict[str, _Field] = {
+    "name": _need(str, values.step_name),
+    "task": _need(str),
+    "effect_id": _need(str, values.effect_id),
+    "compensation_effect_id": _need(str, values.effect_id),
+    "state": _need(str, StepState),
+    "args": _need(list, tuple),
+    "kwargs": _need(dict),
+    "compensator": _maybe(str),
+    "result": _Field(None, True),
+    "attempts": _need(int),
+    "compensation_attempts": _need(int),
+    "next_attempt_at_ms": _maybe(int),
+    "started_at_ms": _maybe(int),
+    "claimed_by": _maybe(str),
+    "dispatched_at_ms": _maybe(int),
+    "time_limit_ms": _maybe(int),
+    "committed_at_ms": _maybe(int),
+    "error_code": _maybe(str),
+    "approval_id": _maybe(str),
+    "group": _maybe(str),
+}
+
+_SAGA: dict[str, _Field] = {
+    "definition": _need(str, values.definition_name),
+    "input": _Field(None, True),
+    "created_at_ms": _need(int),
+    "error_code": _maybe(str),
+    "reason": _maybe(str),
+    "rolling_back": _maybe(bool),
+}
+
+_APPROVAL: dict[str, _Field] = {
+    "effect_id": _need(str, values.effect_id),
+    "capability": _need(str, values.capability),
+    "tenant_id": _need(str, values.tenant_id),
+    "principal_id": _need(str, values.principal_id),
+    "token_hash": _need(str, values.digest),
+    "created_at_ms": _need(int),
+    "expires_at_ms": _need(int),
+    "target": _maybe(str, values.target),
+    "digest": _maybe(str, values.digest),
+    "decided_by": _maybe(str, _decider),
+    "saga_id": _maybe(str, values.saga_id),
+    "step": _maybe(str, values.step_name),
+    "nonce": _maybe(str, values.nonce),
+}
+
+# Fields the envelope carries, never the body.
+_ENVELOPED = frozenset({"state", "version", "updated_at_ms"})
+_SAGA_ENVELOPED = _ENVELOPED | {"saga_id"}
+_APPROVAL_ENVELOPED = _ENVELOPED | {"approval_id"}
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return [_json(v) for v in value]
+    return value
+
+
+def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:
+    """Every field of a record that is set, JSON-ready (the generic half of the codec)."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if f.name in skip or value is None:
+            continue
+        if f.name == "steps":
+            value = [_body(step, frozenset()) for step in value]
+        out[f.name] = dict(value) if isinstance(value, Mapping) else _json(value)
+    return out
+
+
+def _read(raw: Any, table: Mapping[str, _Field], fail: InvalidRecordError) -> dict[str, Any]:
+    """Check a decoded body against ``table``; the values to build the record from."""
+    if not isinstance(raw, dict):
+        raise fail
+    out: dict[str, Any] = {}
+    for name, spec in table.items():
+        value = raw.get(name)
+        if value is None:
+            if not spec.optional:
+                raise fail
+            continue
+        if spec.kind is not None and (
+            not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool))
+        ):
+            raise fail
+        try:
+            out[name] = spec.check(value) if spec.check is not None else value
+        except (SagaValidationError, ValueError):
+            raise fail from None
+    return out
+
+
+def _open(envelope: Envelope | None, kind: str, record_id: str) -> tuple[Any, InvalidRecordError]:
+    fail = InvalidRecordError(kind=kind, record_id=record_id)
+    if envelope is None or envelope.kind != kind or envelope.id != record_id:
+        raise fail
+    if type(envelope.version) is not int or envelope.version < 1:
+        raise fail
+    if type(envelope.updated_at_ms) is not int or envelope.updated_at_ms < 0:
+        raise fail
+    try:
+        raw = values.decode_json(envelope.body)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise fail from exc
+    created = raw.get("created_at_ms") if isinstance(raw, dict) else None
+    if type(created) is not int or not 0 <= created <= envelope.updated_at_ms:
+        raise fail
+    return raw, fail
+
+
+def _state(enum: type[Any], value: str, fail: InvalidRecordError) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise fail from None
+
+
+def stamped(envelope: Envelope, *, limit: int = values.DEFAULT_PAYLOAD_LIMIT) -> Envelope:
+    """Add a fresh random ``write_id`` to the body so no two writers send the same record.
+
+    A store reports a compare-and-set whose exact record is already stored as applied, so a
+    driver retry is harmless; two writers that computed the same next record from the same
+    version would otherwise both be told they won. Decoders ignore the extra key. The key is
+    appended to the canonical JSON text (it sorts after every record key, so the body stays
+    canonical) instead of decoding and encoding the body again; ``limit`` bounds the result.
+    """
+    body = envelope.body
+    if not (body.startswith("{") and body.endswith("}")):
+        raise SagaValidationError(f"{envelope.kind} record body is not a JSON object")
+    separator = "" if body == "{}" else ","
+    text = f'{body[:-1]}{separator}"write_id":"{secrets.token_hex(8)}"}}'
+    if len(text) > limit and len(text.encode("utf-8")) > limit:
+        raise PayloadTooLarge(f"{envelope.kind} record is over the {limit}-byte limit")
+    return replace(envelope, body=text)
+
+
+_WRITE_ID_ROOM = 64  # bytes the write id adds beyond the payload limit
+
+
+class Codec:
+    """Encodes and decodes saga and approval records for one payload limit (bytes)."""
+
+    def __init__(self, payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT) -> None:
+        self.payload_limit = payload_limit
+
+    # ------------------------------------------------------------ sagas
+
+    def saga_envelope(self, record: SagaRecord, *, stamp: bool = False) -> Envelope:
+        """Encode a saga record; refuses non-JSON payloads and bodies over the limit."""
+        body = _body(record, _SAGA_ENVELOPED)
+        text = values.encode_json(body, field="saga record", limit=self.payload_limit)
+        envelope = Envelope(SAGA, record.saga_id, record.version, str(record.state),
+                            record.updated_at_ms, text, record.definition, due_at(record))
+        return stamped(envelope, limit=self.payload_limit + _WRITE_ID_ROOM) if stamp else envelope
+
+    def saga(self, envelope: Envelope | None, saga_id: str) -> SagaRecord:
+        """Decode and validate a saga record read for ``saga_id``, its notes applied."""
+        raw, fail = _open(envelope, SAGA, saga_id)
+        assert envelope is not None
+        read = _read(raw, _SAGA, fail)
+        steps = raw.get("steps")
+        if not isinstance(steps, list):
+            raise fail
+        record = SagaRecord(
+            saga_id=saga_id,
+            state=_state(SagaState, envelope.state, fail),
+            updated_at_ms=envelope.updated_at_ms,
+            version=envelope.version,
+            steps=tuple(self._step(step, fail) for step in steps),
+            input=raw.get("input"),
+            **{k: v for k, v in read.items() if k != "input"},
+        )
+        _check_unique(record, fail)
+        if not envelope.notes:
+            return record
+        try:
+            return apply_notes(record, [parse_note(note) for note in envelope.notes])
+        except (ValueError, TypeError) as exc:
+            raise fail from exc
+
+    def _step(self, raw: Any, fail: InvalidRecordError) -> StepRecord:
+        read = _read(raw, _STEP, fail)
+        read["result"] = raw.get("result")
+        return StepRecord(**read)
+
+    # ------------------------------------------------------------ approvals
+
+    def approval_envelope(self, record: ApprovalRecord, *, stamp: bool = False) -> Envelope:
+        """Encode an approval record (the token hash, never the token)."""
+        text = values.encode_json(_body(record, _APPROVAL_ENVELOPED), field="approval record")
+        envelope = Envelope(APPROVAL, record.approval_id, record.version, str(record.state),
+                            record.updated_at_ms, text)
+        return stamped(envelope) if stamp else envelope
+
+    def approval(self, envelope: Envelope | None, approval_id: str) -> ApprovalRecord:
+        """Decode and validate an approval record read for ``approval_id``."""
+        raw, fail = _open(envelope, APPROVAL, approval_id)
+        assert envelope is not None
+        read = _read(raw, _APPROVAL, fail)
+        return ApprovalRecord(
+            approval_id=approval_id,
+            state=_state(ApprovalState, envelope.state, fail),
+            updated_at_ms=envelope.updated_at_ms,
+            version=envelope.version,
+            **read,
+        )
+
+
+def _check_unique(record: SagaRecord, fail: InvalidRecordError) -> None:
+    """Steps repeating a name or an effect id make a record corrupt."""
+    names = [s.name for s in record.steps]
+    effect_ids = [e for s in record.steps for e in (s.effect_id, s.compensation_effect_id)]
+    if len(set(names)) != len(names) or len(set(effect_ids)) != len(effect_ids):
+        raise fail

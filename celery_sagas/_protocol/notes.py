@@ -1,0 +1,78 @@
+"""Notes: what is appended to a saga record without reading it first (docs/design.md §3.2).
+
+A delivery claims its step by appending a claim note (``annotate``) instead of reading the
+record and writing it back: the note names the step, the effect and the claimer, and the
+store bumps the record's version. Whoever reads the record next applies its notes in order,
+so every reader sees the same record; the next compare-and-set writes the result and clears
+them. A claim that no longer applies (the saga moved on in between: impossible at the version
+it was written for, but a note is judged, not trusted) is ignored by every reader alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from .._records import SagaRecord
+from .._values import effect_id, step_name, timestamp_ms, token
+from ..errors import IllegalTransition
+from .moves import claim_compensation, claim_step
+
+__all__ = ["ClaimNote", "Note", "apply_notes", "parse_note"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimNote:
+    """A delivery's claim of the start of one effect of a step."""
+
+    step: str
+    effect_id: str
+    claimer: str
+    at_ms: int
+
+    def text(self) -> str:
+        """The note as stored: one line of JSON."""
+        return json.dumps({"claim": [self.step, self.effect_id, self.claimer, self.at_ms]},
+                          separators=(",", ":"))
+
+
+Note = ClaimNote
+
+
+def parse_note(text: str) -> Note:
+    """Read a stored note; ValueError when it is not one this version writes."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict) or set(raw) != {"claim"}:
+        raise ValueError("unknown note")
+    fields = raw["claim"]
+    if not isinstance(fields, list) or len(fields) != 4:
+        raise ValueError("malformed claim note")
+    name, effect, claimer, at = fields
+    try:
+        return ClaimNote(step_name(name), effect_id(effect),
+                         token(claimer, field="claimer", max_len=255), timestamp_ms(at))
+    except Exception as exc:
+        raise ValueError("malformed claim note") from exc
+
+
+def _apply(saga: SagaRecord, note: Note) -> SagaRecord:
+    step = saga.step(note.step)
+    if step is None:
+        return saga
+    try:
+        if step.effect_id == note.effect_id:
+            return claim_step(saga, note.step, note.effect_id, note.claimer, note.at_ms)
+        if step.compensation_effect_id == note.effect_id:
+            return claim_compensation(saga, note.step, note.effect_id, note.claimer, note.at_ms)
+    except IllegalTransition:
+        pass
+    return saga
+
+
+def apply_notes(saga: SagaRecord, notes: Sequence[Note]) -> SagaRecord:
+    """The record with its notes applied in order (its version already counts them)."""
+    applied = saga
+    for note in notes:
+        applied = _apply(applied, note)
+    return replace(applied, version=saga.version, updated_at_ms=saga.updated_at_ms)

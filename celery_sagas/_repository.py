@@ -1,0 +1,227 @@
+"""Saga records over a store: read, create, and every write through one loop (docs/design.md §3.10).
+
+``SagaRepository.update(saga_id, decide)`` is how anything changes a saga: read the record
+(or start from the one the caller holds), let ``decide`` return a ``Plan`` (a whole new
+record to compare-and-set, or a note to append), write it, and on a lost race read again and
+decide again. The repository remembers the last version of each saga this process read or
+wrote, which is what lets a delivery claim its step without reading first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import _values as values
+from ._cas import MAX_RACES, until_written
+from ._codec import Codec
+from ._records import SAGA, SagaRecord
+from .errors import PayloadTooLarge, SagaConcurrencyError, SagaNotFound, StoreError
+from .stores.base import Fence, Store
+
+__all__ = ["Plan", "RecentSagas", "SagaRepository"]
+
+_STORE_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one decision writes (a record to compare-and-set, or a note to append) and what to
+    do right before the write and after it succeeded."""
+
+    after: SagaRecord | None = None
+    note: str | None = None
+    before: Callable[[], None] | None = None
+    then: tuple[Callable[[SagaRecord], None], ...] = field(default=())
+    # Written instead when ``after`` is over the payload limit (a callable: worked out only then).
+    too_large: Plan | Callable[[], Plan] | None = None
+
+    def fallback(self) -> Plan | None:
+        """What to write instead when ``after`` is over the payload limit, if anything."""
+        return self.too_large() if callable(self.too_large) else self.too_large
+
+    def run_effects(self, written: SagaRecord) -> None:
+        """Carry out what the decision calls for once it is written."""
+        for effect in self.then:
+            effect(written)
+
+
+class RecentSagas:
+    """A small, thread-safe LRU of the saga records this process last saw (small ones only)."""
+
+    def __init__(self, capacity: int = 512, max_body: int = 64 * 1024) -> None:
+        self._lock = threading.Lock()
+        self._records: OrderedDict[str, SagaRecord] = OrderedDict()
+        self._capacity = capacity
+        self._max_body = max_body
+
+    def remember(self, record: SagaRecord, body_size: int) -> None:
+        """Keep ``record`` as the latest known version of its saga."""
+        with self._lock:
+            known = self._records.get(record.saga_id)
+            if known is not None and known.version > record.version:
+                return
+            if body_size > self._max_body:
+                self._records.pop(record.saga_id, None)
+                return
+            self._records[record.saga_id] = record
+            self._records.move_to_end(record.saga_id)
+            while len(self._records) > self._capacity:
+                self._records.popitem(last=False)
+
+    def forget(self, saga_id: str) -> None:
+        """Drop a saga known to have changed elsewhere."""
+        with self._lock:
+            self._records.pop(saga_id, None)
+
+    def get(self, saga_id: str) -> SagaRecord | None:
+        """The last version seen, which may be stale."""
+        with self._lock:
+            return self._records.get(saga_id)
+
+
+class SagaRepository:
+    """Reads and writes saga records; every change goes through ``update``."""
+
+    def __init__(
+        self,
+        store: Store,
+        codec: Codec,
+        *,
+        max_races: int = MAX_RACES,
+        store_wait_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.codec = codec
+        self.recent = RecentSagas()
+        self._max_races = max_races
+        self._store_wait_s = store_wait_s
+        self._sleep = sleep
+
+    # ------------------------------------------------------------ reading
+
+    def get(self, saga_id: str) -> SagaRecord | None:
+        """The saga record, or None when absent (one read)."""
+        values.saga_id(saga_id)
+        envelope = self.store.get(SAGA, saga_id)
+        if envelope is None:
+            return None
+        record = self.codec.saga(envelope, saga_id)
+        self.recent.remember(record, len(envelope.body))
+        return record
+
+    def load(self, saga_id: str) -> SagaRecord:
+        """The saga record; SagaNotFound when absent."""
+        record = self.get(saga_id)
+        if record is None:
+            raise SagaNotFound(saga_id=saga_id)
+        return record
+
+    def known(self, saga_id: str) -> SagaRecord | None:
+        """The last version this process read or wrote, without reading (may be stale)."""
+        return self.recent.get(saga_id)
+
+    # ------------------------------------------------------------ writing
+
+    def create(self, record: SagaRecord) -> bool:
+        """Insert a new saga record; False when the id exists."""
+        envelope = self.codec.saga_envelope(record)
+        created = self.store.create(envelope)
+        if created:
+            self.recent.remember(record, len(envelope.body))
+        return created
+
+    def note(self, saga_id: str, note: str, expected_version: int | None) -> SagaRecord | None:
+        """Append ``note`` (at ``expected_version`` when given): the record as written, or None."""
+        envelope = self.store.annotate(SAGA, saga_id, note, expected_version=expected_version)
+        if envelope is None:
+            self.recent.forget(saga_id)
+            return None
+        record = self.codec.saga(envelope, saga_id)
+        self.recent.remember(record, len(envelope.body))
+        return record
+
+    def update(
+        self,
+        saga_id: str,
+        decide: Callable[[SagaRecord], Plan | None],
+        *,
+        known: SagaRecord | None = None,
+        fence: Fence | None = None,
+        wait_for_store: bool = False,
+    ) -> tuple[SagaRecord, Plan | None]:
+        """Decide on the current record and write the plan; on a lost race read and decide
+        again. Returns the record as written (or as read, when nothing was to be written) and
+        the plan written. With ``wait_for_store`` a store outage is waited out (30 s) instead
+        of raised: the outcome of a body that ran must not be lost to a blip."""
+        deadline = time.monotonic() + self._store_wait_s
+        written: list[tuple[SagaRecord, Plan]] = []
+
+        def read() -> SagaRecord:
+            while True:
+                try:
+                    return self.load(saga_id)
+                except StoreError:
+                    if not wait_for_store or time.monotonic() > deadline:
+                        raise
+                    self._sleep(_STORE_POLL_S)
+
+        def write(current: SagaRecord, plan: Plan | None) -> bool:
+            assert plan is not None  # None is never written
+            try:
+                done = self._write(current, plan, fence)
+            except StoreError:
+                if not wait_for_store or time.monotonic() > deadline:
+                    raise
+                self._sleep(_STORE_POLL_S)
+                return False
+            if done is not None:
+                written.append(done)
+            return done is not None
+
+        current, plan = until_written(read, decide, write, what=f"saga {saga_id!r}", first=known,
+                                      budget=self._max_races)
+        return (current, None) if plan is None else written[-1]
+
+    def _write(self, current: SagaRecord, plan: Plan, fence: Fence | None
+               ) -> tuple[SagaRecord, Plan] | None:
+        """One attempt at writing ``plan``: the record as written and the plan it came from
+        (the too-large fallback when the plan's record was over the limit), or None when the
+        race was lost."""
+        if plan.before is not None:
+            plan.before()
+        if plan.note is not None:
+            noted = self.note(current.saga_id, plan.note, current.version)
+            return None if noted is None else (noted, plan)
+        assert plan.after is not None
+        try:
+            stored = self._compare_and_set(current, plan.after, fence)
+        except PayloadTooLarge:
+            fallback = plan.fallback()
+            if fallback is None:
+                raise
+            return self._write(current, fallback, fence)
+        return None if stored is None else (stored, plan)
+
+    def _compare_and_set(self, before: SagaRecord, after: SagaRecord,
+                         fence: Fence | None) -> SagaRecord | None:
+        # Stamped with a fresh write id: two racers that computed the same next record must
+        # not both be told they won (a store takes an identical record for a retried write).
+        envelope = self.codec.saga_envelope(after, stamp=True)
+        if not self.store.compare_and_set(envelope, before.version, fence=fence):
+            self.recent.forget(before.saga_id)
+            return None
+        self.recent.remember(after, len(envelope.body))
+        return after
+
+    def write(self, before: SagaRecord, after: SagaRecord, fence: Fence | None = None) -> SagaRecord:
+        """Compare-and-set ``after`` over ``before`` once; SagaConcurrencyError when it lost."""
+        written = self._compare_and_set(before, after, fence)
+        if written is None:
+            raise SagaConcurrencyError(f"saga {before.saga_id!r} changed under us")
+        return written
+
