@@ -297,11 +297,17 @@ def _plan(store: SqlStore, statement: str, parameters: Any) -> list[str]:
         return [f"table={row['table']} key={row['key']}" for row in rows]
 
 
+def _row_of(table: Any, written: Envelope) -> dict[str, Any]:
+    """The row the store writes for ``written`` (no notes)."""
+    row = {column.name: getattr(written, column.name) for column in table.c if column.name != "notes"}
+    return {**row, "notes": None}
+
+
 def _fill_for_planner(store: SqlStore) -> None:
     table = tables_of(store).envelopes
     done = [envelope(f"done-{i:05d}", state="completed", at=T0 + i) for i in range(3000)]
     live = [envelope(f"live-{i:02d}", state=("running", "compensating")[i % 2], at=T0 + i) for i in range(30)]
-    rows = [{column.name: getattr(e, column.name) for column in table.c} for e in done + live]
+    rows = [_row_of(table, e) for e in done + live]
     # one transaction: the store's engine autocommits, which would commit row by row
     with store.engine.execution_options(isolation_level="SERIALIZABLE").begin() as conn:
         conn.execute(insert(table), rows)
