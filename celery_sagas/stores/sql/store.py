@@ -105,7 +105,7 @@ from ._schema import Tables, build_tables, upgrade_envelopes
 __all__ = ["SqlStore"]
 
 DEFAULT_PREFIX = "sagas_"
-_SCHEMA_ATTEMPTS = 6
+_SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it creates
 
 
 class SqlStore:
