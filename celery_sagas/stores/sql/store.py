@@ -13,8 +13,8 @@ rows back by their new token).
 
 Atomicity rests on single statements: ``UPDATE ... WHERE version = :expected`` is a
 compare-and-set on every supported database (the row lock makes a concurrent writer re-check
-the condition), insert-if-absent never overwrites, ``annotate`` appends with
-``notes = notes || :note`` under the same row lock, and a lease is granted by
+the condition), insert-if-absent never overwrites, ``annotate`` appends inside its UPDATE
+(``notes = notes || '\\n' || :note``, under the same row lock), and a lease is granted by
 ``UPDATE ... SET fence = fence + 1 WHERE expires_at_ms <= :now``. A SQL store has one bucket.
 """
 
@@ -250,9 +250,10 @@ class SqlStore:
         updated_at_ms: int,
         expected_version: int | None = None,
     ) -> Envelope | None:
-        """Append ``note`` and bump the version (only at ``expected_version`` when given), in
-        one ``UPDATE ... RETURNING``; the envelope as written, or None when the record is
-        absent, at another version, or already holds ``MAX_NOTES`` notes."""
+        """Append ``note`` and bump the version (only at ``expected_version`` when given) in one
+        ``UPDATE ... RETURNING`` (MySQL/MariaDB: the UPDATE and a SELECT in one transaction);
+        the envelope as written, or None when the record is absent, at another version, or
+        already holds ``MAX_NOTES`` notes."""
         check_key(kind, record_id)
         check_note(note)
         timestamp_ms(updated_at_ms, field="updated_at_ms")
@@ -568,37 +569,57 @@ class _Statements:
     def __init__(self, tables: Tables) -> None:
         table, leases = tables.envelopes, tables.leases
         columns = _record_columns(table)
-        record = (table.c.kind == bindparam("p_kind"), table.c.id == bindparam("p_id"))
-        at_version = table.c.version == bindparam("p_expected")
-        self.get: Select[Any] = select(*columns).where(*record)
-        self.cas: Update = (
-            update(table)
-            .where(*record, at_version, same_or_both_null(table.c.label, bindparam("p_label", type_=String)))
-            .values(
-                version=bindparam("p_version"),
-                state=bindparam("p_state"),
-                updated_at_ms=bindparam("p_updated"),
-                body=bindparam("p_body"),
-                due_at_ms=bindparam("p_due", type_=BigInteger),
-                notes=null(),
-            )
-        )
+        self.get: Select[Any] = select(*columns).where(*_by_id(table))
+        self.cas = _compare_and_set(table)
         self.fenced_cas: Update = self.cas.where(~_newer_grant(leases))
-        self.delete: Delete = delete(table).where(*record, at_version)
+        self.delete: Delete = delete(table).where(*_by_id(table), _at_version(table))
         self.fenced_delete: Delete = self.delete.where(~_newer_grant(leases))
-        self.annotate: Update = (
-            update(table)
-            .where(*record, or_(table.c.notes.is_(None), newline_count(table.c.notes) < MAX_NOTES - 1))
-            .values(
-                version=table.c.version + 1,
-                updated_at_ms=Greatest(table.c.updated_at_ms, bindparam("p_updated", type_=BigInteger)),
-                notes=append_line(table.c.notes, bindparam("p_note", type_=Text)),
-            )
-        )
-        self.annotate_at: Update = self.annotate.where(at_version)
+        self.annotate = _annotate(table)
+        self.annotate_at: Update = self.annotate.where(_at_version(table))
         self.annotate_returning = self.annotate.returning(*columns)
         self.annotate_at_returning = self.annotate_at.returning(*columns)
         self.lease_fence: Select[Any] = select(leases.c.fence).where(leases.c.name == bindparam("p_lease"))
+
+
+def _by_id(table: Table) -> tuple[ColumnElement[bool], ...]:
+    return table.c.kind == bindparam("p_kind"), table.c.id == bindparam("p_id")
+
+
+def _at_version(table: Table) -> ColumnElement[bool]:
+    return table.c.version == bindparam("p_expected")
+
+
+def _compare_and_set(table: Table) -> Update:
+    """Replace the record at ``p_expected`` carrying the same label, and clear its notes."""
+    same_label = same_or_both_null(table.c.label, bindparam("p_label", type_=String))
+    return (
+        update(table)
+        .where(*_by_id(table), _at_version(table), same_label)
+        .values(
+            version=bindparam("p_version"),
+            state=bindparam("p_state"),
+            updated_at_ms=bindparam("p_updated"),
+            body=bindparam("p_body"),
+            due_at_ms=bindparam("p_due", type_=BigInteger),
+            notes=null(),
+        )
+    )
+
+
+def _annotate(table: Table) -> Update:
+    """Append ``p_note``, bump the version, move ``updated_at_ms`` forward to ``p_updated``."""
+    notes = table.c.notes
+    # MAX_NOTES notes are joined by MAX_NOTES - 1 newlines
+    room = or_(notes.is_(None), newline_count(notes) < MAX_NOTES - 1)
+    return (
+        update(table)
+        .where(*_by_id(table), room)
+        .values(
+            version=table.c.version + 1,
+            updated_at_ms=Greatest(table.c.updated_at_ms, bindparam("p_updated", type_=BigInteger)),
+            notes=append_line(notes, bindparam("p_note", type_=Text)),
+        )
+    )
 
 
 def _newer_grant(leases: Table) -> Exists:
