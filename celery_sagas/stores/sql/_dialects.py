@@ -5,7 +5,8 @@
 - insert-if-absent: ``ON CONFLICT DO NOTHING`` on PostgreSQL and SQLite, the duplicate-key
   error 1062 on MySQL/MariaDB (``INSERT IGNORE`` would also swallow other errors);
 - ``UPDATE ... RETURNING`` where the dialect has it (PostgreSQL, SQLite >= 3.35), else the
-  update and a read-back (MySQL/MariaDB; in one transaction where only that makes it exact);
+  update and a read-back (MySQL/MariaDB): a lease row by its new token, an annotated record
+  inside an explicit ``BEGIN``/``COMMIT`` around the two statements;
 - text appended with ``||`` (PostgreSQL, SQLite) or ``CONCAT`` (MySQL/MariaDB, where ``||``
   means OR), ``GREATEST`` (PostgreSQL, MySQL/MariaDB) or the scalar ``max`` (SQLite), and
   ``IS NOT DISTINCT FROM`` spelled ``IS`` on SQLite and ``<=>`` on MySQL/MariaDB;
