@@ -14,7 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, insert, text, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Index,
+    MetaData,
+    Table,
+    create_engine,
+    event,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
 
 from celery_sagas.errors import (
     FencedWriteRefused,
@@ -27,6 +41,7 @@ from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Fence, Lease
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.stores.sql import SqlStore
+from celery_sagas.stores.sql._dialects import ascii_key, long_text
 from celery_sagas.stores.sql._schema import Tables, build_tables
 
 T0 = 1_700_000_000_000
@@ -70,9 +85,11 @@ def envelope(
     at: int = T0,
     body: str = "{}",
     kind: str = "saga",
+    label: str | None = None,
+    due: int | None = None,
 ) -> Envelope:
     """An envelope with test defaults."""
-    return Envelope(kind, record_id, version, state, at, body)
+    return Envelope(kind, record_id, version, state, at, body, label, due)
 
 
 def race(call: Callable[[int], Any], threads: int) -> list[Any]:
@@ -196,6 +213,123 @@ def test_a_scan_hands_a_corrupt_row_on_instead_of_stopping(store: SqlStore) -> N
     assert [(item.id, item.version) for item in page.items] == [("c0", 1), ("c1", 0), ("c2", 1)]
 
 
+# ------------------------------------------------------------------ notes, delete, buckets
+
+
+def _raw_notes(store: SqlStore, record_id: str) -> Any:
+    table = tables_of(store).envelopes
+    with store.engine.begin() as conn:
+        return conn.execute(select(table.c.notes).where(table.c.id == record_id)).scalar_one()
+
+
+def test_notes_are_kept_newline_separated_and_cleared_by_a_cas(store: SqlStore) -> None:
+    store.create(envelope("n"))
+    store.annotate("saga", "n", '{"claim":1}', updated_at_ms=T0 + 1)
+    noted = store.annotate("saga", "n", "second note", updated_at_ms=T0 + 2)
+    assert noted is not None and noted.notes == ('{"claim":1}', "second note")
+    assert _raw_notes(store, "n") == '{"claim":1}\nsecond note'
+    assert store.compare_and_set(envelope("n", version=4, at=T0 + 3), 3) is True
+    assert _raw_notes(store, "n") is None
+    assert store.get("saga", "n") == envelope("n", version=4, at=T0 + 3)
+
+
+def test_an_empty_notes_column_holds_no_notes(store: SqlStore) -> None:
+    store.create(envelope("e"))
+    table = tables_of(store).envelopes
+    with store.engine.begin() as conn:
+        conn.execute(update(table).where(table.c.id == "e").values(notes=""))
+    assert store.get("saga", "e") == envelope("e")
+    noted = store.annotate("saga", "e", "only", updated_at_ms=T0)
+    assert noted is not None and noted.notes == ("only",)
+
+
+def test_get_cas_and_annotate_are_one_statement_each(store: SqlStore) -> None:
+    store.create(envelope("one"))
+    counter = StatementCounter(store.engine)
+    try:
+        store.get("saga", "one")
+        assert store.compare_and_set(envelope("one", version=2, at=T0 + 1), 1) is True
+        if store.engine.dialect.update_returning:
+            assert store.annotate("saga", "one", "x", updated_at_ms=T0 + 2) is not None
+    finally:
+        counter.close()
+    verbs = [statement.split()[0].upper() for statement, _ in counter.statements]
+    assert verbs[:2] == ["SELECT", "UPDATE"] and verbs[2:] in ([], ["UPDATE"]), verbs
+
+
+def test_annotate_without_returning_reads_back_inside_the_updates_transaction(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MySQL/MariaDB have no UPDATE ... RETURNING; SQLite is sent down the same path to prove it
+    if store.engine.dialect.name == "postgresql":
+        pytest.skip("PostgreSQL annotates with one UPDATE ... RETURNING")
+    monkeypatch.setattr(store.engine.dialect, "update_returning", False)
+    store.create(envelope("rb"))
+    annotator = threading.get_ident()
+    interloper: list[Any] = []
+    finished = threading.Event()
+
+    def interfere() -> None:
+        interloper.append(store.annotate("saga", "rb", "theirs", updated_at_ms=T0 + 9))
+        finished.set()
+
+    verbs: list[str] = []
+
+    def after_execute(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if threading.get_ident() != annotator:
+            return
+        verbs.append(statement.split()[0].upper())
+        if verbs[-1] == "UPDATE":
+            threading.Thread(target=interfere, daemon=True).start()
+            # the row stays locked until our COMMIT: the other writer must wait for it
+            assert not finished.wait(0.5), "another writer got in between the UPDATE and the read"
+
+    event.listen(store.engine, "after_cursor_execute", after_execute)
+    try:
+        ours = store.annotate("saga", "rb", "ours", updated_at_ms=T0 + 1, expected_version=1)
+    finally:
+        event.remove(store.engine, "after_cursor_execute", after_execute)
+    assert finished.wait(30)
+    assert verbs == ["BEGIN", "UPDATE", "SELECT", "COMMIT"], verbs
+    assert ours == Envelope("saga", "rb", 2, "running", T0 + 1, "{}", notes=("ours",))
+    theirs = interloper[0]
+    assert theirs is not None and (theirs.version, theirs.notes) == (3, ("ours", "theirs"))
+
+
+def test_a_refused_fenced_delete_raises_and_keeps_the_record(store: SqlStore) -> None:
+    store.create(envelope("d"))
+    old = store.acquire_lease("sweep", "alice", "tok-a", T0, 1000)
+    assert old is not None
+    new = store.acquire_lease("sweep", "bob", "tok-b", T0 + 1000, 1000)
+    assert new is not None
+    with pytest.raises(FencedWriteRefused) as refused:
+        store.delete("saga", "d", 1, fence=Fence.of(old))
+    assert (refused.value.lease, refused.value.fence) == ("sweep", old.fence)
+    assert store.get("saga", "d") == envelope("d")
+    assert store.delete("saga", "d", 1, fence=Fence.of(new)) is True
+    assert store.get("saga", "d") is None
+
+
+def test_the_one_bucket_is_bucket_zero(store: SqlStore) -> None:
+    assert store.buckets == 1 and store.bucket_of("any-id") == 0
+    lease = store.acquire_lease("sweep", "alice", "tok-a", T0, 1000, bucket=0)
+    assert lease is not None and lease.bucket == 0
+    assert store.scan("saga", ["running"], bucket=0).items == ()
+    assert store.scan_due("saga", due_before_ms=T0, bucket=0).items == ()
+    store.create(envelope("b"))
+    with pytest.raises(SagaValidationError):
+        store.acquire_lease("other", "alice", "tok-a", T0, 1000, bucket=1)
+    with pytest.raises(SagaValidationError):
+        store.scan("saga", ["running"], bucket=1)
+    with pytest.raises(SagaValidationError):
+        store.scan_due("saga", due_before_ms=T0, bucket=1)
+    with pytest.raises(SagaValidationError):
+        store.compare_and_set(envelope("b", version=2), 1, fence=Fence("sweep", lease.fence, 1))
+    with pytest.raises(SagaValidationError):
+        store.renew_lease(Lease("sweep", "alice", "tok-a", T0 + 1000, lease.fence, None, 1), T0, 10)
+    assert store.get("saga", "b") == envelope("b")
+
+
 # ------------------------------------------------------------------ leases
 
 
@@ -254,35 +388,77 @@ def _seed(stores: list[Any], rng: random.Random) -> None:
         kind = rng.choice(["saga", "saga", "saga", "effect"])
         state = rng.choice(["running", "compensating", "completed"])
         at = T0 + rng.randrange(12)  # many ties on updated_at_ms
+        label = rng.choice([None, "def-a", "def-b"])
+        due = rng.choice([None, T0 + rng.randrange(8)])  # ties on due_at_ms too
+        written = envelope(record_id, kind=kind, state=state, at=at, label=label, due=due)
         for target in stores:
-            assert target.create(envelope(record_id, kind=kind, state=state, at=at)) is True
+            assert target.create(written) is True
 
 
-def test_scan_pages_match_the_reference_store_exactly(store: SqlStore) -> None:
+def _pages(scan: Callable[[str | None], Any]) -> list[Any]:
+    """Every page of a paged scan, following its cursors."""
+    pages, cursor = [], None
+    while True:
+        page = scan(cursor)
+        pages.append(page)
+        if page.cursor is None:
+            return pages
+        cursor = page.cursor
+
+
+@pytest.mark.parametrize("label", [None, "def-a"])
+def test_scan_pages_match_the_reference_store_exactly(store: SqlStore, label: str | None) -> None:
     reference = MemoryStore()
     _seed([store, reference], random.Random(7))
     states = ["compensating", "running"]
     for limit in (1, 4, 1000):
         for before in (None, T0 + 6):
-            pages: list[tuple[Any, ...]] = []
-            cursor: str | None = None
-            while True:
-                ours = store.scan("saga", states, updated_before_ms=before, cursor=cursor, limit=limit)
-                theirs = reference.scan("saga", states, updated_before_ms=before, cursor=cursor, limit=limit)
-                assert ours == theirs
-                pages.append(ours.items)
-                if ours.cursor is None:
-                    break
-                cursor = ours.cursor
-            ids = [item.id for page in pages for item in page]
-            assert len(ids) == len(set(ids))
-            assert all(item.state in states for page in pages for item in page)
+            def scan(target: Any, limit: int = limit, before: int | None = before) -> list[Any]:
+                return _pages(lambda cursor: target.scan(
+                    "saga", states, label=label, updated_before_ms=before, cursor=cursor, limit=limit
+                ))
+
+            pages = scan(store)
+            assert pages == scan(reference)  # the same items and the same cursors
+            items = [item for page in pages for item in page.items]
+            assert len({item.id for item in items}) == len(items)
+            assert all(item.state in states and label in (None, item.label) for item in items)
+
+
+def test_due_pages_match_the_reference_store_exactly(store: SqlStore) -> None:
+    reference = MemoryStore()
+    _seed([store, reference], random.Random(11))
+    for limit in (1, 3, 1000):
+        for before in (T0, T0 + 4, T0 + 100):
+            def scan(target: Any, limit: int = limit, before: int = before) -> list[Any]:
+                return _pages(lambda cursor: target.scan_due(
+                    "saga", due_before_ms=before, cursor=cursor, limit=limit
+                ))
+
+            pages = scan(store)
+            assert pages == scan(reference)
+            due = [(item.due_at_ms, item.id) for page in pages for item in page.items]
+            assert due == sorted(due) and all(at < before for at, _ in due)
+
+
+def test_counts_match_the_reference_store(store: SqlStore) -> None:
+    reference = MemoryStore()
+    _seed([store, reference], random.Random(13))
+    for states in (["running"], ["running", "completed", "running"]):
+        for label in (None, "def-b"):
+            for after, before in ((None, None), (T0 + 3, None), (None, T0 + 9), (T0 + 2, T0 + 5)):
+                args: dict[str, Any] = {
+                    "label": label, "updated_after_ms": after, "updated_before_ms": before
+                }
+                assert store.count("saga", states, **args) == reference.count("saga", states, **args)
 
 
 @pytest.mark.parametrize("limit", [0, 1001, -5, True, 2.0])
 def test_scan_limits_outside_1_to_1000_raise(store: SqlStore, limit: Any) -> None:
     with pytest.raises(SagaValidationError):
         store.scan("saga", ["running"], limit=limit)
+    with pytest.raises(SagaValidationError):
+        store.scan_due("saga", due_before_ms=T0, limit=limit)
 
 
 def _plan(store: SqlStore, statement: str, parameters: Any) -> list[str]:
@@ -297,11 +473,15 @@ def _plan(store: SqlStore, statement: str, parameters: Any) -> list[str]:
         return [f"table={row['table']} key={row['key']}" for row in rows]
 
 
-def _fill_for_planner(store: SqlStore) -> None:
+def _row_of(table: Any, written: Envelope) -> dict[str, Any]:
+    """The row the store writes for ``written`` (no notes)."""
+    row = {column.name: getattr(written, column.name) for column in table.c if column.name != "notes"}
+    return {**row, "notes": None}
+
+
+def _fill_for_planner(store: SqlStore, bulk: list[Envelope], live: list[Envelope]) -> None:
     table = tables_of(store).envelopes
-    done = [envelope(f"done-{i:05d}", state="completed", at=T0 + i) for i in range(3000)]
-    live = [envelope(f"live-{i:02d}", state=("running", "compensating")[i % 2], at=T0 + i) for i in range(30)]
-    rows = [{column.name: getattr(e, column.name) for column in table.c} for e in done + live]
+    rows = [_row_of(table, e) for e in bulk + live]
     # one transaction: the store's engine autocommits, which would commit row by row
     with store.engine.execution_options(isolation_level="SERIALIZABLE").begin() as conn:
         conn.execute(insert(table), rows)
@@ -310,22 +490,24 @@ def _fill_for_planner(store: SqlStore) -> None:
         conn.execute(text(analyze.get(store.engine.dialect.name, f"ANALYZE TABLE {table.name}")))
 
 
-@pytest.mark.parametrize("states", [["running"], ["running", "compensating"]], ids=len)
-def test_the_scan_query_uses_the_scan_index(store: SqlStore, states: list[str]) -> None:
-    _fill_for_planner(store)
-    first = store.scan("saga", states, limit=5)
-    assert first.cursor is not None
+def _the_only_statement(store: SqlStore, call: Callable[[], object]) -> tuple[str, Any]:
     counter = StatementCounter(store.engine)
     try:
-        store.scan("saga", states, cursor=first.cursor, updated_before_ms=T0 + 25, limit=5)
+        call()
     finally:
         counter.close()
     [(statement, parameters)] = counter.statements
-    plan = _plan(store, statement, parameters)
-    envelopes, index = tables_of(store).envelopes.name, f"ix_{store.table_prefix}envelopes_scan"
+    return statement, parameters
+
+
+def _assert_served_by(store: SqlStore, call: Callable[[], object], index: str, columns: str) -> None:
+    """The one statement ``call`` sends reads the envelopes only through ``index``
+    (on SQLite: through its leading ``columns``), never by walking the table."""
+    plan = _plan(store, *_the_only_statement(store, call))
+    envelopes, index = tables_of(store).envelopes.name, f"ix_{store.table_prefix}envelopes_{index}"
     dialect = store.engine.dialect.name
     if dialect == "sqlite":
-        assert any(f"INDEX {index} (kind=? AND state=?" in line for line in plan), plan
+        assert any(f"INDEX {index} ({columns}" in line for line in plan), plan
         assert not any(line.startswith(f"SCAN {envelopes}") for line in plan), plan
     elif dialect == "postgresql":
         assert any(index in line for line in plan), plan
@@ -333,6 +515,77 @@ def test_the_scan_query_uses_the_scan_index(store: SqlStore, states: list[str]) 
     else:
         touched = [line for line in plan if line.startswith(f"table={envelopes} ")]
         assert touched and all(line.endswith(f"key={index}") for line in touched), plan
+
+
+def _fill_with_finished_sagas(store: SqlStore) -> None:
+    bulk = [envelope(f"done-{i:05d}", state="completed", at=T0 + i) for i in range(3000)]
+    live = [envelope(f"live-{i:02d}", state=("running", "compensating")[i % 2], at=T0 + i) for i in range(30)]
+    _fill_for_planner(store, bulk, live)
+
+
+@pytest.mark.parametrize("states", [["running"], ["running", "compensating"]], ids=len)
+def test_the_scan_query_uses_the_scan_index(store: SqlStore, states: list[str]) -> None:
+    _fill_with_finished_sagas(store)
+    first = store.scan("saga", states, limit=5)
+    assert first.cursor is not None
+    _assert_served_by(
+        store,
+        lambda: store.scan("saga", states, cursor=first.cursor, updated_before_ms=T0 + 25, limit=5),
+        "scan", "kind=? AND state=?",
+    )
+
+
+def test_a_count_uses_the_scan_index(store: SqlStore) -> None:
+    _fill_with_finished_sagas(store)
+    assert store.count("saga", ["running", "compensating"], updated_after_ms=T0 + 2) == 28
+    _assert_served_by(
+        store,
+        lambda: store.count("saga", ["running", "compensating"], updated_after_ms=T0 + 2),
+        "scan", "kind=? AND state=?",
+    )
+
+
+def _fill_with_one_busy_label(store: SqlStore) -> None:
+    """3,000 open sagas of one definition, due far ahead; 30 of another, due now."""
+    bulk = [envelope(f"bulk-{i:05d}", state=("running", "compensating")[i % 2], at=T0 + i, label="bulk",
+                     due=T0 + 10**7 + i) for i in range(3000)]
+    live = [envelope(f"mine-{i:02d}", state=("running", "compensating")[i % 2], at=T0 + i, label="mine",
+                     due=T0 + i) for i in range(30)]
+    _fill_for_planner(store, bulk, live)
+
+
+@pytest.mark.parametrize("states", [["running"], ["running", "compensating"]], ids=len)
+def test_a_label_scan_uses_the_label_index(store: SqlStore, states: list[str]) -> None:
+    _fill_with_one_busy_label(store)
+    first = store.scan("saga", states, label="mine", limit=5)
+    assert first.cursor is not None and all(item.label == "mine" for item in first.items)
+    _assert_served_by(
+        store,
+        lambda: store.scan("saga", states, label="mine", cursor=first.cursor, limit=5),
+        "label", "kind=? AND label=? AND state=?",
+    )
+
+
+def test_a_label_count_uses_the_label_index(store: SqlStore) -> None:
+    _fill_with_one_busy_label(store)
+    assert store.count("saga", ["running"], label="mine", updated_before_ms=T0 + 10) == 5
+    _assert_served_by(
+        store,
+        lambda: store.count("saga", ["running"], label="mine", updated_before_ms=T0 + 10),
+        "label", "kind=? AND label=? AND state=?",
+    )
+
+
+def test_scan_due_uses_the_due_index(store: SqlStore) -> None:
+    _fill_with_one_busy_label(store)
+    first = store.scan_due("saga", due_before_ms=T0 + 20, limit=5)
+    assert [item.id for item in first.items] == [f"mine-{i:02d}" for i in range(5)]
+    assert first.cursor is not None
+    _assert_served_by(
+        store,
+        lambda: store.scan_due("saga", due_before_ms=T0 + 20, cursor=first.cursor, limit=5),
+        "due", "kind=? AND due_at_ms",
+    )
 
 
 def test_stores_racing_to_create_the_schema_all_open(db_url: str, unique_prefix: str) -> None:
@@ -345,6 +598,113 @@ def test_stores_racing_to_create_the_schema_all_open(db_url: str, unique_prefix:
     finally:
         if opened:
             opened[0].drop_schema()
+        for each in opened:
+            each.close()
+
+
+# ------------------------------------------------------------------ schema upgrade
+
+
+def _previous_version_tables(prefix: str) -> MetaData:
+    """The tables exactly as the previous version of the store created them."""
+    metadata = MetaData()
+    mysql_options: dict[str, Any] = {
+        "mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"
+    }
+    Table(
+        f"{prefix}envelopes",
+        metadata,
+        Column("kind", ascii_key(32), primary_key=True),
+        Column("id", ascii_key(255), primary_key=True),
+        Column("version", BigInteger, nullable=False),
+        Column("state", ascii_key(64), nullable=False),
+        Column("updated_at_ms", BigInteger, nullable=False),
+        Column("body", long_text(), nullable=False),
+        Index(f"ix_{prefix}envelopes_scan", "kind", "state", "updated_at_ms", "id"),
+        **mysql_options,
+    )
+    Table(
+        f"{prefix}leases",
+        metadata,
+        Column("name", ascii_key(128), primary_key=True),
+        Column("owner", ascii_key(255), nullable=True),
+        Column("token_hash", ascii_key(64), nullable=True),
+        Column("expires_at_ms", BigInteger, nullable=False),
+        Column("fence", BigInteger, nullable=False),
+        Column("scan_cursor", long_text(), nullable=True),
+        **mysql_options,
+    )
+    return metadata
+
+
+@pytest.fixture
+def previous_version(db_url: str, unique_prefix: str) -> Iterator[tuple[str, str]]:
+    """(url, prefix) of tables the previous version made, holding one saga and one lease."""
+    prefix = unique_prefix + "_"
+    owner = SqlStore.from_url(db_url, table_prefix=prefix, create_schema=False)
+    metadata = _previous_version_tables(prefix)
+    old_row = {"kind": "saga", "id": "old-1", "version": 3, "state": "running",
+               "updated_at_ms": T0, "body": '{"old":true}'}
+    lease = {"name": "sweep", "owner": None, "token_hash": None, "expires_at_ms": 0, "fence": 4,
+             "scan_cursor": "page-2"}
+    try:
+        metadata.create_all(owner.engine)
+        with owner.engine.begin() as conn:
+            conn.execute(insert(metadata.tables[f"{prefix}envelopes"]), old_row)
+            conn.execute(insert(metadata.tables[f"{prefix}leases"]), lease)
+        yield db_url, prefix
+    finally:
+        owner.drop_schema()
+        owner.close()
+
+
+def _shape(store: SqlStore) -> tuple[set[str], set[str]]:
+    table = tables_of(store).envelopes.name
+    with store.engine.connect() as conn:
+        found = inspect(conn)
+        columns = {column["name"] for column in found.get_columns(table)}
+        indexes = {str(index["name"]) for index in found.get_indexes(table)}
+    return columns, indexes
+
+
+def test_create_schema_upgrades_a_table_of_the_previous_version(previous_version: tuple[str, str]) -> None:
+    url, prefix = previous_version
+    store = SqlStore.from_url(url, table_prefix=prefix)
+    try:
+        columns, indexes = _shape(store)
+        assert {"label", "due_at_ms", "notes"} <= columns
+        assert {f"ix_{prefix}envelopes_{name}" for name in ("scan", "label", "due")} <= indexes
+        old = Envelope("saga", "old-1", 3, "running", T0, '{"old":true}')
+        assert store.get("saga", "old-1") == old
+        noted = store.annotate("saga", "old-1", "claim", updated_at_ms=T0 + 1, expected_version=3)
+        assert noted is not None and (noted.version, noted.notes) == (4, ("claim",))
+        moved = Envelope("saga", "old-1", 5, "running", T0 + 2, "{}", due_at_ms=T0 + 9)
+        assert store.compare_and_set(moved, 4) is True
+        assert store.scan_due("saga", due_before_ms=T0 + 10).items == (moved,)
+        assert store.count("saga", ["running"]) == 1
+        assert store.create(envelope("new-1", label="def", due=T0)) is True
+        assert [e.id for e in store.scan("saga", ["running"], label="def").items] == ["new-1"]
+        lease = store.acquire_lease("sweep", "alice", "tok", T0, 1000)
+        assert lease is not None and (lease.fence, lease.cursor) == (5, "page-2")
+    finally:
+        store.close()
+    again = SqlStore.from_url(url, table_prefix=prefix)  # an upgraded table is left as it is
+    try:
+        assert _shape(again) == (columns, indexes)
+    finally:
+        again.close()
+
+
+def test_stores_racing_to_upgrade_the_previous_schema_all_open(previous_version: tuple[str, str]) -> None:
+    url, prefix = previous_version
+    results = race(lambda _: SqlStore.from_url(url, table_prefix=prefix), 6)
+    opened = [r for r in results if isinstance(r, SqlStore)]
+    try:
+        assert len(opened) == 6, results
+        columns, indexes = _shape(opened[0])
+        assert {"label", "due_at_ms", "notes"} <= columns and len(indexes) >= 3
+        assert opened[1].annotate("saga", "old-1", "after the race", updated_at_ms=T0) is not None
+    finally:
         for each in opened:
             each.close()
 
@@ -389,6 +749,37 @@ def test_bad_ids_are_refused_before_any_sql(store: SqlStore, bad_id: str) -> Non
             store.release_lease(Lease(bad_id, "owner", "tok", T0, 1))
         with pytest.raises(SagaValidationError):
             store.compare_and_set(envelope("ok", version=2), 1, fence=Fence(bad_id, 1))
+        with pytest.raises(SagaValidationError):
+            store.annotate("saga", bad_id, "note", updated_at_ms=T0)
+        with pytest.raises(SagaValidationError):
+            store.delete("saga", bad_id, 1)
+        with pytest.raises(SagaValidationError):
+            store.delete("saga", "ok", 1, fence=Fence(bad_id, 1))
+        with pytest.raises(SagaValidationError):
+            store.count("saga", [bad_id])
+        with pytest.raises(SagaValidationError):
+            store.scan("saga", ["running"], label=bad_id)
+        with pytest.raises(SagaValidationError):
+            store.create(envelope("ok", label=bad_id))
+        assert counter.statements == []
+    finally:
+        counter.close()
+
+
+@pytest.mark.parametrize("note", ["", "two\nlines", "x" * (2 * 1024 * 1024 + 1), "lone \ud800"], ids=len)
+def test_bad_notes_and_arguments_are_refused_before_any_sql(store: SqlStore, note: str) -> None:
+    counter = StatementCounter(store.engine)
+    try:
+        with pytest.raises(SagaValidationError):
+            store.annotate("saga", "ok", note, updated_at_ms=T0)
+        with pytest.raises(SagaValidationError):
+            store.annotate("saga", "ok", "fine", updated_at_ms=T0, expected_version="1")  # type: ignore[arg-type]
+        with pytest.raises(SagaValidationError):
+            store.delete("saga", "ok", 1.0)  # type: ignore[arg-type]
+        with pytest.raises(SagaValidationError):
+            store.scan_due("saga", due_before_ms=-1)
+        with pytest.raises(SagaValidationError):
+            store.count("saga", ["running"], updated_after_ms=2**53)
         assert counter.statements == []
     finally:
         counter.close()

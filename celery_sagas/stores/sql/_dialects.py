@@ -4,7 +4,12 @@
   ``ascii_bin``, SQLite's default BINARY), bodies large enough for 1 MiB+ of UTF-8;
 - insert-if-absent: ``ON CONFLICT DO NOTHING`` on PostgreSQL and SQLite, the duplicate-key
   error 1062 on MySQL/MariaDB (``INSERT IGNORE`` would also swallow other errors);
-- ``UPDATE ... RETURNING`` where the dialect has it, else the update and a read-back;
+- ``UPDATE ... RETURNING`` where the dialect has it (PostgreSQL, SQLite >= 3.35), else the
+  update and a read-back (MySQL/MariaDB): a lease row by its new token, an annotated record
+  inside an explicit ``BEGIN``/``COMMIT`` around the two statements;
+- text appended with ``||`` (PostgreSQL, SQLite) or ``CONCAT`` (MySQL/MariaDB, where ``||``
+  means OR), ``GREATEST`` (PostgreSQL, MySQL/MariaDB) or the scalar ``max`` (SQLite), and
+  ``IS NOT DISTINCT FROM`` spelled ``IS`` on SQLite and ``<=>`` on MySQL/MariaDB;
 - engine defaults: autocommit (each primitive is one statement, so a transaction block would
   only add BEGIN/COMMIT round trips), hidden parameters, a bounded pool; SQLite files get WAL
   and a busy timeout, an in-memory SQLite one connection every thread shares in turn.
@@ -15,22 +20,44 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Row, String, Table, Text, event, insert, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Engine,
+    Row,
+    Select,
+    String,
+    Table,
+    Text,
+    case,
+    event,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+)
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.sql.base import Executable
-from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import ReturningUpdate, Update
+from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeEngine
 
 from ...errors import StoreUnavailable
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
+    "Greatest",
+    "append_line",
     "ascii_key",
     "check_supported",
     "engine_settings",
@@ -38,14 +65,18 @@ __all__ = [
     "is_duplicate_key",
     "is_memory_sqlite",
     "long_text",
+    "newline_count",
     "prepare_engine",
+    "same_or_both_null",
     "update_returning",
+    "update_returning_in_transaction",
 ]
 
 SUPPORTED = frozenset({"postgresql", "sqlite", "mysql", "mariadb"})
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 MYSQL_DUPLICATE_KEY = 1062
 _MYSQL = ("mysql", "mariadb")
+_NEWLINE = literal("\n", Text)
 
 
 def check_supported(dialect: Dialect) -> None:
@@ -193,3 +224,80 @@ def update_returning(
     if conn.execute(stmt).rowcount != 1:
         return None
     return conn.execute(select(*columns).where(read_back)).one_or_none()
+
+
+def update_returning_in_transaction(
+    engine: Engine,
+    returning: ReturningUpdate[Any],
+    plain: Update,
+    read_back: Select[Any],
+    params: Mapping[str, Any],
+) -> Row[Any] | None:
+    """Run a single-row UPDATE and return the row as it left it, or None if no row matched.
+
+    One ``UPDATE ... RETURNING`` where the dialect has it. Elsewhere (MySQL/MariaDB) the UPDATE
+    and the ``read_back`` SELECT share one transaction: the UPDATE's row lock keeps every other
+    writer out until the read is done, so the row read is exactly the row written.
+    """
+    if engine.dialect.update_returning:
+        with engine.begin() as conn:
+            return conn.execute(returning, params).one_or_none()
+    with engine.connect() as conn:
+        return _update_then_read(conn, plain, read_back, params)
+
+
+def _update_then_read(
+    conn: Connection, plain: Update, read_back: Select[Any], params: Mapping[str, Any]
+) -> Row[Any] | None:
+    # An explicit BEGIN, valid on an autocommit connection or not: moving the pooled connection
+    # out of autocommit and back through SQLAlchemy costs three more round trips.
+    conn.exec_driver_sql("BEGIN")
+    try:
+        written = conn.execute(plain, params).rowcount == 1
+        row = conn.execute(read_back, params).one_or_none() if written else None
+    except BaseException:
+        with suppress(Exception):  # the first error is the one to report
+            conn.exec_driver_sql("ROLLBACK")
+        raise
+    conn.exec_driver_sql("COMMIT")
+    return row
+
+
+def append_line(text: ColumnElement[str], line: ColumnElement[str]) -> ColumnElement[str]:
+    """``text`` with ``line`` appended after a newline; NULL or empty ``text`` becomes ``line``.
+
+    SQLAlchemy renders the concatenation as ``||`` or, on MySQL/MariaDB, ``concat()``.
+    """
+    return case(
+        (or_(text.is_(None), text == ""), line),
+        else_=text.concat(_NEWLINE).concat(line),
+    )
+
+
+def newline_count(text: ColumnElement[str]) -> ColumnElement[int]:
+    """The newlines in ``text`` (``length`` counts bytes on MySQL, characters elsewhere: a
+    newline is one of either)."""
+    return func.length(text) - func.length(func.replace(text, _NEWLINE, ""))
+
+
+def same_or_both_null(column: ColumnElement[Any], value: ColumnElement[Any]) -> ColumnElement[bool]:
+    """``column IS NOT DISTINCT FROM value``: ``IS`` on SQLite, ``<=>`` on MySQL/MariaDB."""
+    return column.is_not_distinct_from(value)
+
+
+class Greatest(FunctionElement[int]):
+    """The larger of two integers: ``GREATEST(a, b)``, or ``max(a, b)`` on SQLite."""
+
+    type = BigInteger()
+    name = "greatest"
+    inherit_cache = True
+
+
+@compiles(Greatest)
+def _greatest(element: Greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"GREATEST({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(Greatest, "sqlite")
+def _sqlite_max(element: Greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"

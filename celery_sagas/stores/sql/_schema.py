@@ -1,8 +1,17 @@
-"""The SQL store's two tables, built for one validated table prefix (SPEC §6, DESIGN §3).
+"""The SQL store's two tables, built for one validated table prefix (docs/design.md §4.3).
 
-``<prefix>envelopes`` holds every record: the routing fields the store compares and indexes,
-plus the opaque JSON body. ``<prefix>leases`` holds one row per lease name; the row is never
-deleted, so its fencing number only grows and its cursor survives release and expiry.
+``<prefix>envelopes`` holds every record: the routing fields the store compares and indexes
+(``label`` and ``due_at_ms`` included), the notes appended since the last compare-and-set
+(newline-separated: a note never holds a newline), plus the opaque JSON body. Three indexes
+serve the scans and counts: (kind, state, updated_at_ms, id), (kind, label, state,
+updated_at_ms, id) and (kind, due_at_ms, id); every key column is ASCII, so on MySQL/MariaDB
+each index stays far below InnoDB's 3072-byte key limit (the widest is 487 bytes).
+
+``<prefix>leases`` holds one row per lease name; the row is never deleted, so its fencing
+number only grows and its cursor survives release and expiry.
+
+A table made by an earlier version lacks ``label``, ``due_at_ms``, ``notes`` and the two newer
+indexes; ``upgrade_envelopes`` adds them (all nullable, so existing rows stay valid).
 """
 
 from __future__ import annotations
@@ -10,13 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Index, MetaData, Table
+from sqlalchemy import BigInteger, Column, Index, MetaData, Table, inspect
+from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateColumn
 
 from ..._values import identifier
 from ._dialects import ascii_key, long_text
 
 __all__ = [
     "KIND_LEN",
+    "LABEL_LEN",
     "LEASE_NAME_LEN",
     "OWNER_LEN",
     "RECORD_ID_LEN",
@@ -24,11 +36,13 @@ __all__ = [
     "TOKEN_HASH_LEN",
     "Tables",
     "build_tables",
+    "upgrade_envelopes",
 ]
 
 KIND_LEN = 32
 RECORD_ID_LEN = 255
 STATE_LEN = 64
+LABEL_LEN = 128
 LEASE_NAME_LEN = 128
 OWNER_LEN = 255
 TOKEN_HASH_LEN = 64  # hex SHA-256: the raw token is never stored
@@ -63,8 +77,13 @@ def build_tables(prefix: str) -> Tables:
         Column("state", ascii_key(STATE_LEN), nullable=False),
         Column("updated_at_ms", BigInteger, nullable=False),
         Column("body", long_text(), nullable=False),
-        # scan walks (kind, state) oldest first and pages on (updated_at_ms, id)
+        Column("label", ascii_key(LABEL_LEN), nullable=True),
+        Column("due_at_ms", BigInteger, nullable=True),
+        Column("notes", long_text(), nullable=True),  # NULL or empty: no notes
+        # scan and count walk (kind, state[, label]) oldest first, paging on (updated_at_ms, id)
         Index(f"ix_{prefix}envelopes_scan", "kind", "state", "updated_at_ms", "id"),
+        Index(f"ix_{prefix}envelopes_label", "kind", "label", "state", "updated_at_ms", "id"),
+        Index(f"ix_{prefix}envelopes_due", "kind", "due_at_ms", "id"),
         **_MYSQL_OPTIONS,
     )
     leases = Table(
@@ -79,3 +98,15 @@ def build_tables(prefix: str) -> Tables:
         **_MYSQL_OPTIONS,
     )
     return Tables(prefix, metadata, envelopes, leases)
+
+
+def upgrade_envelopes(conn: Connection, envelopes: Table) -> None:
+    """Add the nullable columns and the indexes an existing envelopes table lacks."""
+    present = {column["name"] for column in inspect(conn).get_columns(envelopes.name)}
+    table = conn.dialect.identifier_preparer.format_table(envelopes)
+    for column in envelopes.columns:
+        if column.name not in present and column.nullable:
+            definition = CreateColumn(column).compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {definition}")
+    for index in envelopes.indexes:
+        index.create(conn, checkfirst=True)

@@ -1,15 +1,21 @@
-"""SqlStore: the eight store primitives over SQLAlchemy 2 Core (SPEC §6, DESIGN §3).
+"""SqlStore: the store primitives over SQLAlchemy 2 Core (docs/design.md §4.1, §4.3).
 
-Each primitive is one statement in its own ``engine.begin()`` block and the engines this
-module creates run in autocommit, so a primitive costs one round trip. The exceptions:
-a refused compare-and-set reads the row back (to report an already-applied retry or a fenced
-refusal), the first grant of a lease name inserts its row, and dialects without
-``UPDATE ... RETURNING`` (MySQL/MariaDB) read lease rows back after updating them.
+Each primitive is one statement in its own ``engine.begin()`` block, and the engines this
+module creates run in autocommit, so a primitive costs one round trip: ``create`` (an
+insert-if-absent), ``get``, ``compare_and_set`` and ``delete`` (a conditional UPDATE or
+DELETE), ``annotate`` (one ``UPDATE ... RETURNING``), ``scan`` and ``scan_due`` (one
+index-backed SELECT per page), ``count`` (one ``SELECT COUNT(*)``) and the lease updates.
+The exceptions: a refused compare-and-set reads the row back (to report an already-applied
+retry) and, when fenced, the lease (to raise ``FencedWriteRefused``), as a refused fenced
+delete does; the first grant of a lease name inserts its row; and MySQL/MariaDB, which lack
+``UPDATE ... RETURNING``, read an annotated row back in the UPDATE's transaction (and lease
+rows back by their new token).
 
 Atomicity rests on single statements: ``UPDATE ... WHERE version = :expected`` is a
 compare-and-set on every supported database (the row lock makes a concurrent writer re-check
-the condition), insert-if-absent never overwrites, and a lease is granted by
-``UPDATE ... SET fence = fence + 1 WHERE expires_at_ms <= :now``.
+the condition), insert-if-absent never overwrites, ``annotate`` appends inside its UPDATE
+(``notes = notes || '\\n' || :note``, under the same row lock), and a lease is granted by
+``UPDATE ... SET fence = fence + 1 WHERE expires_at_ms <= :now``. A SQL store has one bucket.
 """
 
 from __future__ import annotations
@@ -21,17 +27,28 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Delete,
     Engine,
+    Exists,
     Row,
     Select,
+    String,
+    Table,
+    Text,
     and_,
     bindparam,
     case,
     create_engine,
+    delete,
     exists,
+    func,
+    null,
     or_,
     select,
     union_all,
@@ -51,36 +68,51 @@ from ...errors import (
 )
 from .._cursor import decode_cursor, encode_cursor
 from ..base import (
+    MAX_NOTES,
     Envelope,
     Fence,
     Lease,
     Page,
+    check_bucket,
+    check_count_args,
+    check_cursor,
     check_envelope,
+    check_expected_version,
     check_fence,
+    check_fenced_bucket,
     check_key,
+    check_kind,
     check_lease_args,
+    check_limit,
+    check_note,
     check_scan_args,
 )
 from ._dialects import (
+    Greatest,
+    append_line,
     check_supported,
     engine_settings,
     insert_if_absent,
     is_memory_sqlite,
+    newline_count,
     prepare_engine,
+    same_or_both_null,
     update_returning,
+    update_returning_in_transaction,
 )
-from ._schema import Tables, build_tables
+from ._schema import Tables, build_tables, upgrade_envelopes
 
 __all__ = ["SqlStore"]
 
 DEFAULT_PREFIX = "sagas_"
-_SCHEMA_ATTEMPTS = 6
+_SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it creates
 
 
 class SqlStore:
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB."""
 
     durable: bool
+    buckets: int = 1
 
     def __init__(
         self, engine: Engine, *, table_prefix: str = DEFAULT_PREFIX, create_schema: bool = True
@@ -130,7 +162,8 @@ class SqlStore:
     # ------------------------------------------------------------------ schema
 
     def create_schema(self) -> None:
-        """Create the tables and the scan index if absent (safe to race another creator)."""
+        """Create the tables and indexes if absent, and upgrade an envelopes table made by an
+        earlier version (safe to race another creator or upgrader)."""
         with self._driver_errors("create schema"), self._engine.connect() as conn:
             for attempt in range(1, _SCHEMA_ATTEMPTS + 1):
                 try:
@@ -138,8 +171,8 @@ class SqlStore:
                         self._create_missing(conn)
                     return
                 except SQLAlchemyError:
-                    # Another process created an object between our check and our CREATE
-                    # (CREATE ... IF NOT EXISTS races too on PostgreSQL): look again.
+                    # Another process created an object between our check and our CREATE or
+                    # ALTER (CREATE ... IF NOT EXISTS races too on PostgreSQL): look again.
                     if attempt == _SCHEMA_ATTEMPTS:
                         raise
                     time.sleep(random.uniform(0.01, 0.05) * attempt)
@@ -155,10 +188,13 @@ class SqlStore:
 
     def _create_missing(self, conn: Connection) -> None:
         self._tables.metadata.create_all(conn, checkfirst=True)
-        for index in self._tables.envelopes.indexes:  # also repairs a table left without it
-            index.create(conn, checkfirst=True)
+        upgrade_envelopes(conn, self._tables.envelopes)
 
     # ------------------------------------------------------------------ records
+
+    def bucket_of(self, record_id: str) -> int:
+        """Always 0: a SQL store keeps every record in one bucket."""
+        return 0
 
     def create(self, envelope: Envelope) -> bool:
         """Insert if (kind, id) is absent, one statement; False if it exists."""
@@ -167,37 +203,32 @@ class SqlStore:
             return insert_if_absent(self._engine, self._tables.envelopes, _row(envelope))
 
     def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope or None; a corrupt row raises InvalidRecordError."""
+        """Return the stored envelope with its notes, or None; a corrupt row raises
+        InvalidRecordError."""
         check_key(kind, record_id)
         with self._driver_errors("get"), self._engine.begin() as conn:
             row = conn.execute(self._statements.get, {"p_kind": kind, "p_id": record_id}).one_or_none()
-        if row is None:
-            return None
-        envelope = _envelope(kind, row)
-        try:
-            check_envelope(envelope)
-        except SagaValidationError:
-            raise InvalidRecordError(kind=kind, record_id=record_id) from None
-        return envelope
+        return None if row is None else _checked(kind, row)
 
     def compare_and_set(
         self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
     ) -> bool:
-        """Replace the record if its version is ``expected_version``: one conditional UPDATE
-        (fenced: also no newer grant of ``fence.lease``); an already-applied retry is True."""
+        """Replace the record and clear its notes if its version is ``expected_version`` and its
+        label is the envelope's: one conditional UPDATE (fenced: also no newer grant of
+        ``fence.lease``); an already-applied retry is True."""
         check_envelope(envelope)
-        if type(expected_version) is not int or envelope.version != expected_version + 1:
-            raise SagaValidationError("the new version must be expected_version + 1")
-        if fence is not None:
-            check_fence(fence)
+        check_expected_version(envelope, expected_version)
+        self._check_fence(fence, envelope.id)
         params: dict[str, Any] = {
             "p_kind": envelope.kind,
             "p_id": envelope.id,
             "p_expected": expected_version,
+            "p_label": envelope.label,
             "p_version": envelope.version,
             "p_state": envelope.state,
             "p_updated": envelope.updated_at_ms,
             "p_body": envelope.body,
+            "p_due": envelope.due_at_ms,
         }
         stmt = self._statements.cas
         if fence is not None:
@@ -207,46 +238,98 @@ class SqlStore:
             with self._engine.begin() as conn:
                 if conn.execute(stmt, params).rowcount == 1:
                     return True
-            return self._already_applied(envelope, fence)
+            self._refuse_fenced(fence)
+            return self._read(envelope.kind, envelope.id) == envelope
 
-    def _already_applied(self, envelope: Envelope, fence: Fence | None) -> bool:
-        """After a refused CAS: raise if fenced out, else True only if the row is ``envelope``."""
-        table, leases = self._tables.envelopes, self._tables.leases
+    def annotate(
+        self,
+        kind: str,
+        record_id: str,
+        note: str,
+        *,
+        updated_at_ms: int,
+        expected_version: int | None = None,
+    ) -> Envelope | None:
+        """Append ``note`` and bump the version (only at ``expected_version`` when given) in one
+        ``UPDATE ... RETURNING`` (MySQL/MariaDB: the UPDATE and a SELECT in one transaction);
+        the envelope as written, or None when the record is absent, at another version, or
+        already holds ``MAX_NOTES`` notes."""
+        check_key(kind, record_id)
+        check_note(note)
+        timestamp_ms(updated_at_ms, field="updated_at_ms")
+        params: dict[str, Any] = {
+            "p_kind": kind, "p_id": record_id, "p_note": note, "p_updated": updated_at_ms
+        }
+        statements = self._statements
+        returning, plain = statements.annotate_returning, statements.annotate
+        if expected_version is not None:
+            if type(expected_version) is not int:
+                raise SagaValidationError("expected_version must be an int or None")
+            returning, plain = statements.annotate_at_returning, statements.annotate_at
+            params["p_expected"] = expected_version
+        with self._driver_errors("annotate"):
+            row = update_returning_in_transaction(self._engine, returning, plain, statements.get, params)
+        return None if row is None else _checked(kind, row)
+
+    def delete(
+        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
+    ) -> bool:
+        """Remove the record if its version matches: one conditional DELETE (fenced: also no
+        newer grant of ``fence.lease``)."""
+        check_key(kind, record_id)
+        if type(expected_version) is not int:
+            raise SagaValidationError("expected_version must be an int")
+        self._check_fence(fence, record_id)
+        params: dict[str, Any] = {"p_kind": kind, "p_id": record_id, "p_expected": expected_version}
+        stmt = self._statements.delete
+        if fence is not None:
+            stmt = self._statements.fenced_delete
+            params.update(p_lease=fence.lease, p_fence=fence.number)
+        with self._driver_errors("delete"):
+            with self._engine.begin() as conn:
+                if conn.execute(stmt, params).rowcount == 1:
+                    return True
+            self._refuse_fenced(fence)
+        return False
+
+    def _read(self, kind: str, record_id: str) -> Envelope | None:
+        """The stored envelope, unvalidated (it is only compared)."""
         with self._engine.begin() as conn:
-            if fence is not None:
-                newest = conn.execute(
-                    select(leases.c.fence).where(leases.c.name == fence.lease)
-                ).scalar_one_or_none()
-                if newest is not None and newest > fence.number:
-                    raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
-            row = conn.execute(
-                select(*_record_columns(table)).where(
-                    table.c.kind == envelope.kind, table.c.id == envelope.id
-                )
-            ).one_or_none()
-        return row is not None and tuple(row) == (
-            envelope.id,
-            envelope.version,
-            envelope.state,
-            envelope.updated_at_ms,
-            envelope.body,
-        )
+            row = conn.execute(self._statements.get, {"p_kind": kind, "p_id": record_id}).one_or_none()
+        return None if row is None else _envelope(kind, row)
+
+    def _check_fence(self, fence: Fence | None, record_id: str) -> None:
+        if fence is not None:
+            check_fence(fence, self.buckets)
+            check_fenced_bucket(fence, self.bucket_of(record_id))
+
+    def _refuse_fenced(self, fence: Fence | None) -> None:
+        """After a refused fenced write: raise if the lease has a grant newer than the fence."""
+        if fence is None:
+            return
+        with self._engine.begin() as conn:
+            newest = conn.execute(self._statements.lease_fence, {"p_lease": fence.lease}).scalar()
+        if newest is not None and newest > fence.number:
+            raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
+
+    # ------------------------------------------------------------------ scans
 
     def scan(
         self,
         kind: str,
         states: Sequence[str],
         *,
+        label: str | None = None,
         updated_before_ms: int | None = None,
+        bucket: int | None = None,
         cursor: str | None = None,
         limit: int = 100,
     ) -> Page:
         """One index-backed query: up to ``limit`` records of ``kind`` in ``states`` (walked in
-        the order given, oldest first), keyset-paged after the opaque ``cursor``."""
-        check_scan_args(kind, states, limit, updated_before_ms)
-        states = list(dict.fromkeys(states))  # a state named twice is walked once
-        start, after, _ = decode_cursor(cursor, states)
-        stmt = self._scan_statement(kind, states[start:], after, updated_before_ms, limit + 1)
+        the order given, oldest first) and ``label``, keyset-paged from the opaque ``cursor``."""
+        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
+        start, at = self._resume(cursor, wanted, bucket)
+        stmt = self._scan_statement(kind, wanted[start:], label, at, updated_before_ms, limit + 1)
         with self._driver_errors("scan"), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
         # Values are not judged here (a wrongly typed row still raises): the caller decodes
@@ -254,14 +337,83 @@ class SqlStore:
         items = tuple(_envelope(kind, row) for row in rows[:limit])
         if len(rows) <= limit:
             return Page(items, None)
-        last = items[-1]
-        return Page(items, encode_cursor(states, last.state, (last.updated_at_ms, last.id)))
+        following = rows[limit]
+        position = (following.updated_at_ms, following.id)
+        return Page(items, encode_cursor(wanted, following.state, position, 0))
+
+    def scan_due(
+        self,
+        kind: str,
+        *,
+        due_before_ms: int,
+        bucket: int | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """One query on the due index: up to ``limit`` records of ``kind`` whose ``due_at_ms``
+        is before ``due_before_ms``, earliest first, keyset-paged from the opaque ``cursor``."""
+        check_kind(kind)
+        timestamp_ms(due_before_ms, field="due_before_ms")
+        check_limit(limit)
+        _, at = self._resume(cursor, ["due"], bucket)
+        table = self._tables.envelopes
+        stmt = select(*_record_columns(table)).where(
+            table.c.kind == kind, table.c.due_at_ms < due_before_ms
+        )
+        if at is not None:
+            stmt = stmt.where(*_from(table.c.due_at_ms, table.c.id, at))
+        stmt = stmt.order_by(table.c.due_at_ms, table.c.id).limit(limit + 1)
+        with self._driver_errors("scan_due"), self._engine.begin() as conn:
+            rows = conn.execute(stmt).all()
+        items = tuple(_envelope(kind, row) for row in rows[:limit])
+        if len(rows) <= limit:
+            return Page(items, None)
+        following = rows[limit]
+        return Page(items, encode_cursor(["due"], "due", (following.due_at_ms, following.id), 0))
+
+    def count(
+        self,
+        kind: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        updated_after_ms: int | None = None,
+        updated_before_ms: int | None = None,
+    ) -> int:
+        """How many records of ``kind`` in ``states`` (and ``label``) were updated in
+        [``updated_after_ms``, ``updated_before_ms``): one ``SELECT COUNT(*)`` on an index."""
+        wanted = check_count_args(kind, states, label, updated_after_ms, updated_before_ms)
+        table = self._tables.envelopes
+        stmt = select(func.count()).select_from(table).where(
+            table.c.kind == kind, table.c.state.in_(wanted)
+        )
+        if label is not None:
+            stmt = stmt.where(table.c.label == label)
+        if updated_after_ms is not None:
+            stmt = stmt.where(table.c.updated_at_ms >= updated_after_ms)
+        if updated_before_ms is not None:
+            stmt = stmt.where(table.c.updated_at_ms < updated_before_ms)
+        with self._driver_errors("count"), self._engine.begin() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def _resume(
+        self, cursor: str | None, states: Sequence[str], bucket: int | None
+    ) -> tuple[int, tuple[int, str] | None]:
+        """The state index and position a scan resumes at; the cursor names bucket 0, the
+        only one."""
+        if bucket is not None:
+            check_bucket(bucket, self.buckets)
+        start, at, (cursor_bucket,) = decode_cursor(cursor, states, extras=1)
+        if cursor_bucket != 0:
+            raise SagaValidationError("malformed scan cursor")
+        return start, at
 
     def _scan_statement(
         self,
         kind: str,
         states: Sequence[str],
-        after: tuple[int, str] | None,
+        label: str | None,
+        at: tuple[int, str] | None,
         updated_before_ms: int | None,
         fetch: int,
     ) -> Select[Any]:
@@ -269,13 +421,11 @@ class SqlStore:
         members = []
         for state in states:
             member = select(*_record_columns(table)).where(table.c.kind == kind, table.c.state == state)
-            if after is not None:
-                # ">=" is the index range; the OR only drops ties already returned
-                member = member.where(
-                    table.c.updated_at_ms >= after[0],
-                    or_(table.c.updated_at_ms > after[0], table.c.id > after[1]),
-                )
-                after = None
+            if label is not None:
+                member = member.where(table.c.label == label)
+            if at is not None:
+                member = member.where(*_from(table.c.updated_at_ms, table.c.id, at))
+                at = None
             if updated_before_ms is not None:
                 member = member.where(table.c.updated_at_ms < updated_before_ms)
             members.append(member.order_by(table.c.updated_at_ms, table.c.id).limit(fetch))
@@ -291,13 +441,15 @@ class SqlStore:
     # ------------------------------------------------------------------ leases
 
     def acquire_lease(
-        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
     ) -> Lease | None:
-        """Grant the lease unless an unexpired one exists; the fence grows by one per grant.
+        """Grant the lease of ``bucket`` (only 0 exists) unless an unexpired one exists; the
+        fence grows by one per grant.
 
         One conditional UPDATE; only the very first grant of a name inserts its row instead.
         """
         check_lease_args(name, owner, token)
+        check_bucket(bucket, self.buckets)
         expires = _expiry(now_ms, lease_ms)
         leases = self._tables.leases
         digest = _token_hash(token)
@@ -311,7 +463,7 @@ class SqlStore:
             with self._engine.begin() as conn:
                 row = update_returning(conn, grant, _lease_columns(leases), ours)
             if row is not None:
-                return Lease(name, owner, token, expires, row.fence, row.scan_cursor)
+                return Lease(name, owner, token, expires, row.fence, row.scan_cursor, bucket)
             first = {
                 "name": name,
                 "owner": owner,
@@ -321,12 +473,12 @@ class SqlStore:
                 "scan_cursor": None,
             }
             if insert_if_absent(self._engine, leases, first):
-                return Lease(name, owner, token, expires, 1, None)
+                return Lease(name, owner, token, expires, 1, None, bucket)
         return None
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
         """Extend an unexpired lease held with this owner and token (one UPDATE)."""
-        check_lease_args(lease.name, lease.owner, lease.token)
+        self._check_lease(lease)
         expires = _expiry(now_ms, lease_ms)
         leases = self._tables.leases
         held = self._holder(lease)
@@ -339,13 +491,12 @@ class SqlStore:
             row = update_returning(conn, stmt, _lease_columns(leases), held)
         if row is None:
             return None
-        return Lease(lease.name, lease.owner, lease.token, expires, row.fence, row.scan_cursor)
+        return Lease(lease.name, lease.owner, lease.token, expires, row.fence, row.scan_cursor, lease.bucket)
 
     def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
         """Save the scan cursor of an unexpired lease held with this owner and token."""
-        check_lease_args(lease.name, lease.owner, lease.token)
-        if cursor is not None and not isinstance(cursor, str):
-            raise SagaValidationError("lease cursor must be a str or None")
+        self._check_lease(lease)
+        check_cursor(cursor)
         timestamp_ms(now_ms, field="now_ms")
         leases = self._tables.leases
         stmt = (
@@ -358,7 +509,7 @@ class SqlStore:
 
     def release_lease(self, lease: Lease) -> bool:
         """Free the lease if held with this owner and token; the fence and cursor stay."""
-        check_lease_args(lease.name, lease.owner, lease.token)
+        self._check_lease(lease)
         leases = self._tables.leases
         stmt = (
             update(leases)
@@ -367,6 +518,10 @@ class SqlStore:
         )
         with self._driver_errors("release_lease"), self._engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
+
+    def _check_lease(self, lease: Lease) -> None:
+        check_lease_args(lease.name, lease.owner, lease.token)
+        check_bucket(lease.bucket, self.buckets)
 
     def _holder(self, lease: Lease) -> Any:
         leases = self._tables.leases
@@ -413,60 +568,121 @@ class _Statements:
 
     def __init__(self, tables: Tables) -> None:
         table, leases = tables.envelopes, tables.leases
-        self.get: Select[Any] = select(*_record_columns(table)).where(
-            table.c.kind == bindparam("p_kind"), table.c.id == bindparam("p_id")
-        )
-        self.cas: Update = (
-            update(table)
-            .where(
-                table.c.kind == bindparam("p_kind"),
-                table.c.id == bindparam("p_id"),
-                table.c.version == bindparam("p_expected"),
-            )
-            .values(
-                version=bindparam("p_version"),
-                state=bindparam("p_state"),
-                updated_at_ms=bindparam("p_updated"),
-                body=bindparam("p_body"),
-            )
-        )
-        newer = exists().where(
-            leases.c.name == bindparam("p_lease"), leases.c.fence > bindparam("p_fence")
-        )
-        self.fenced_cas: Update = self.cas.where(~newer)
+        columns = _record_columns(table)
+        self.get: Select[Any] = select(*columns).where(*_by_id(table))
+        self.cas = _compare_and_set(table)
+        self.fenced_cas: Update = self.cas.where(~_newer_grant(leases))
+        self.delete: Delete = delete(table).where(*_by_id(table), _at_version(table))
+        self.fenced_delete: Delete = self.delete.where(~_newer_grant(leases))
+        self.annotate = _annotate(table)
+        self.annotate_at: Update = self.annotate.where(_at_version(table))
+        self.annotate_returning = self.annotate.returning(*columns)
+        self.annotate_at_returning = self.annotate_at.returning(*columns)
+        self.lease_fence: Select[Any] = select(leases.c.fence).where(leases.c.name == bindparam("p_lease"))
 
 
-def _record_columns(table: Any) -> tuple[Any, ...]:
-    return (table.c.id, table.c.version, table.c.state, table.c.updated_at_ms, table.c.body)
+def _by_id(table: Table) -> tuple[ColumnElement[bool], ...]:
+    return table.c.kind == bindparam("p_kind"), table.c.id == bindparam("p_id")
+
+
+def _at_version(table: Table) -> ColumnElement[bool]:
+    return table.c.version == bindparam("p_expected")
+
+
+def _compare_and_set(table: Table) -> Update:
+    """Replace the record at ``p_expected`` carrying the same label, and clear its notes."""
+    same_label = same_or_both_null(table.c.label, bindparam("p_label", type_=String))
+    return (
+        update(table)
+        .where(*_by_id(table), _at_version(table), same_label)
+        .values(
+            version=bindparam("p_version"),
+            state=bindparam("p_state"),
+            updated_at_ms=bindparam("p_updated"),
+            body=bindparam("p_body"),
+            due_at_ms=bindparam("p_due", type_=BigInteger),
+            notes=null(),
+        )
+    )
+
+
+def _annotate(table: Table) -> Update:
+    """Append ``p_note``, bump the version, move ``updated_at_ms`` forward to ``p_updated``."""
+    notes = table.c.notes
+    # MAX_NOTES notes are joined by MAX_NOTES - 1 newlines
+    room = or_(notes.is_(None), newline_count(notes) < MAX_NOTES - 1)
+    return (
+        update(table)
+        .where(*_by_id(table), room)
+        .values(
+            version=table.c.version + 1,
+            updated_at_ms=Greatest(table.c.updated_at_ms, bindparam("p_updated", type_=BigInteger)),
+            notes=append_line(notes, bindparam("p_note", type_=Text)),
+        )
+    )
+
+
+def _newer_grant(leases: Table) -> Exists:
+    """A grant of lease ``p_lease`` newer than fence ``p_fence``. Leases are per (name, bucket);
+    this store has only bucket 0, so a lease's row is keyed by its name alone."""
+    return exists().where(leases.c.name == bindparam("p_lease"), leases.c.fence > bindparam("p_fence"))
+
+
+def _record_columns(table: Table) -> tuple[Any, ...]:
+    c = table.c
+    return (c.id, c.version, c.state, c.updated_at_ms, c.body, c.label, c.due_at_ms, c.notes)
 
 
 def _lease_columns(table: Any) -> tuple[Any, ...]:
     return (table.c.fence, table.c.scan_cursor)
 
 
-def _row(envelope: Envelope, *, keys: bool = True) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _row(envelope: Envelope) -> dict[str, Any]:
+    return {
+        "kind": envelope.kind,
+        "id": envelope.id,
         "version": envelope.version,
         "state": envelope.state,
         "updated_at_ms": envelope.updated_at_ms,
         "body": envelope.body,
+        "label": envelope.label,
+        "due_at_ms": envelope.due_at_ms,
+        "notes": None,
     }
-    if keys:
-        row.update(kind=envelope.kind, id=envelope.id)
-    return row
 
 
 def _envelope(kind: str, row: Row[Any]) -> Envelope:
     """An envelope from a row; a row whose columns have the wrong types is an invalid record."""
-    record_id, version, state, updated_at_ms, body = tuple(row)
+    record_id, version, state, updated_at_ms, body, label, due_at_ms, notes = tuple(row)
     if not (
         type(version) is int
         and type(updated_at_ms) is int
         and isinstance(state, str)
         and isinstance(body, str)
+        and (label is None or isinstance(label, str))
+        and (due_at_ms is None or type(due_at_ms) is int)
+        and (notes is None or isinstance(notes, str))
     ):
         raise InvalidRecordError(kind=kind, record_id=str(record_id))
-    return Envelope(kind, record_id, version, state, updated_at_ms, body)
+    noted = tuple(notes.split("\n")) if notes else ()
+    return Envelope(kind, record_id, version, state, updated_at_ms, body, label, due_at_ms, noted)
+
+
+def _checked(kind: str, row: Row[Any]) -> Envelope:
+    """The envelope of a row read by id, its routing fields validated as on write."""
+    envelope = _envelope(kind, row)
+    try:
+        check_envelope(replace(envelope, notes=()) if envelope.notes else envelope)
+    except SagaValidationError:
+        raise InvalidRecordError(kind=kind, record_id=envelope.id) from None
+    return envelope
+
+
+def _from(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple[int, str]
+          ) -> tuple[ColumnElement[bool], ...]:
+    """Index order from ``at`` on, inclusive: a cursor names the first item of its page."""
+    # ">=" is the index range; the OR only drops the ties before the cursor's id
+    return position >= at[0], or_(position > at[0], record_id >= at[1])
 
 
 def _expiry(now_ms: int, lease_ms: int) -> int:
