@@ -224,8 +224,8 @@ def _raw_notes(store: SqlStore, record_id: str) -> Any:
 
 def test_notes_are_kept_newline_separated_and_cleared_by_a_cas(store: SqlStore) -> None:
     store.create(envelope("n"))
-    store.annotate("saga", "n", '{"claim":1}', updated_at_ms=T0 + 1)
-    noted = store.annotate("saga", "n", "second note", updated_at_ms=T0 + 2)
+    store.annotate("saga", "n", '{"claim":1}')
+    noted = store.annotate("saga", "n", "second note")
     assert noted is not None and noted.notes == ('{"claim":1}', "second note")
     assert _raw_notes(store, "n") == '{"claim":1}\nsecond note'
     assert store.compare_and_set(envelope("n", version=4, at=T0 + 3), 3) is True
@@ -239,7 +239,7 @@ def test_an_empty_notes_column_holds_no_notes(store: SqlStore) -> None:
     with store.engine.begin() as conn:
         conn.execute(update(table).where(table.c.id == "e").values(notes=""))
     assert store.get("saga", "e") == envelope("e")
-    noted = store.annotate("saga", "e", "only", updated_at_ms=T0)
+    noted = store.annotate("saga", "e", "only")
     assert noted is not None and noted.notes == ("only",)
 
 
@@ -250,7 +250,7 @@ def test_get_cas_and_annotate_are_one_statement_each(store: SqlStore) -> None:
         store.get("saga", "one")
         assert store.compare_and_set(envelope("one", version=2, at=T0 + 1), 1) is True
         if store.engine.dialect.update_returning:
-            assert store.annotate("saga", "one", "x", updated_at_ms=T0 + 2) is not None
+            assert store.annotate("saga", "one", "x") is not None
     finally:
         counter.close()
     verbs = [statement.split()[0].upper() for statement, _ in counter.statements]
@@ -270,7 +270,7 @@ def test_annotate_without_returning_reads_back_inside_the_updates_transaction(
     finished = threading.Event()
 
     def interfere() -> None:
-        interloper.append(store.annotate("saga", "rb", "theirs", updated_at_ms=T0 + 9))
+        interloper.append(store.annotate("saga", "rb", "theirs"))
         finished.set()
 
     verbs: list[str] = []
@@ -286,12 +286,12 @@ def test_annotate_without_returning_reads_back_inside_the_updates_transaction(
 
     event.listen(store.engine, "after_cursor_execute", after_execute)
     try:
-        ours = store.annotate("saga", "rb", "ours", updated_at_ms=T0 + 1, expected_version=1)
+        ours = store.annotate("saga", "rb", "ours", expected_version=1)
     finally:
         event.remove(store.engine, "after_cursor_execute", after_execute)
     assert finished.wait(30)
     assert verbs == ["BEGIN", "UPDATE", "SELECT", "COMMIT"], verbs
-    assert ours == Envelope("saga", "rb", 2, "running", T0 + 1, "{}", notes=("ours",))
+    assert ours == Envelope("saga", "rb", 2, "running", T0, "{}", notes=("ours",))
     theirs = interloper[0]
     assert theirs is not None and (theirs.version, theirs.notes) == (3, ("ours", "theirs"))
 
@@ -676,7 +676,7 @@ def test_create_schema_upgrades_a_table_of_the_previous_version(previous_version
         assert {f"ix_{prefix}envelopes_{name}" for name in ("scan", "label", "due")} <= indexes
         old = Envelope("saga", "old-1", 3, "running", T0, '{"old":true}')
         assert store.get("saga", "old-1") == old
-        noted = store.annotate("saga", "old-1", "claim", updated_at_ms=T0 + 1, expected_version=3)
+        noted = store.annotate("saga", "old-1", "claim", expected_version=3)
         assert noted is not None and (noted.version, noted.notes) == (4, ("claim",))
         moved = Envelope("saga", "old-1", 5, "running", T0 + 2, "{}", due_at_ms=T0 + 9)
         assert store.compare_and_set(moved, 4) is True
@@ -703,7 +703,7 @@ def test_stores_racing_to_upgrade_the_previous_schema_all_open(previous_version:
         assert len(opened) == 6, results
         columns, indexes = _shape(opened[0])
         assert {"label", "due_at_ms", "notes"} <= columns and len(indexes) >= 3
-        assert opened[1].annotate("saga", "old-1", "after the race", updated_at_ms=T0) is not None
+        assert opened[1].annotate("saga", "old-1", "after the race") is not None
     finally:
         for each in opened:
             each.close()
@@ -750,7 +750,7 @@ def test_bad_ids_are_refused_before_any_sql(store: SqlStore, bad_id: str) -> Non
         with pytest.raises(SagaValidationError):
             store.compare_and_set(envelope("ok", version=2), 1, fence=Fence(bad_id, 1))
         with pytest.raises(SagaValidationError):
-            store.annotate("saga", bad_id, "note", updated_at_ms=T0)
+            store.annotate("saga", bad_id, "note")
         with pytest.raises(SagaValidationError):
             store.delete("saga", bad_id, 1)
         with pytest.raises(SagaValidationError):
@@ -771,9 +771,9 @@ def test_bad_notes_and_arguments_are_refused_before_any_sql(store: SqlStore, not
     counter = StatementCounter(store.engine)
     try:
         with pytest.raises(SagaValidationError):
-            store.annotate("saga", "ok", note, updated_at_ms=T0)
+            store.annotate("saga", "ok", note)
         with pytest.raises(SagaValidationError):
-            store.annotate("saga", "ok", "fine", updated_at_ms=T0, expected_version="1")  # type: ignore[arg-type]
+            store.annotate("saga", "ok", "fine", expected_version="1")  # type: ignore[arg-type]
         with pytest.raises(SagaValidationError):
             store.delete("saga", "ok", 1.0)  # type: ignore[arg-type]
         with pytest.raises(SagaValidationError):

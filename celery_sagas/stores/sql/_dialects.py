@@ -25,7 +25,6 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     ColumnElement,
     Engine,
     Row,
@@ -44,19 +43,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.sql.base import Executable
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import ReturningUpdate, Update
-from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeEngine
 
 from ...errors import StoreUnavailable
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
-    "Greatest",
     "append_line",
     "ascii_key",
     "check_supported",
@@ -283,21 +278,3 @@ def newline_count(text: ColumnElement[str]) -> ColumnElement[int]:
 def same_or_both_null(column: ColumnElement[Any], value: ColumnElement[Any]) -> ColumnElement[bool]:
     """``column IS NOT DISTINCT FROM value``: ``IS`` on SQLite, ``<=>`` on MySQL/MariaDB."""
     return column.is_not_distinct_from(value)
-
-
-class Greatest(FunctionElement[int]):
-    """The larger of two integers: ``GREATEST(a, b)``, or ``max(a, b)`` on SQLite."""
-
-    type = BigInteger()
-    name = "greatest"
-    inherit_cache = True
-
-
-@compiles(Greatest)
-def _greatest(element: Greatest, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"GREATEST({compiler.process(element.clauses, **kw)})"
-
-
-@compiles(Greatest, "sqlite")
-def _sqlite_max(element: Greatest, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"max({compiler.process(element.clauses, **kw)})"

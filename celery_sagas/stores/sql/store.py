@@ -88,7 +88,6 @@ from ..base import (
     check_scan_args,
 )
 from ._dialects import (
-    Greatest,
     append_line,
     check_supported,
     engine_settings,
@@ -242,13 +241,7 @@ class SqlStore:
             return self._read(envelope.kind, envelope.id) == envelope
 
     def annotate(
-        self,
-        kind: str,
-        record_id: str,
-        note: str,
-        *,
-        updated_at_ms: int,
-        expected_version: int | None = None,
+        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
     ) -> Envelope | None:
         """Append ``note`` and bump the version (only at ``expected_version`` when given) in one
         ``UPDATE ... RETURNING`` (MySQL/MariaDB: the UPDATE and a SELECT in one transaction);
@@ -256,10 +249,7 @@ class SqlStore:
         already holds ``MAX_NOTES`` notes."""
         check_key(kind, record_id)
         check_note(note)
-        timestamp_ms(updated_at_ms, field="updated_at_ms")
-        params: dict[str, Any] = {
-            "p_kind": kind, "p_id": record_id, "p_note": note, "p_updated": updated_at_ms
-        }
+        params: dict[str, Any] = {"p_kind": kind, "p_id": record_id, "p_note": note}
         statements = self._statements
         returning, plain = statements.annotate_returning, statements.annotate
         if expected_version is not None:
@@ -607,7 +597,7 @@ def _compare_and_set(table: Table) -> Update:
 
 
 def _annotate(table: Table) -> Update:
-    """Append ``p_note``, bump the version, move ``updated_at_ms`` forward to ``p_updated``."""
+    """Append ``p_note`` and bump the version; nothing else of the row changes."""
     notes = table.c.notes
     # MAX_NOTES notes are joined by MAX_NOTES - 1 newlines
     room = or_(notes.is_(None), newline_count(notes) < MAX_NOTES - 1)
@@ -616,7 +606,6 @@ def _annotate(table: Table) -> Update:
         .where(*_by_id(table), room)
         .values(
             version=table.c.version + 1,
-            updated_at_ms=Greatest(table.c.updated_at_ms, bindparam("p_updated", type_=BigInteger)),
             notes=append_line(notes, bindparam("p_note", type_=Text)),
         )
     )
