@@ -19,7 +19,8 @@ import pytest
 from celery_sagas import MemoryStore, StepNotCommitted
 from celery_sagas._dispatch import Sent
 from celery_sagas._events import LifecycleEvent
-from celery_sagas._records import SAGA, SagaRecord, SagaState, StepState, saga_from_envelope
+from celery_sagas._codec import Codec
+from celery_sagas._records import SAGA, SagaRecord, SagaState, StepState
 from celery_sagas.stores.base import Envelope, Fence
 from celery_sagas.testing.racing import race
 from tests.engine.conftest import Shop, kinds
@@ -58,7 +59,7 @@ class CountingStore(MemoryStore):
         watch = getattr(self, when)
         if watch is None or envelope.kind != SAGA:
             return
-        if watch[0](saga_from_envelope(envelope, envelope.id)):
+        if watch[0](Codec().saga(envelope, envelope.id)):
             setattr(self, when, None)
             watch[1]()
 
@@ -111,7 +112,7 @@ def fan(shop: Shop) -> Fan:
 
 
 def start_fan_out(shop: Shop, width: int, saga_id: str = "f-1") -> dict[str, Sent]:
-    """Start fan-in, run its advance and the charge; return the branch messages by step name."""
+    """Start fan-in and run the charge; return the branch messages by step name."""
     shop.sagas.start("fan-in", {"width": width}, saga_id=saga_id)
     shop.deliver_next()  # charge commits; the branches are recorded and sent
     messages = shop.driver.take()
@@ -165,7 +166,7 @@ def test_branches_get_the_task_name_numbered_in_call_order_and_one_group(
     assert len(set(effect_ids)) == len(effect_ids)
 
 
-def test_every_branch_is_recorded_by_one_write_and_sent_by_one_advance(shop: Shop, fan: Fan) -> None:
+def test_every_branch_is_recorded_by_one_write_and_sent_by_one_delivery(shop: Shop, fan: Fan) -> None:
     # given: the charge committed, its continuation not yet run
     shop.sagas.start("fan-in", {"width": 8}, saga_id="f-1")
     [charge] = shop.driver.take()

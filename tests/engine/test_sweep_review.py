@@ -4,20 +4,20 @@ record reported, the lease freed whatever fails after it was granted, no endless
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from celery_sagas import MemoryStore
-from celery_sagas._findings import page_findings, window_of
+from celery_sagas._codec import Codec
+from celery_sagas._engine import Engine
+from celery_sagas._findings import Findings
 from celery_sagas._leases import Leases
-from celery_sagas._records import SagaState
-from celery_sagas._scans import RecordPage, scan_sagas
-from celery_sagas._sweep import SWEEP_LEASE, Pass, SweepReport, sweep
-from celery_sagas._wakeups import WAKEUP
+from celery_sagas._records import SagaRecord, SagaState
+from celery_sagas._scans import RecordPage, Scans
+from celery_sagas._sweep import SWEEP_LEASE, Pass, Sweeper, SweepReport
 from celery_sagas.errors import SagaValidationError, StoreError
-from celery_sagas.stores.base import Envelope, Fence, Lease, Page
+from celery_sagas.stores.base import Envelope, Fence, Lease
 from tests.engine.conftest import Shop
 
 
@@ -31,7 +31,7 @@ def test_a_compensation_just_dispatched_is_not_reported_as_a_finding(shop: Shop)
 
     # then: nothing needs an operator, as the findings pages say too
     assert report.findings == []
-    assert page_findings(shop.sagas.store, window_of(shop.sagas.engine)).findings == ()
+    assert shop.sagas.findings().findings == ()
 
 
 def test_a_stale_compensation_in_flight_is_still_reported(shop: Shop) -> None:
@@ -65,12 +65,12 @@ def test_a_saga_the_sweep_sends_to_manual_review_is_reported_once(shop: Shop) ->
     assert [(e.kind, e.record_id) for e in seen] == [("ambiguous-execution", "o-1")]
 
 
-def test_a_corrupt_wakeup_is_reported_and_the_sweep_goes_on(shop: Shop, store: MemoryStore) -> None:
-    # given: a due wake-up whose body is garbage, and one that names no valid saga id
+def test_a_corrupt_record_in_the_due_index_is_reported_and_the_sweep_goes_on(
+    shop: Shop, store: MemoryStore
+) -> None:
+    # given: a saga record whose body is garbage, due for a retry
     now = shop.clock.now_ms()
-    assert store.create(Envelope(WAKEUP, "w-1", 1, "due", now - 1, "{garbage"))
-    assert store.create(Envelope(WAKEUP, "w-2", 1, "due", now - 1,
-                                 '{"saga_id": "no spaces allowed", "created_at_ms": 0}'))
+    assert store.create(Envelope("saga", "s-1", 1, "running", now - 1, "{garbage", due_at_ms=now - 1))
 
     # when
     first = shop.sagas.sweep()
@@ -78,26 +78,27 @@ def test_a_corrupt_wakeup_is_reported_and_the_sweep_goes_on(shop: Shop, store: M
 
     # then: reported every time, never acted on, nothing else disturbed
     for report in (first, second):
-        assert sorted((c.kind, c.id) for c in report.corrupt) == [(WAKEUP, "w-1"), (WAKEUP, "w-2")]
+        assert ("saga", "s-1") in {(c.kind, c.id) for c in report.corrupt}
         assert report.complete and report.errors == 0
 
 
-def test_the_lease_is_released_when_counting_sagas_fails(
+def _sweeper(shop: Shop, **options: Any) -> Sweeper:
+    return Sweeper(shop.sagas.engine, Scans(shop.sagas.store, Codec()), owner="beat-1",
+                   lease_ms=60_000, **options)
+
+
+def test_a_failure_to_count_sagas_leaves_no_lease_held(
     shop: Shop, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # given: the store fails the gauge's counting scans (asked with the cap as their limit)
-    real = store.scan
+    # given: the store fails the gauge's counts
+    def count(*_: Any, **__: Any) -> int:
+        raise StoreError("store went away")
 
-    def scan(kind: str, states: Sequence[str], **options: Any) -> Page:
-        if options.get("limit") == 7:
-            raise StoreError("store went away")
-        return real(kind, states, **options)
-
-    monkeypatch.setattr(store, "scan", scan)
+    monkeypatch.setattr(store, "count", count)
 
     # when
     with pytest.raises(StoreError):
-        sweep(shop.sagas.engine, owner="beat-1", lease_ms=60_000, count_cap=7)
+        _sweeper(shop, count_states=True).sweep()
 
     # then: the next sweeper need not wait for the lease to expire
     assert Leases(store, shop.clock, owner="beat-2").acquire(SWEEP_LEASE, 60_000) is not None
@@ -110,15 +111,18 @@ def test_a_cursor_the_store_refuses_mid_walk_stops_the_sweep_instead_of_looping(
     for saga_id in ("o-1", "o-2"):
         shop.start_order(saga_id)
     shop.driver.take()
+    scans = Scans(store, Codec())
 
-    def fetch(cursor: str | None, limit: int) -> RecordPage[object]:
+    def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
         if cursor is not None:
             raise SagaValidationError("malformed scan cursor")
-        page = scan_sagas(store, [SagaState.RUNNING], cursor=cursor, limit=limit)
-        return RecordPage(tuple(page.records), page.corrupt, page.cursor)
+        return scans.sagas([SagaState.RUNNING], bucket=bucket, cursor=cursor, limit=limit)
 
-    def act(record: object, fence: Fence, report: SweepReport) -> None:
+    def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
         return None
+
+    def refusing(engine: Engine, scans: Scans, now: int) -> Pass[SagaRecord]:
+        return Pass("refusing", fetch, act)
 
     def bounded(lease: Lease, report: SweepReport) -> None:
         if report.pages > 50:
@@ -126,8 +130,7 @@ def test_a_cursor_the_store_refuses_mid_walk_stops_the_sweep_instead_of_looping(
 
     # when / then
     with pytest.raises(SagaValidationError):
-        sweep(shop.sagas.engine, owner="beat-1", lease_ms=60_000, page_size=1,
-              extra_passes=[Pass("refusing", fetch, act)], on_page=bounded)
+        _sweeper(shop, page_size=1, extra_passes=[refusing], on_page=bounded).sweep()
     assert Leases(store, shop.clock, owner="beat-2").acquire(SWEEP_LEASE, 60_000) is not None
 
 
@@ -137,4 +140,4 @@ def test_a_deeply_nested_findings_cursor_is_malformed_not_a_crash(
 ) -> None:
     cursor = base64.urlsafe_b64encode(b"[" * nested).decode()
     with pytest.raises(SagaValidationError):
-        page_findings(store, cursor=cursor)
+        Findings(Scans(store, Codec())).page(cursor=cursor)
