@@ -54,7 +54,8 @@ class SweepReport:
     """What one sweep did; findings carry ids and codes only."""
 
     acquired: bool = False
-    fence: int | None = None
+    fence: int | None = None  # the highest fencing number held (of any bucket)
+    fences: dict[int, int] = field(default_factory=dict)  # bucket -> fencing number held
     complete: bool = False
     lease_lost: bool = False
     buckets: int = 0
@@ -139,9 +140,8 @@ class Sweeper:
             report.complete = swept == len(order)
             if self.count_states:
                 report.states = {str(s): store.count(SAGA, [str(s)]) for s in _OPEN_STATES}
-        except (LeaseLost, FencedWriteRefused) as exc:
+        except (LeaseLost, FencedWriteRefused):
             report.lease_lost = True
-            logger.warning("sweep stopped: %s", exc, extra={"fence": report.fence})
         finally:
             for finding in (*report.findings, *(corrupt_finding(c) for c in report.corrupt)):
                 self.engine.events.report(finding_event(finding, report.fence))
@@ -155,6 +155,7 @@ class Sweeper:
             return 0
         report.acquired = True
         report.fence = max(report.fence or 0, lease.fence)
+        report.fences[bucket] = lease.fence
         if skip_fresh and self._recently_done(lease):
             leases.release(lease)
             return 1
@@ -166,6 +167,7 @@ class Sweeper:
             before = report.examined
             self._walk(leases, lease, report)
         except (LeaseLost, FencedWriteRefused):
+            logger.warning("sweep stopped bucket=%d fence=%d", bucket, lease.fence, extra=extra)
             raise
         except Exception:
             # A store outage mid-sweep: free the lease (the checkpoint stays) so the next sweep

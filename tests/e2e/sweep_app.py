@@ -27,20 +27,25 @@ from typing import Any
 
 from sqlalchemy import insert
 
+from celery_sagas._codec import Codec
 from celery_sagas._context import SagaContext
-from celery_sagas._definitions import Registry, SagaDefinition, StepOptions, Timing
+from celery_sagas._definitions import CompensatorOptions, Registry, SagaDefinition, StepOptions, Timing
 from celery_sagas._engine import Engine, EngineSettings
-from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
-from celery_sagas._sweep import SweepReport, sweep
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._repository import SagaRepository
+from celery_sagas._scans import Scans
+from celery_sagas._sweep import Sweeper, SweepReport
 from celery_sagas.errors import FencedWriteRefused
 from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
 from celery_sagas.stores.sql._schema import build_tables
+from celery_sagas.testing.proxy import StoreProxy
 
 DEFINITION = "sweep-test"
 STEP_TASK = "sweep.work"
+UNDO_TASK = "sweep.undo"
 HOUR_MS = 3_600_000
 
 
@@ -51,23 +56,52 @@ def _run(ctx: SagaContext, data: dict[str, Any]) -> None:
 def registry() -> Registry:
     """A registry with the one-step test saga the sweeper re-drives."""
     found = Registry()
-    found.add_step(StepOptions(task=STEP_TASK, compensator=None))
+    found.add_step(StepOptions(task=STEP_TASK, compensator=UNDO_TASK))
+    found.add_compensator(CompensatorOptions(UNDO_TASK))
     found.add_definition(SagaDefinition(DEFINITION, _run))
     return found
 
 
+def engine_on(store: Store, dispatcher: Any, *, stale_ms: int, clock: Any = None) -> Engine:
+    """An engine over ``store`` with the sweep test saga registered."""
+    return Engine(SagaRepository(store, Codec()), registry(), dispatcher, clock=clock,
+                  settings=EngineSettings(timing=Timing(stale_ms=stale_ms)))
+
+
+def sweeper_of(engine: Engine, owner: str, **options: Any) -> Sweeper:
+    """A sweeper of ``engine``'s store."""
+    return Sweeper(engine, Scans(engine.repository.store, Codec()), owner=owner, **options)
+
+
+def _step(saga_id: str, n: int, at_ms: int, **changes: Any) -> StepRecord:
+    fields: dict[str, Any] = {
+        "name": STEP_TASK, "task": STEP_TASK, "effect_id": f"{saga_id}-e",
+        "compensation_effect_id": f"{saga_id}-c", "state": StepState.EXECUTING, "args": (n,),
+        "compensator": UNDO_TASK, "dispatched_at_ms": at_ms,
+    }
+    return StepRecord(**{**fields, **changes})
+
+
 def stale_saga(saga_id: str, n: int, at_ms: int) -> SagaRecord:
-    """A running saga whose first advance was lost: a sweep appends and dispatches its step."""
-    return SagaRecord(saga_id, DEFINITION, SagaState.RUNNING, {"n": n}, at_ms, at_ms)
+    """A running saga whose first step's message was lost: a sweep sends it again."""
+    return SagaRecord(saga_id, DEFINITION, SagaState.RUNNING, {"n": n}, at_ms, at_ms,
+                      (_step(saga_id, n, at_ms),))
+
+
+def due_compensation(saga_id: str, n: int, at_ms: int) -> SagaRecord:
+    """A compensating saga whose compensation retry fell due at ``at_ms``: the due pass begins
+    it again (a write) and sends the compensator."""
+    step = _step(saga_id, n, at_ms, state=StepState.COMPENSATION_FAILED, attempts=1,
+                 compensation_attempts=1, next_attempt_at_ms=at_ms, committed_at_ms=at_ms,
+                 error_code="compensation_failed", started_at_ms=None)
+    return SagaRecord(saga_id, DEFINITION, SagaState.COMPENSATING, {"n": n}, at_ms, at_ms, (step,),
+                      rolling_back=True, error_code="cancelled", reason="cancelled")
 
 
 def waiting_saga(saga_id: str, n: int, at_ms: int) -> SagaRecord:
     """A running saga whose step runs elsewhere within its time limit: a sweep leaves it alone."""
-    step = StepRecord(
-        name=STEP_TASK, task=STEP_TASK, effect_id=f"{saga_id}-e", compensation_effect_id=f"{saga_id}-c",
-        state=StepState.EXECUTING, args=(n,), attempts=1, started_at_ms=at_ms,
-        claimed_by="another-host:1", dispatched_at_ms=at_ms, time_limit_ms=24 * HOUR_MS,
-    )
+    step = _step(saga_id, n, at_ms, attempts=1, started_at_ms=at_ms, claimed_by="another-host:1",
+                 time_limit_ms=24 * HOUR_MS)
     return SagaRecord(saga_id, DEFINITION, SagaState.RUNNING, {"n": n}, at_ms, at_ms, (step,))
 
 
@@ -80,27 +114,38 @@ def store_for(url: str, prefix: str) -> Store:
 
 def bulk_create(store: Store, records: Sequence[SagaRecord]) -> None:
     """Insert many new sagas quickly (see ``bulk_insert``)."""
-    bulk_insert(store, [saga_to_envelope(record) for record in records])
+    bulk_insert(store, [Codec().saga_envelope(record) for record in records])
 
 
 def bulk_insert(store: Store, envelopes: Sequence[Envelope]) -> None:
     """Insert many new records quickly, in the store's own layout (Redis pipeline, SQL executemany)."""
     if isinstance(store, RedisStore):
-        layout = store.layout
-        pipe = store._client.pipeline(transaction=False)
-        for e in envelopes:
-            fields: dict[Any, Any] = {"id": e.id, "version": e.version, "state": e.state,
-                                      "updated_at_ms": e.updated_at_ms, "body": e.body}
-            pipe.hset(layout.record(e.kind, e.id), mapping=fields)
-            pipe.zadd(layout.record_index(e.kind, e.id, e.state), {e.id: e.updated_at_ms})
-        pipe.execute()
+        _redis_insert(store, envelopes)
         return
     assert isinstance(store, SqlStore)
     table = build_tables(store.table_prefix).envelopes
     rows = [{"kind": e.kind, "id": e.id, "version": e.version, "state": e.state,
-             "updated_at_ms": e.updated_at_ms, "body": e.body} for e in envelopes]
+             "updated_at_ms": e.updated_at_ms, "body": e.body, "label": e.label,
+             "due_at_ms": e.due_at_ms, "notes": None} for e in envelopes]
     with store.engine.begin() as connection:
         connection.execute(insert(table), rows)
+
+
+def _redis_insert(store: RedisStore, envelopes: Sequence[Envelope]) -> None:
+    layout = store.layout
+    pipe = store._client.pipeline(transaction=False)
+    for e in envelopes:
+        fields: dict[Any, Any] = {"id": e.id, "version": e.version, "state": e.state,
+                                  "updated_at_ms": e.updated_at_ms, "body": e.body}
+        if e.label is not None:
+            fields["label"] = e.label
+            pipe.zadd(layout.record_index(e.kind, e.id, e.state, e.label), {e.id: e.updated_at_ms})
+        if e.due_at_ms is not None:
+            fields["due_at_ms"] = e.due_at_ms
+            pipe.zadd(layout.due(e.kind, layout.bucket(e.id)), {e.id: e.due_at_ms})
+        pipe.hset(layout.record(e.kind, e.id), mapping=fields)
+        pipe.zadd(layout.record_index(e.kind, e.id, e.state), {e.id: e.updated_at_ms})
+    pipe.execute()
 
 
 def destroy(store: Store) -> None:
@@ -140,21 +185,12 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-class TracingStore:
+class TracingStore(StoreProxy):
     """Delegates to a store and traces scans and compare-and-sets."""
 
     def __init__(self, inner: Store, trace: Trace) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.trace = trace
-        self.durable = inner.durable
-
-    def create(self, envelope: Envelope) -> bool:
-        """Delegate."""
-        return self.inner.create(envelope)
-
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Delegate."""
-        return self.inner.get(kind, record_id)
 
     def compare_and_set(
         self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
@@ -169,29 +205,15 @@ class TracingStore:
         self.trace.write("cas", id=envelope.id, fence=number, outcome="written" if written else "stale")
         return written
 
-    def scan(self, kind: str, states: Sequence[str], *, updated_before_ms: int | None = None,
+    def scan(self, kind: str, states: Sequence[str], *, label: str | None = None,
+             updated_before_ms: int | None = None, bucket: int | None = None,
              cursor: str | None = None, limit: int = 100) -> Page:
         """Delegate and trace the page."""
-        page = self.inner.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
-        self.trace.write("scan", states=list(states), cursor=cursor,
+        page = self.inner.scan(kind, states, label=label, updated_before_ms=updated_before_ms,
+                               bucket=bucket, cursor=cursor, limit=limit)
+        self.trace.write("scan", states=list(states), bucket=bucket, cursor=cursor,
                          ids=[item.id for item in page.items], next=page.cursor)
         return page
-
-    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int) -> Lease | None:
-        """Delegate."""
-        return self.inner.acquire_lease(name, owner, token, now_ms, lease_ms)
-
-    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
-        """Delegate."""
-        return self.inner.renew_lease(lease, now_ms, lease_ms)
-
-    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
-        """Delegate."""
-        return self.inner.checkpoint_lease(lease, cursor, now_ms)
-
-    def release_lease(self, lease: Lease) -> bool:
-        """Delegate."""
-        return self.inner.release_lease(lease)
 
     def close(self) -> None:
         """Delegate."""
@@ -204,17 +226,13 @@ class TracingDispatcher:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
 
-    def send_step(self, saga_id: str, step: StepRecord) -> None:
+    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Trace a step message."""
         self.trace.write("send", kind="step", saga_id=saga_id, effect_id=step.effect_id)
 
-    def send_compensation(self, saga_id: str, step: StepRecord) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Trace a compensation message."""
         self.trace.write("send", kind="compensation", saga_id=saga_id, effect_id=step.compensation_effect_id)
-
-    def send_advance(self, saga_id: str) -> None:
-        """Trace an advance message."""
-        self.trace.write("send", kind="advance", saga_id=saga_id)
 
 
 def _wait_for(path: Path, timeout: float) -> None:
@@ -228,6 +246,7 @@ def _wait_for(path: Path, timeout: float) -> None:
 def _report_json(report: SweepReport) -> str:
     return json.dumps({
         "acquired": report.acquired, "fence": report.fence, "complete": report.complete,
+        "buckets": report.buckets, "fences": report.fences,
         "lease_lost": report.lease_lost, "examined": report.examined, "acted": report.acted,
         "errors": report.errors, "pages": report.pages, "corrupt": [c.id for c in report.corrupt],
     })
@@ -251,12 +270,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Sweep once (waiting until the lease is free), then print the report as JSON."""
+    """Sweep until every bucket was swept (waiting for leases others hold), then print the last
+    report as JSON."""
     args = _parser().parse_args(argv)
     trace = Trace(args.trace, args.owner)
     store = TracingStore(store_for(args.store, args.prefix), trace)
-    engine = Engine(store, registry(), TracingDispatcher(trace),
-                    settings=EngineSettings(timing=Timing(stale_ms=args.stale_ms)))
+    engine = engine_on(store, TracingDispatcher(trace), stale_ms=args.stale_ms)
 
     paused = False
 
@@ -271,12 +290,13 @@ def main(argv: list[str] | None = None) -> int:
             trace.write("resumed", fence=lease.fence)
 
     deadline = time.monotonic() + args.timeout
+    sweeper = sweeper_of(engine, args.owner, lease_ms=args.lease_ms, page_size=args.page_size,
+                         on_page=on_page)
     while True:
-        report = sweep(engine, owner=args.owner, lease_ms=args.lease_ms, page_size=args.page_size,
-                       on_page=on_page)
-        if report.acquired or time.monotonic() > deadline:
+        report = sweeper.sweep()
+        if report.complete or report.lease_lost or time.monotonic() > deadline:
             break
-        time.sleep(0.02)  # another sweeper holds the lease: try again until it expires
+        time.sleep(0.02)  # another sweeper holds a bucket's lease: try again until it expires
     print(_report_json(report), flush=True)
     store.close()
     return 0

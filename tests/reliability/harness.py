@@ -361,7 +361,7 @@ def _collect(cluster: Cluster, tracker: Tracker, report: Report) -> None:
         r.error_code or "?" for r in records.values() if r and r.state == "manual-review"
     )
     report.fences = fence_stats(trace)
-    stopped = sum(p.text().count("sweep stopped fence=") for p in cluster.processes)
+    stopped = sum(p.text().count("sweep stopped bucket=") for p in cluster.processes)
     if stopped:
         report.fences["sweeps_stopped"] = stopped
     killed = [f.body for f in report.fault_log if f.body is not None]

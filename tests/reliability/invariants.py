@@ -156,7 +156,8 @@ def _orphans(records: Mapping[str, SagaRecord | None],
 
 
 def stale_fenced_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
-    """Accepted fenced writes that began after a newer grant of their lease was known."""
+    """Accepted fenced writes that began after a newer grant of their lease (of their bucket)
+    was known."""
     grants: dict[str, list[tuple[int, int]]] = defaultdict(list)
     writes = []
     for entry in trace:
@@ -184,16 +185,11 @@ def stale_fenced_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
     return found
 
 
-# The effect journal is a secondary record (the saga record is authoritative) and journals
-# lifecycle points after the fenced saga write they follow; its writes carry no fence.
-JOURNAL_KINDS = ("effect",)
-
-
 def unfenced_sweep_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]:
-    """Writes of authoritative records a sweep made without its lease's fence."""
+    """Writes a sweep made without its lease's fence."""
     return [
         Violation("unfenced-sweep-write", e["id"], f"{e['kind']} -> {e['state']} ({e['outcome']})")
-        for e in trace if e["ev"] == "unfenced" and e["kind"] not in JOURNAL_KINDS
+        for e in trace if e["ev"] == "unfenced"
     ]
 
 

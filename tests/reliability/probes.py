@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from celery_sagas._celery.dispatcher import SWEEP_TASK
+from celery_sagas._celery.messages import SWEEP_TASK
 from celery_sagas._clock import SystemClock
 from celery_sagas._leases import Leases
 from celery_sagas._sweep import SWEEP_LEASE
@@ -77,7 +77,7 @@ def paused_sweeper(workdir: Path, stale: int = 6) -> Report:
         pid = wait_until(lambda: _writer_among(cluster, children), timeout=30,
                          what="a fenced write by the sweeping worker")
         newer = _stop_past_lease(cluster, pid, report)
-        wait_until(lambda: "sweep stopped fence=" in worker.text(), timeout=30,
+        wait_until(lambda: "sweep stopped bucket=" in worker.text(), timeout=30,
                    what="the paused sweeper to stop")
         if newer is not None:
             Leases(cluster.shop.store, SystemClock(), owner="probe").release(newer)

@@ -102,6 +102,15 @@ class TracingStore:
     def _log(self, event: str, **fields: Any) -> None:
         append_line(self.trace, {"ev": event, "pid": os.getpid(), **fields})
 
+    def bucket_of(self, record_id: str) -> int:
+        """Pass through."""
+        return self.inner.bucket_of(record_id)
+
+    @property
+    def buckets(self) -> int:
+        """Pass through."""
+        return self.inner.buckets
+
     def create(self, envelope: Envelope) -> bool:
         """Pass through."""
         return self.inner.create(envelope)
@@ -110,6 +119,11 @@ class TracingStore:
         """Pass through."""
         return self.inner.get(kind, record_id)
 
+    def annotate(self, kind: str, record_id: str, note: str, *,
+                 expected_version: int | None = None) -> Envelope | None:
+        """Pass through (a note is a worker's claim or a signal: never a sweep's write)."""
+        return self.inner.annotate(kind, record_id, note, expected_version=expected_version)
+
     def compare_and_set(self, envelope: Envelope, expected_version: int, *,
                         fence: Fence | None = None) -> bool:
         """Pass through; a fenced write is traced with its fence and its start/end times."""
@@ -117,13 +131,10 @@ class TracingStore:
         try:
             ok = self.inner.compare_and_set(envelope, expected_version, fence=fence)
         except FencedWriteRefused:
-            if fence is not None:
-                self._log("write", lease=fence.lease, fence=fence.number, t0=started,
-                          t1=time.monotonic_ns(), outcome="refused", id=envelope.id)
+            self._fenced(fence, started, "refused", envelope.id)
             raise
         if fence is not None:
-            self._log("write", lease=fence.lease, fence=fence.number, t0=started,
-                      t1=time.monotonic_ns(), outcome="ok" if ok else "stale", id=envelope.id)
+            self._fenced(fence, started, "ok" if ok else "stale", envelope.id)
         elif getattr(self._sweeping, "on", False):
             self._log("unfenced", kind=envelope.kind, id=envelope.id, state=envelope.state,
                       outcome="ok" if ok else "stale")
@@ -131,20 +142,51 @@ class TracingStore:
             listener(envelope, expected_version, ok)
         return ok
 
-    def scan(self, kind: str, states: Sequence[str], *, updated_before_ms: int | None = None,
+    def delete(self, kind: str, record_id: str, expected_version: int, *,
+               fence: Fence | None = None) -> bool:
+        """Pass through; a fenced delete is traced like a fenced write."""
+        started = time.monotonic_ns()
+        try:
+            ok = self.inner.delete(kind, record_id, expected_version, fence=fence)
+        except FencedWriteRefused:
+            self._fenced(fence, started, "refused", record_id)
+            raise
+        if fence is not None:
+            self._fenced(fence, started, "ok" if ok else "stale", record_id)
+        return ok
+
+    def _fenced(self, fence: Fence | None, started: int, outcome: str, record_id: str) -> None:
+        if fence is not None:
+            self._log("write", lease=_lease(fence.lease, fence.bucket), fence=fence.number,
+                      t0=started, t1=time.monotonic_ns(), outcome=outcome, id=record_id)
+
+    def scan(self, kind: str, states: Sequence[str], *, label: str | None = None,
+             updated_before_ms: int | None = None, bucket: int | None = None,
              cursor: str | None = None, limit: int = 100) -> Page:
         """Pass through (after an optional delay that makes sweeps slow enough to pause)."""
         if self.scan_delay_ms:
             time.sleep(self.scan_delay_ms / 1000)
-        return self.inner.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor,
-                               limit=limit)
+        return self.inner.scan(kind, states, label=label, updated_before_ms=updated_before_ms,
+                               bucket=bucket, cursor=cursor, limit=limit)
 
-    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int,
-                      lease_ms: int) -> Lease | None:
+    def scan_due(self, kind: str, *, due_before_ms: int, bucket: int | None = None,
+                 cursor: str | None = None, limit: int = 100) -> Page:
+        """Pass through."""
+        return self.inner.scan_due(kind, due_before_ms=due_before_ms, bucket=bucket, cursor=cursor,
+                                   limit=limit)
+
+    def count(self, kind: str, states: Sequence[str], *, label: str | None = None,
+              updated_after_ms: int | None = None, updated_before_ms: int | None = None) -> int:
+        """Pass through."""
+        return self.inner.count(kind, states, label=label, updated_after_ms=updated_after_ms,
+                                updated_before_ms=updated_before_ms)
+
+    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *,
+                      bucket: int = 0) -> Lease | None:
         """Pass through; a grant is traced with the time it was known to exist."""
-        lease = self.inner.acquire_lease(name, owner, token, now_ms, lease_ms)
+        lease = self.inner.acquire_lease(name, owner, token, now_ms, lease_ms, bucket=bucket)
         if lease is not None:
-            self._log("grant", lease=name, fence=lease.fence, t1=time.monotonic_ns())
+            self._log("grant", lease=_lease(name, bucket), fence=lease.fence, t1=time.monotonic_ns())
         return lease
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
@@ -158,7 +200,8 @@ class TracingStore:
     def release_lease(self, lease: Lease) -> bool:
         """Pass through; traced so a fault injector can tell who is sweeping right now."""
         released = self.inner.release_lease(lease)
-        self._log("release", lease=lease.name, fence=lease.fence, t1=time.monotonic_ns())
+        self._log("release", lease=_lease(lease.name, lease.bucket), fence=lease.fence,
+                  t1=time.monotonic_ns())
         return released
 
     def close(self) -> None:
@@ -167,3 +210,8 @@ class TracingStore:
             if self._inner is not None and self._pid == os.getpid():
                 self._inner.close()
             self._inner = None
+
+
+def _lease(name: str, bucket: int) -> str:
+    """A lease as the trace names it: fencing numbers grow per (name, bucket)."""
+    return f"{name}@{bucket}"

@@ -465,8 +465,9 @@ class RedisStore:
             found = self._index_range(key, resume, before, limit + 1 - len(positions))
             positions.extend((index, bucket, score, member) for score, member in found)
             if len(positions) > limit:
-                return self._page(kind, names, positions[:limit], positions[limit], matches, still)
-        return self._page(kind, names, positions, None, matches, still)
+                return self._page(kind, names, slots, positions[:limit], positions[limit], matches,
+                                  still)
+        return self._page(kind, names, slots, positions, None, matches, still)
 
     def _index_range(
         self, key: str, start: tuple[int, str] | None, before_ms: int | None, want: int
@@ -511,6 +512,7 @@ class RedisStore:
         self,
         kind: str,
         names: list[str],
+        slots: list[_Slot],
         positions: list[_Position],
         following: _Position | None,
         matches: Callable[[Envelope, int, int], bool],
@@ -525,10 +527,13 @@ class RedisStore:
         again), and left to its new position otherwise.
         """
         fetched = self._fetch(kind, [position[3] for position in positions])
+        dangling = self._dangling(slots, positions, fetched)
         items: list[Envelope] = []
         returned: set[str] = set()
         for (index, bucket, score, member), fields in zip(positions, fetched, strict=True):
             envelope = _scanned(kind, names[index], score, member, fields)
+            if envelope is None and member in dangling:
+                envelope = Envelope(kind, member, 0, names[index], score, "")  # reported corrupt
             if envelope is None or envelope.id in returned:
                 continue  # deleted since its entry was read, or moved between two indexes
             if envelope.version == 0 or matches(envelope, index, score) or _passed(
@@ -541,6 +546,22 @@ class RedisStore:
             index, bucket, score, member = following
             cursor = encode_cursor(names, names[index], (score, member), bucket)
         return Page(tuple(items), cursor)
+
+    def _dangling(self, slots: list[_Slot], positions: list[_Position],
+                  fetched: list[object]) -> set[str]:
+        """Ids whose record is gone but whose index entry is still there (one more round trip,
+        only when a record is missing): never a concurrent delete, which removes both at once."""
+        keys = {(index, bucket): key for index, bucket, key in slots}
+        absent = [(keys[(p[0], p[1])], p[3]) for p, fields in zip(positions, fetched, strict=True)
+                  if isinstance(fields, Mapping) and not fields]
+        if not absent:
+            return set()
+        pipe = self._client.pipeline(transaction=False)
+        for key, member in absent:
+            pipe.zscore(key, member)
+        with self._driver("scan"):
+            scores = pipe.execute()
+        return {member for (_, member), score in zip(absent, scores, strict=True) if score is not None}
 
     def _fetch(self, kind: str, record_ids: list[str]) -> list[object]:
         """HGETALL every record in one round trip; per-record errors come back as values."""
