@@ -11,7 +11,8 @@
 Authentication is left out: a real shop shows the token only to the customer who placed the
 order and lets only managers decide.
 
-The handler only records the saga and enqueues it, so it returns at once; workers do the rest.
+The handler records the saga with its first step and sends that step, so it returns at once;
+workers do the rest.
 """
 
 from __future__ import annotations

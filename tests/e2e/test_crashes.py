@@ -68,11 +68,11 @@ def test_duplicated_step_messages_run_the_body_once(redis_stack: Stack) -> None:
     _blocked_pid(redis_stack, "reserve", "dup-1")
     step = redis_stack.sagas.get("dup-1").steps[0]
     dispatcher = redis_stack.sagas.dispatcher
-    dispatcher.send_step("dup-1", step)  # while the first delivery runs
+    dispatcher.send_step("dup-1", step, 1)  # while the first delivery runs
     redis_stack.release("go")
     record = redis_stack.wait_settled("dup-1")
-    dispatcher.send_step("dup-1", step)  # after it committed
-    dispatcher.send_step("dup-1", record.steps[2])
+    dispatcher.send_step("dup-1", step, 1)  # after it committed
+    dispatcher.send_step("dup-1", record.steps[2], 1)
     assert record.state == "completed"
     # The duplicates are consumed without effect: send a marker saga through the same queue.
     redis_stack.shop.order.start({"sku": "M", "amount": 1, "id": "m"}, saga_id="dup-marker")

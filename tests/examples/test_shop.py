@@ -33,7 +33,9 @@ def test_post_order_returns_at_once_and_get_shows_the_completed_saga(shop: Any) 
     response = client.post("/orders", json=order)
     assert response.status_code == 202
     assert response.get_json() == {"saga_id": "web-1", "state": "running"}
-    assert client.get("/orders/web-1").get_json()["steps"] == []
+    # recorded with its first step's intent, which is sent to a worker
+    [first] = client.get("/orders/web-1").get_json()["steps"]
+    assert (first["state"], first["attempts"]) == ("executing", 0)
     driver.run_until_idle()
     body = client.get("/orders/web-1").get_json()
     assert body["state"] == "completed"

@@ -123,7 +123,7 @@ def prepare() -> Target:
     comp = engine.load("comp")
     first = comp.step("first")
     assert first is not None and first.state == "compensating"
-    engine.write(comp, _claimed_then_vanished(comp, engine.now()))
+    engine.repository.write(comp, _claimed_then_vanished(comp, engine.now()))
     engine.advance("comp")
     engine.start(GATED, {"n": 3}, "gated")
     engine.advance("gated")

@@ -106,9 +106,10 @@ def test_a_killed_non_idempotent_body_whose_step_did_not_end_ambiguous_was_guess
     assert [v.rule for v in check(["s1"], {"s1": failed}, killed, [], killed)] == ["guessed"]
 
 
-def test_a_sweep_write_of_a_saga_without_its_fence_is_reported_but_the_journal_is_not() -> None:
+def test_a_sweep_write_without_its_fence_is_reported() -> None:
     record = _saga(SagaState.COMPLETED)
-    journal = {"ev": "unfenced", "kind": "effect", "id": "e1", "state": "unknown", "outcome": "ok"}
     saga = {"ev": "unfenced", "kind": "saga", "id": "s1", "state": "running", "outcome": "ok"}
-    assert _rules({"s1": record}, [], [journal]) == []
-    assert _rules({"s1": record}, [], [journal, saga]) == ["unfenced-sweep-write"]
+    approval = {"ev": "unfenced", "kind": "approval", "id": "a1", "state": "expired", "outcome": "ok"}
+    assert _rules({"s1": record}, [], []) == []
+    assert _rules({"s1": record}, [], [saga]) == ["unfenced-sweep-write"]
+    assert _rules({"s1": record}, [], [approval]) == ["unfenced-sweep-write"]

@@ -10,10 +10,12 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
+from celery_sagas._codec import Codec
 from celery_sagas._definitions import Registry, SagaDefinition, StepOptions
 from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine
 from celery_sagas._protocol import moves
+from celery_sagas._repository import SagaRepository
 from celery_sagas.errors import SagaConcurrencyError, SagaConfigurationError, SagaValidationError
 from celery_sagas.testing.clock import FrozenClock
 from celery_sagas.testing.racing import ReadTogether, race
@@ -46,9 +48,10 @@ def test_a_duration_setting_of_a_year_is_still_accepted(name: str) -> None:
 def _engine() -> tuple[Engine, FrozenClock]:
     registry = Registry()
     registry.add_step(StepOptions(task="regression.work", compensator=None))
-    registry.add_definition(SagaDefinition("regression", lambda ctx, data: None))
+    registry.add_definition(SagaDefinition("regression", lambda ctx, data: ctx.step("regression.work")))
     clock = FrozenClock()
-    return Engine(MemoryStore(), registry, RecordingDispatcher(), clock=clock), clock
+    repository = SagaRepository(MemoryStore(), Codec())
+    return Engine(repository, registry, RecordingDispatcher(), clock=clock), clock
 
 
 def test_two_writers_of_the_same_move_from_the_same_version_are_not_both_told_they_won() -> None:
@@ -59,17 +62,18 @@ def test_two_writers_of_the_same_move_from_the_same_version_are_not_both_told_th
     engine, clock = _engine()
     record = engine.start("regression", {"n": 1}, "same-move")
     after = moves.to_manual_review(record, "run_failed", "for the test", clock.now_ms())
-    engine.write(record, after)
+    engine.repository.write(record, after)
     with pytest.raises(SagaConcurrencyError):
-        engine.write(record, after)
+        engine.repository.write(record, after)
 
 
 def test_sixteen_threads_resuming_one_saga_in_the_same_millisecond_lift_the_review_once() -> None:
     engine, clock = _engine()
     record = engine.start("regression", {"n": 1}, "resume-race")
-    review = engine.write(record, moves.to_manual_review(record, "run_failed", "x", clock.now_ms()))
+    review = engine.repository.write(
+        record, moves.to_manual_review(record, "run_failed", "x", clock.now_ms()))
     wins: list[str] = []
-    store = engine.store
+    store = engine.repository.store
     original = store.compare_and_set
     before, after, first = (threading.Barrier(16, timeout=60), threading.Barrier(16, timeout=60),
                             threading.local())
@@ -88,18 +92,24 @@ def test_sixteen_threads_resuming_one_saga_in_the_same_millisecond_lift_the_revi
         return ok
 
     store.compare_and_set = counting  # type: ignore[method-assign]
-    engine.store = ReadTogether(store, parties=16)  # all 16 judge the review before any writes
+    # all 16 judge the review before any writes
+    engine.repository = SagaRepository(ReadTogether(store, parties=16), Codec())
     results = race(lambda _: engine.resume("resume-race"), threads=16)
     assert not [r for r in results if isinstance(r, BaseException)]
     assert wins == ["running"], (wins, results)
 
 
 def _one_running_saga() -> Sagas:
-    """In-process Sagas with one saga ``running`` whose advance message was never sent."""
+    """In-process Sagas with one saga ``running`` whose first step's message was never sent."""
     sagas = Sagas(Celery("regression", set_as_current=False), store=MemoryStore(),
                   allow_non_durable=True)
     sagas.dispatcher = RecordingDispatcher()
-    sagas.saga("regression")(lambda ctx, data: None)
+
+    @sagas.step(name="regression.work", compensate=None)
+    def work() -> None:
+        return None
+
+    sagas.saga("regression")(lambda ctx, data: ctx.step(work))
     sagas.start("regression", {}, saga_id="running")
     return sagas
 
