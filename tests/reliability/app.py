@@ -170,7 +170,8 @@ def build(config: Config) -> Shop:
     # timeout, look as often as it expires so a redelivery happens while bodies run.
     app = worker_app("reliability", config.broker, config.queue, config.workdir,
                      visibility_timeout=config.visibility_timeout,
-                     unacked_restore_interval=min(10.0, config.visibility_timeout))
+                     unacked_restore_interval=min(10.0, config.visibility_timeout),
+                     unacked_restore_throttle=1)  # kombu 5.7+ scans only every Nth restore
     store = TracingStore(config.store, prefix=config.prefix, trace=config.fences,
                          scan_delay_ms=config.scan_delay_ms)
     clock = SkewedClock(config.clock_skew_ms) if config.clock_skew_ms else None
@@ -183,9 +184,9 @@ def build(config: Config) -> Shop:
     provider = Provider(config)
     sweep = sagas.sweep
 
-    def traced_sweep() -> Any:
+    def traced_sweep(**options: Any) -> Any:
         with store.sweeping():
-            return sweep()
+            return sweep(**options)
 
     sagas.sweep = traced_sweep  # type: ignore[method-assign]
 

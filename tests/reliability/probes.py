@@ -64,7 +64,8 @@ def paused_sweeper(workdir: Path, stale: int = 6) -> Report:
 
     def body(cluster: Cluster) -> Report:
         report = Report("sweeper paused past its lease (fenced out)")
-        started = [f"{cluster.config.prefix}-stale-{i}" for i in range(stale)]
+        # One bucket: the sweeper pauses inside it, and the newer grant is of that bucket's lease.
+        started = _ids_in_bucket_zero(cluster, f"{cluster.config.prefix}-stale-", stale)
         for saga_id in started:
             cluster.sagas.start(DEFINITION, {"sku": "s", "amount": 1, "id": saga_id, "plan": {}},
                                 saga_id=saga_id)
@@ -104,6 +105,12 @@ def _stop_past_lease(cluster: Cluster, pid: int, report: Report) -> Lease | None
     finally:
         os.kill(pid, signal.SIGCONT)
     return newer
+
+
+def _ids_in_bucket_zero(cluster: Cluster, prefix: str, count: int) -> list[str]:
+    store = cluster.shop.store
+    candidates = (f"{prefix}{n}" for n in range(100_000))
+    return [i for i in candidates if store.bucket_of(i) == 0][:count]
 
 
 def _writer_among(cluster: Cluster, pids: set[int]) -> int | None:
