@@ -9,10 +9,10 @@ from typing import Any
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
+from celery_sagas._codec import Codec
 from celery_sagas._leases import Leases
 from celery_sagas._protocol.findings import FindingKind
 from celery_sagas._records import SagaState
-from celery_sagas._codec import Codec
 from celery_sagas._scans import Scans
 from celery_sagas._sweep import SWEEP_LEASE, Sweeper, SweepReport
 from celery_sagas.stores.base import Envelope

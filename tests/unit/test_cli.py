@@ -22,9 +22,10 @@ from celery.bin.celery import celery as celery_root
 from click.testing import CliRunner, Result
 
 from celery_sagas import MemoryStore, Sagas, SagaState, StepState
-from celery_sagas._approvals import ledger
+from celery_sagas._approvals.ledger import ApprovalLedger
 from celery_sagas._celery.facade import sagas_of
 from celery_sagas._leases import Leases
+from celery_sagas._records import Binding
 from celery_sagas._sweep import SWEEP_LEASE
 from celery_sagas.cli import (
     COMMANDS,
@@ -298,7 +299,7 @@ def test_findings_report_a_running_saga_only_once_it_is_stale(shop: Shop) -> Non
     assert "sweep" in stale["findings"][0]["hint"]
 
 
-def test_findings_page_with_a_cursor_and_cover_the_effect_journal(shop: Shop) -> None:
+def test_findings_page_with_a_cursor_and_cover_the_effects(shop: Shop) -> None:
     # given: a step sent and never claimed, long ago
     running(shop, "o-slow")
     shop.clock.advance(STALE_MS + 1)
@@ -455,10 +456,14 @@ def test_cancel_and_resume_of_an_unknown_saga_exit_3(shop: Shop, command: str) -
 # ------------------------------------------------------------ approvals
 
 
+def ledger(shop: Shop) -> ApprovalLedger:
+    return ApprovalLedger(shop.sagas.store, shop.clock)
+
+
 def pending_approval(shop: Shop, approval_id: str = "ap-1") -> None:
-    ledger.create_approval(
-        shop.sagas.store, shop.clock, approval_id=approval_id, effect_id="eff-1",
-        capability="payments.refund", tenant_id="t1", principal_id="p1",
+    ledger(shop).create(
+        approval_id=approval_id, effect_id="eff-1",
+        binding=Binding(capability="payments.refund", tenant_id="t1", principal_id="p1"),
         token_hash="0" * 64, ttl_ms=60_000,
     )
 
@@ -476,7 +481,7 @@ def test_approve_and_deny_decide_a_pending_approval_once(shop: Shop, command: st
     assert (first["state"], first["decided_by"]) == (state, "alice")
     assert "token_hash" not in first
     assert again.exit_code == EXIT_REFUSED
-    stored = ledger.get_approval(shop.sagas.store, "ap-1")
+    stored = ledger(shop).get("ap-1")
     assert stored is not None and stored.decided_by == "alice"
 
 
@@ -489,7 +494,7 @@ def test_an_approval_of_another_tenant_is_refused(shop: Shop) -> None:
 
     # then
     assert result.exit_code == EXIT_REFUSED
-    stored = ledger.get_approval(shop.sagas.store, "ap-1")
+    stored = ledger(shop).get("ap-1")
     assert stored is not None and str(stored.state) == "pending"
 
 

@@ -1,6 +1,6 @@
 """The approval coordinator (SPEC §4): open, show the token again, decide, consume, expire.
 
-The ledger (tests/unit/test_ledger.py) and the token format (tests/unit/test_tokens.py) are
+The ledger (tests/unit/test_ledger.py, ``gate.ledger``) and the token format (tests/unit/test_tokens.py) are
 tested on their own; these tests cover what ``ApprovalGate`` adds: a token minted for every
 approval it opens, its hash and nonce (never the token) in the store, the token shown again
 with the secrets, key rotation, and the signature and expiry checks before the ledger is read.
@@ -15,7 +15,7 @@ import pytest
 
 from celery_sagas._approvals.gate import DEFAULT_TTL_MS, ApprovalGate, PendingApproval
 from celery_sagas._approvals.tokens import TokenSigner, token_hash
-from celery_sagas._records import APPROVAL, ApprovalState
+from celery_sagas._records import APPROVAL, ApprovalState, Binding
 from celery_sagas.errors import (
     ApprovalBindingError,
     ApprovalDenied,
@@ -199,10 +199,8 @@ def test_pending_view_and_signal_hide_the_token(gate: ApprovalGate) -> None:
 def test_a_record_without_a_nonce_has_no_token_to_show(
     gate: ApprovalGate, store: MemoryStore
 ) -> None:
-    from celery_sagas._approvals.ledger import create_approval
-
-    create_approval(store, gate.clock, approval_id="a9", effect_id="e9",
-                    token_hash=hashlib.sha256(b"x").hexdigest(), ttl_ms=TTL, **BINDING)
+    gate.ledger.create(approval_id="a9", effect_id="e9", binding=Binding(**BINDING),
+                       token_hash=hashlib.sha256(b"x").hexdigest(), ttl_ms=TTL)
     record = gate.get("a9")
     assert record is not None
     assert gate.token_of(record) is None

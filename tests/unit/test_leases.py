@@ -193,3 +193,74 @@ def test_an_invalid_cursor_is_refused_and_not_saved(alice: Leases, bob: Leases, 
 def test_renew_of_something_that_is_not_a_lease_is_refused(alice: Leases) -> None:
     with pytest.raises(SagaValidationError):
         alice.renew("sweep", 1000)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ one lease per bucket
+
+
+@pytest.fixture
+def bucketed() -> MemoryStore:
+    return MemoryStore(buckets=4)
+
+
+def id_in(store: MemoryStore, bucket: int) -> str:
+    return next(f"s{n}" for n in range(1000) if store.bucket_of(f"s{n}") == bucket)
+
+
+def test_each_bucket_has_its_own_lease(bucketed: MemoryStore, clock: FrozenClock) -> None:
+    # given
+    alice, bob = Leases(bucketed, clock, owner="alice"), Leases(bucketed, clock, owner="bob")
+
+    # when
+    mine = [alice.acquire("sweep", 1000, bucket=b) for b in (0, 1)]
+    theirs = [bob.acquire("sweep", 1000, bucket=b) for b in (0, 1, 2, 3)]
+
+    # then: bob gets only the buckets alice does not hold
+    assert [lease.bucket for lease in mine if lease is not None] == [0, 1]
+    assert [None if lease is None else lease.bucket for lease in theirs] == [None, None, 2, 3]
+
+
+def test_a_bucket_lease_keeps_its_own_fence_and_cursor(bucketed: MemoryStore, clock: FrozenClock) -> None:
+    # given
+    leases = Leases(bucketed, clock, owner="alice")
+    first = leases.acquire("sweep", 1000, bucket=2)
+    assert first is not None
+    leases.checkpoint(first, "2:cursor")
+    leases.release(first)
+
+    # when
+    again = leases.acquire("sweep", 1000, bucket=2)
+    other = leases.acquire("sweep", 1000, bucket=3)
+
+    # then
+    assert again is not None and other is not None
+    assert again.fence > first.fence and again.cursor == "2:cursor"
+    assert other.cursor is None
+
+
+def test_a_fence_guards_the_writes_of_its_own_bucket_only(bucketed: MemoryStore, clock: FrozenClock) -> None:
+    # given: records in buckets 0 and 1; bucket 0's lease was granted again since
+    a, b = id_in(bucketed, 0), id_in(bucketed, 1)
+    for record_id in (a, b):
+        assert bucketed.create(Envelope("saga", record_id, 1, "running", T0, "{}"))
+    paused = Leases(bucketed, clock, owner="alice").acquire("sweep", 1000, bucket=0)
+    held = Leases(bucketed, clock, owner="alice").acquire("sweep", 1000, bucket=1)
+    assert paused is not None and held is not None
+    clock.advance(2000)
+    assert Leases(bucketed, clock, owner="bob").acquire("sweep", 1000, bucket=0) is not None
+
+    # when / then: the superseded fence is refused in its bucket ...
+    with pytest.raises(FencedWriteRefused):
+        bucketed.compare_and_set(Envelope("saga", a, 2, "running", T0, "{}"), 1, fence=Fence.of(paused))
+    # ... a bucket's fence is no fence for another bucket's record ...
+    with pytest.raises(SagaValidationError):
+        bucketed.compare_and_set(Envelope("saga", a, 2, "running", T0, "{}"), 1, fence=Fence.of(held))
+    # ... and a newer grant elsewhere does not touch bucket 1's writes
+    assert bucketed.compare_and_set(Envelope("saga", b, 2, "running", T0, "{}"), 1, fence=Fence.of(held))
+
+
+@pytest.mark.parametrize("bucket", [-1, 4, True, "0"])
+def test_a_bucket_the_store_does_not_have_is_refused(bucketed: MemoryStore, clock: FrozenClock,
+                                                     bucket: Any) -> None:
+    with pytest.raises(SagaValidationError):
+        Leases(bucketed, clock, owner="alice").acquire("sweep", 1000, bucket=bucket)

@@ -1,4 +1,8 @@
-"""The approval ledger (SPEC §2.3, §4): create, decide once, consume once, expire."""
+"""The approval ledger (docs/design.md §2.4, §3.8): create, decide once, consume once, expire.
+
+``ApprovalLedger`` holds the records; expiring every pending approval past its expiry is the
+gate's ``expire_due`` (over the ledger), tested here on the ledger's records too.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,10 @@ from typing import Any
 
 import pytest
 
-from celery_sagas._approvals.ledger import (
-    consume,
-    create_approval,
-    decide,
-    expire,
-    expire_due,
-    get_approval,
-)
-from celery_sagas._records import ApprovalRecord, ApprovalState
+from celery_sagas._approvals.gate import ApprovalGate
+from celery_sagas._approvals.ledger import ApprovalLedger
+from celery_sagas._leases import Leases
+from celery_sagas._records import ApprovalRecord, ApprovalState, Binding
 from celery_sagas._values import decode_json
 from celery_sagas.errors import (
     ApprovalBindingError,
@@ -27,11 +26,12 @@ from celery_sagas.errors import (
     ApprovalTokenExpired,
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
+    FencedWriteRefused,
     InvalidRecordError,
     SagaConflictError,
     SagaValidationError,
 )
-from celery_sagas.stores.base import Envelope, Store
+from celery_sagas.stores.base import Envelope, Fence, Store
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock, ReadTogether, race
 
@@ -41,6 +41,7 @@ TOKEN_HASH = hashlib.sha256(b"resume-token").hexdigest()
 OTHER_HASH = hashlib.sha256(b"another-token").hexdigest()
 DIGEST = "cd" * 32
 THREADS = 16
+SECRET = b"s" * 32
 
 BINDING: dict[str, Any] = {
     "tenant_id": "t1",
@@ -49,6 +50,7 @@ BINDING: dict[str, Any] = {
     "target": "order-42",
     "digest": DIGEST,
 }
+BINDING_FIELDS = frozenset(BINDING)
 
 
 @pytest.fixture
@@ -61,16 +63,28 @@ def store() -> MemoryStore:
     return MemoryStore()
 
 
+def ledger_of(store: Store, clock: FrozenClock) -> ApprovalLedger:
+    return ApprovalLedger(store, clock)
+
+
+def binding(**changes: Any) -> Binding:
+    return Binding(**{**BINDING, **changes})
+
+
 def create(store: Store, clock: FrozenClock, approval_id: str = "a1", **kw: Any) -> ApprovalRecord:
+    bound = {k: v for k, v in kw.items() if k in BINDING_FIELDS}
     args: dict[str, Any] = {
         "approval_id": approval_id,
         "effect_id": "e1",
         "token_hash": TOKEN_HASH,
         "ttl_ms": TTL,
-        **BINDING,
-        **kw,
+        **{k: v for k, v in kw.items() if k not in BINDING_FIELDS},
     }
-    return create_approval(store, clock, **args)
+    return ledger_of(store, clock).create(binding=binding(**bound), **args)
+
+
+def decide(store: Store, clock: FrozenClock, approval_id: str, **kw: Any) -> ApprovalRecord:
+    return ledger_of(store, clock).decide(approval_id, **kw)
 
 
 def approve(store: Store, clock: FrozenClock, approval_id: str = "a1") -> ApprovalRecord:
@@ -78,8 +92,20 @@ def approve(store: Store, clock: FrozenClock, approval_id: str = "a1") -> Approv
 
 
 def use(store: Store, clock: FrozenClock, **overrides: Any) -> ApprovalRecord:
-    args = {"token_hash": TOKEN_HASH, **BINDING, **overrides}
-    return consume(store, clock, "a1", **args)
+    token = overrides.pop("token_hash", TOKEN_HASH)
+    return ledger_of(store, clock).consume("a1", token_hash=token, binding=binding(**overrides))
+
+
+def expire(store: Store, clock: FrozenClock, approval_id: str) -> ApprovalRecord | None:
+    return ledger_of(store, clock).expire(approval_id)
+
+
+def expire_due(store: Store, clock: FrozenClock, limit: Any) -> list[ApprovalRecord]:
+    return ApprovalGate(store, clock, [SECRET]).expire_due(limit)
+
+
+def get_approval(store: Store, approval_id: str) -> ApprovalRecord | None:
+    return ledger_of(store, FrozenClock(T0)).get(approval_id)
 
 
 def raw(store: MemoryStore, approval_id: str = "a1") -> Envelope | None:
@@ -475,3 +501,36 @@ def test_an_approval_read_back_with_a_bad_field_is_a_corrupt_record(
 def test_expire_due_refuses_a_bad_limit(store: MemoryStore, clock: FrozenClock, limit: Any) -> None:
     with pytest.raises(SagaValidationError):
         expire_due(store, clock, limit=limit)
+
+
+def test_create_at_a_given_instant_starts_the_ttl_there(store: MemoryStore, clock: FrozenClock) -> None:
+    record = create(store, clock, now=T0 - 5_000)
+    assert (record.created_at_ms, record.updated_at_ms, record.expires_at_ms) == (
+        T0 - 5_000, T0 - 5_000, T0 - 5_000 + TTL)
+    assert get_approval(store, "a1") == record
+
+
+def test_create_records_the_binding_it_was_given(store: MemoryStore, clock: FrozenClock) -> None:
+    record = create(store, clock, saga_id="order-42", step="refund", nonce="n" * 22)
+    assert record.binding == binding()
+    assert (record.saga_id, record.step, record.nonce) == ("order-42", "refund", "n" * 22)
+
+
+def test_an_expiry_fenced_by_a_superseded_lease_is_refused_and_writes_nothing(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    # given: a sweeper's lease expired and another sweeper was granted it since
+    create(store, clock)
+    old = Leases(store, clock, owner="sweeper-a").acquire("celery_sagas.sweep", 1_000)
+    assert old is not None
+    clock.advance(TTL)
+    new = Leases(store, clock, owner="sweeper-b").acquire("celery_sagas.sweep", 1_000)
+    assert new is not None and new.fence > old.fence
+    before = raw(store)
+
+    # when / then
+    with pytest.raises(FencedWriteRefused):
+        ledger_of(store, clock).expire("a1", fence=Fence.of(old))
+    assert raw(store) == before
+    expired = ledger_of(store, clock).expire("a1", fence=Fence.of(new))
+    assert expired is not None and expired.state is ApprovalState.EXPIRED

@@ -191,14 +191,40 @@ def test_the_sweep_refreshes_the_gauge_and_counts_what_it_reports(registry: Coll
     assert value(registry, "celery_sagas_findings_total", kind="ambiguous-execution") == 1
 
 
-def test_the_gauge_stops_counting_at_its_cap(registry: CollectorRegistry) -> None:
-    # given
-    shop = rig(registry, metrics_count_cap=2)
-    shop.start_orders("o-1", "o-2", "o-3")
+def test_the_gauge_counts_exactly_from_the_store_indexes(registry: CollectorRegistry) -> None:
+    # given: more open sagas than a sweep page holds, and final ones the gauge leaves out
+    shop = rig(registry, sweep_page_size=2)
+    shop.start_orders(*(f"o-{n}" for n in range(7)))
     shop.driver.take()
+    shop.start_orders("done-1", "done-2")
+    shop.driver.run_until_idle()
+    counted: list[tuple[str, tuple[str, ...]]] = []
+    count = shop.sagas.store.count
+
+    def spy(kind: str, states: Any, **kwargs: Any) -> int:
+        counted.append((kind, tuple(states)))
+        return count(kind, states, **kwargs)
+
+    shop.sagas.store.count = spy  # type: ignore[method-assign]
 
     # when
     shop.sagas.sweep()
 
+    # then: every open state counted by the store, none capped, no final state counted
+    assert value(registry, "celery_sagas_sagas", state="running") == 7
+    assert value(registry, "celery_sagas_sagas", state="completed") is None
+    assert sorted(counted) == [("saga", ("compensating",)), ("saga", ("manual-review",)),
+                               ("saga", ("running",))]
+
+
+def test_without_metrics_a_sweep_counts_nothing() -> None:
+    # given
+    shop = rig(None)
+    shop.start_orders("o-1")
+    shop.driver.take()
+
+    # when
+    report = shop.sagas.sweep()
+
     # then
-    assert value(registry, "celery_sagas_sagas", state="running") == 2
+    assert shop.sagas.metrics is None and report.states == {}

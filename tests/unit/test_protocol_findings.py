@@ -36,7 +36,7 @@ FRESH = UPDATED  # stale_before equal to the last write: not older, not stale
 
 
 def effect(state: EffectState) -> EffectRecord:
-    """A journaled effect in ``state``, last written at UPDATED."""
+    """An effect in ``state`` (as the saga record shows it), last moved at UPDATED."""
     return EffectRecord(
         effect_id="fx-1", capability="orders.charge", state=state, created_at_ms=UPDATED - 50,
         updated_at_ms=UPDATED, version=2, tenant_id="t1", principal_id="alice",

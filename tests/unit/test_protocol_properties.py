@@ -6,7 +6,10 @@ numbers) and sometimes from outside it, at random times that may even go backwar
 raw transitions, a sequence may ask ``decide`` for the next action (with a replay stub that is
 consistent with the record) and carry it out, or settle an outcome as an operator would.
 After every accepted write the invariants of SPEC §2-3 are checked; a refused write must leave
-the record exactly as it was.
+the record exactly as it was. The effects are a view of the saga record (docs/design.md §2.3),
+so the same sequences check the effect state machine: along every accepted write, each effect
+``effects_of`` derives either stays where it was or moves along ``EFFECT_TRANSITIONS``, a new
+effect appears in ``admission``, and every effect of a final saga is final.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ from hypothesis import strategies as st
 from celery_sagas._protocol import codes, moves
 from celery_sagas._protocol.decide import decide
 from celery_sagas._protocol.decisions import SagaPolicy, StepPolicy
-from celery_sagas._protocol.effect import FINAL_EFFECT_STATES, transition_effect
+from celery_sagas._protocol.effects import (
+    EFFECT_TRANSITIONS,
+    FINAL_EFFECT_STATES,
+    effects_of,
+    transition_effect,
+)
 from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
 from celery_sagas._protocol.resolution import Resolution, resolve
 from celery_sagas._records import (
+    APPROVAL_TASK,
     AttemptRef,
     EffectRecord,
     EffectState,
@@ -158,13 +167,15 @@ def new_step(p: Picks, world: World, *, reuse: bool = True) -> StepRecord:
         world.fresh += 1
         name = f"s{world.fresh}"
     state = p.pick([S.EXECUTING] * 9 + [S.AWAITING_APPROVAL])
+    gate = state is S.AWAITING_APPROVAL
     return intent(
         name,
-        task=p.pick([f"task.{name}", "task.idem"]),
+        # an approval gate is recorded with the approval task (no side effect, no effect)
+        task=APPROVAL_TASK if gate else p.pick([f"task.{name}", "task.idem"]),
         compensator=p.pick([f"undo.{name}", f"undo.{name}", "undo.idem", None]),
         state=state,
         dispatched_at_ms=world.now,
-        approval_id=f"ap-{name}" if state is S.AWAITING_APPROVAL else None,
+        approval_id=f"ap-{name}" if gate else None,
     )
 
 
@@ -187,19 +198,20 @@ def step_event(p: Picks, world: World) -> tuple[str, Event] | None:
     eid, attempt = draw_effect(p, found, back), draw_attempt(p, found, back)
     code, later = p.pick(CODES), now + p.int(0, 3_000)
     approval = p.pick([f"ap-{name}", f"ap-{name}", "ap-other"])
+    ref = AttemptRef(name, eid, attempt)
     events: dict[str, Event] = {
         "claim_step": lambda s: moves.claim_step(s, name, eid, "w", now),
-        "commit_step": lambda s: moves.commit_step(s, AttemptRef(name, eid, attempt), {"n": name}, now),
-        "fail_step": lambda s: moves.fail_step(s, AttemptRef(name, eid, attempt), code, now),
-        "step_ambiguous": lambda s: moves.step_ambiguous(s, AttemptRef(name, eid, attempt), code, now),
-        "release_step": lambda s: moves.release_step(s, AttemptRef(name, eid, attempt), later, code, now),
+        "commit_step": lambda s: moves.commit_step(s, ref, {"n": name}, now),
+        "fail_step": lambda s: moves.fail_step(s, ref, code, now),
+        "step_ambiguous": lambda s: moves.step_ambiguous(s, ref, code, now),
+        "release_step": lambda s: moves.release_step(s, ref, later, code, now),
         "abandon_step": lambda s: moves.abandon_step(s, name, eid, now),
         "mark_redispatched": lambda s: moves.mark_redispatched(s, name, now),
         "begin_compensation": lambda s: moves.begin_compensation(s, name, now),
         "claim_compensation": lambda s: moves.claim_compensation(s, name, eid, "w", now),
-        "compensation_succeeded": lambda s: moves.compensation_succeeded(s, AttemptRef(name, eid, attempt), now),
-        "compensation_failed": lambda s: moves.compensation_failed(s, AttemptRef(name, eid, attempt), later, now),
-        "compensation_ambiguous": lambda s: moves.compensation_ambiguous(s, AttemptRef(name, eid, attempt), now),
+        "compensation_succeeded": lambda s: moves.compensation_succeeded(s, ref, now),
+        "compensation_failed": lambda s: moves.compensation_failed(s, ref, later, now),
+        "compensation_ambiguous": lambda s: moves.compensation_ambiguous(s, ref, now),
         "pass_gate": lambda s: moves.pass_gate(s, name, approval, {"ok": True}, now),
         "fail_gate": lambda s: moves.fail_gate(s, name, approval, codes.APPROVAL_DENIED, now),
     }
@@ -290,6 +302,29 @@ def check_record(record: SagaRecord, world: World) -> None:
         if s.state in UNDO_STATES:
             assert s.name in world.ever_committed and s.committed_at_ms is not None, (
                 f"step {s.name} compensated but never committed")
+    if record.state.final:
+        open_effects = [(e.effect_id, str(e.state)) for e in effects_of(record, capability)
+                        if e.state not in FINAL_EFFECT_STATES]
+        assert not open_effects, f"{record.state} saga with effects not final: {open_effects}"
+
+
+def capability(_saga: SagaRecord, _step: StepRecord, compensation: bool) -> str:
+    return "saga.compensate" if compensation else "saga.execute"
+
+
+def check_effects(before: SagaRecord, after: SagaRecord, label: str) -> None:
+    """Along one accepted write, every effect of the view moves along the effect table only."""
+    old = {e.effect_id: e for e in effects_of(before, capability)}
+    new = {e.effect_id: e for e in effects_of(after, capability)}
+    for effect_id, was in old.items():
+        now = new.get(effect_id)
+        assert now is not None, f"{label}: effect {effect_id} ({was.stage}, {was.state}) disappeared"
+        assert now.state is was.state or now.state in EFFECT_TRANSITIONS[was.state], (
+            f"{label}: effect {effect_id} ({was.stage}) moved {was.state} -> {now.state}")
+    for effect_id, now in new.items():
+        if effect_id not in old:
+            assert now.state is EffectState.ADMISSION, (
+                f"{label}: effect {effect_id} ({now.stage}) appeared in {now.state}")
 
 
 def check_write(before: SagaRecord, after: SagaRecord, label: str, world: World) -> None:
@@ -309,6 +344,7 @@ def check_write(before: SagaRecord, after: SagaRecord, label: str, world: World)
         if label != "resume":
             assert new.compensation_attempts >= old.compensation_attempts, label
     world.ever_committed |= {s.name for s in after.steps if s.state is S.COMMITTED}
+    check_effects(before, after, label)
     check_record(after, world)
 
 
@@ -340,6 +376,7 @@ def worker_event(p: Picks, world: World) -> tuple[str, Event] | None:
     now, code = draw_time(p, world), p.pick(CODES)
     name, eid, cid = found.name, found.effect_id, found.compensation_effect_id
     attempt, comp = found.attempts, found.compensation_attempts
+    forth, back = AttemptRef(name, eid, attempt), AttemptRef(name, cid, comp)
     if found.state is S.AWAITING_APPROVAL:
         approval = found.approval_id or ""
         return p.pick([
@@ -351,14 +388,14 @@ def worker_event(p: Picks, world: World) -> tuple[str, Event] | None:
     if found.state is S.COMPENSATING and found.started_at_ms is None:
         return "claim_compensation", lambda s: moves.claim_compensation(s, name, cid, "w", now)
     forward: list[tuple[str, Event]] = [
-        ("commit_step", lambda s: moves.commit_step(s, AttemptRef(name, eid, attempt), {"n": name}, now)),
-        ("fail_step", lambda s: moves.fail_step(s, AttemptRef(name, eid, attempt), code, now)),
-        ("step_ambiguous", lambda s: moves.step_ambiguous(s, AttemptRef(name, eid, attempt), code, now)),
+        ("commit_step", lambda s: moves.commit_step(s, forth, {"n": name}, now)),
+        ("fail_step", lambda s: moves.fail_step(s, forth, code, now)),
+        ("step_ambiguous", lambda s: moves.step_ambiguous(s, forth, code, now)),
     ]
     backward: list[tuple[str, Event]] = [
-        ("compensation_succeeded", lambda s: moves.compensation_succeeded(s, AttemptRef(name, cid, comp), now)),
-        ("compensation_failed", lambda s: moves.compensation_failed(s, AttemptRef(name, cid, comp), now + 50, now)),
-        ("compensation_ambiguous", lambda s: moves.compensation_ambiguous(s, AttemptRef(name, cid, comp), now)),
+        ("compensation_succeeded", lambda s: moves.compensation_succeeded(s, back, now)),
+        ("compensation_failed", lambda s: moves.compensation_failed(s, back, now + 50, now)),
+        ("compensation_ambiguous", lambda s: moves.compensation_ambiguous(s, back, now)),
     ]
     if found.state is S.EXECUTING:
         return p.pick([*[forward[0]] * 6, forward[1], forward[2]])

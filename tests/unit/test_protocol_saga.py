@@ -793,12 +793,13 @@ def test_unresolved_ambiguity_finds_forward_and_compensation_unknowns() -> None:
     assert moves.unresolved_ambiguity(saga(step(PA, "a"), step(AM, "b"))) == step(PA, "a")
 
 
+FIRST = AttemptRef("s", fx("s"), 1)
 BAD_CODES: list[tuple[str, Callable[[SagaRecord, str], SagaRecord], SagaRecord]] = [
     ("to_manual_review", lambda s, c: moves.to_manual_review(s, c, "why", NOW), saga(step(CM))),
     ("start_compensation", lambda s, c: moves.start_compensation(s, c, "why", NOW), saga(step(CM))),
-    ("fail_step", lambda s, c: moves.fail_step(s, AttemptRef("s", fx("s"), 1), c, NOW), saga(step(X1))),
-    ("step_ambiguous", lambda s, c: moves.step_ambiguous(s, AttemptRef("s", fx("s"), 1), c, NOW), saga(step(X1))),
-    ("release_step", lambda s, c: moves.release_step(s, AttemptRef("s", fx("s"), 1), NOW, c, NOW), saga(step(X1))),
+    ("fail_step", lambda s, c: moves.fail_step(s, FIRST, c, NOW), saga(step(X1))),
+    ("step_ambiguous", lambda s, c: moves.step_ambiguous(s, FIRST, c, NOW), saga(step(X1))),
+    ("release_step", lambda s, c: moves.release_step(s, FIRST, NOW, c, NOW), saga(step(X1))),
     ("fail_gate", lambda s, c: moves.fail_gate(s, "s", "ap-s", c, NOW), saga(step(AW))),
 ]
 

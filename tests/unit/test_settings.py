@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, SagaConfigurationError, Sagas
-from celery_sagas._celery.dispatcher import ADVANCE_TASK, SWEEP_TASK
+from celery_sagas._celery.messages import SWEEP_TASK
 
 PICKLE = ["pickle", "PICKLE", "application/x-python-serialize"]
 
@@ -124,16 +124,17 @@ def test_task_annotations_that_keep_a_saga_task_safe_are_applied() -> None:
     assert (task.rate_limit, task.acks_late) == ("10/s", True)
 
 
-def test_the_internal_tasks_ack_late_and_speak_json() -> None:
+def test_the_sweep_task_acks_late_and_speaks_json() -> None:
     # given
     app = fresh_app(task_acks_late=False)
 
     # when
     make(app)
 
-    # then
-    for name in (ADVANCE_TASK, SWEEP_TASK):
-        assert (app.tasks[name].acks_late, app.tasks[name].serializer) == (True, "json")
+    # then: the sweep is the one internal task (start sends the first step itself)
+    internal = sorted(name for name in app.tasks if name.startswith("celery_sagas."))
+    assert internal == [SWEEP_TASK]
+    assert (app.tasks[SWEEP_TASK].acks_late, app.tasks[SWEEP_TASK].serializer) == (True, "json")
 
 
 @pytest.mark.parametrize("option", ["acks_late", "reject_on_worker_lost", "autoretry_for",
@@ -205,6 +206,32 @@ def test_the_sweep_is_scheduled_once_every_sweep_interval_on_the_saga_queue() ->
     assert len(entries) == 1
     assert entries[0]["schedule"] == 9.0
     assert entries[0]["options"] == {"queue": "sagas"}
+    assert entries[0]["kwargs"] == {"shard": 0, "shards": 1}
+
+
+def test_beat_sends_one_sweep_per_shard_every_interval() -> None:
+    # given
+    app = fresh_app()
+
+    # when
+    sagas = make(app, sweep_shards=3, sweep_interval=4.0)
+
+    # then
+    entries = [e for e in app.conf.beat_schedule.values() if e["task"] == SWEEP_TASK]
+    assert sorted((e["kwargs"]["shard"], e["kwargs"]["shards"], e["schedule"]) for e in entries) == [
+        (0, 3, 4.0), (1, 3, 4.0), (2, 3, 4.0)]
+    assert sagas.settings.sweep_shards == 3
+
+
+@pytest.mark.parametrize("shards", [0, 65, -1, 1.5, "2", True, None])
+def test_sweep_shards_must_be_an_int_from_1_to_64(shards: Any) -> None:
+    with pytest.raises(SagaConfigurationError, match="sagas_sweep_shards"):
+        make(sweep_shards=shards)
+
+
+def test_sweep_shards_default_to_one_and_are_read_from_app_conf() -> None:
+    assert make().settings.sweep_shards == 1
+    assert make(fresh_app(sagas_sweep_shards=64)).settings.sweep_shards == 64
 
 
 # ------------------------------------------------------------ settings
@@ -228,6 +255,18 @@ def test_an_unknown_keyword_is_refused_by_name() -> None:
         make(sweep_intervall=3)
 
 
+@pytest.mark.parametrize("value", [True, False, None])
+def test_the_removed_journal_option_is_refused_saying_why(value: Any) -> None:
+    with pytest.raises(SagaConfigurationError, match=r"journal option was removed.*derived from the saga"):
+        make(journal=value)
+
+
+def test_the_removed_metrics_count_cap_is_an_unknown_option() -> None:
+    # the gauge counts exactly, from the store's indexes
+    with pytest.raises(SagaConfigurationError, match="metrics_count_cap"):
+        make(metrics_count_cap=10)
+
+
 @pytest.mark.parametrize("value", ["false", "no", 0, 1, None])
 def test_allow_non_durable_must_be_a_bool(value: Any) -> None:
     # given: a string from the environment must not quietly allow a store that keeps nothing
@@ -235,7 +274,7 @@ def test_allow_non_durable_must_be_a_bool(value: Any) -> None:
 
     # when / then
     with pytest.raises(SagaConfigurationError, match="sagas_allow_non_durable"):
-        Sagas(app, store=MemoryStore(), journal=False)
+        Sagas(app, store=MemoryStore())
 
 
 @pytest.mark.parametrize("value", [123, b"sagas", ["sagas"]])
