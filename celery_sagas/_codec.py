@@ -24,6 +24,8 @@ from ._records import (
     SAGA,
     ApprovalRecord,
     ApprovalState,
+    EffectMark,
+    EffectState,
     SagaRecord,
     SagaState,
     StepRecord,
@@ -58,6 +60,16 @@ def _decider(value: object) -> str:
     return values.principal_id(value, field="decided by")
 
 
+def _mark(value: dict[str, Any]) -> EffectMark:
+    """An effect mark read back; ValueError when anything is off."""
+    state, at, attempt, code = (value.get(k) for k in ("state", "at_ms", "attempt", "error_code"))
+    if set(value) - {"state", "at_ms", "attempt", "error_code"} or type(at) is not int \
+            or type(attempt) is not int or not isinstance(state, str):
+        raise ValueError("malformed effect mark")
+    return EffectMark(EffectState(state), values.timestamp_ms(at), attempt,
+                      None if code is None else values.error_code(code))
+
+
 _STEP: dict[str, _Field] = {
     "name": _need(str, values.step_name),
     "task": _need(str),
@@ -79,6 +91,8 @@ _STEP: dict[str, _Field] = {
     "error_code": _maybe(str),
     "approval_id": _maybe(str),
     "group": _maybe(str),
+    "execution": _maybe(dict, _mark),
+    "compensation": _maybe(dict, _mark),
 }
 
 _SAGA: dict[str, _Field] = {
@@ -117,6 +131,8 @@ def _json(value: Any) -> Any:
         return str(value.value)
     if isinstance(value, tuple):
         return [_json(v) for v in value]
+    if isinstance(value, EffectMark):
+        return {k: _json(v) for k, v in _body(value, frozenset()).items()}
     return value
 
 

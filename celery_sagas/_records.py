@@ -19,6 +19,7 @@ __all__ = [
     "ApprovalState",
     "AttemptRef",
     "Binding",
+    "EffectMark",
     "EffectRecord",
     "EffectState",
     "SagaRecord",
@@ -88,6 +89,17 @@ class ApprovalState(_State):
 
 
 @dataclass(frozen=True, slots=True)
+class EffectMark:
+    """Where one effect of a step stands (docs/design.md §2.3): its state, when it last moved,
+    and the error code that failed it; kept in the step, written with the saga record."""
+
+    state: EffectState
+    at_ms: int
+    attempt: int = 0
+    error_code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One step of a saga: its effect ids, state, arguments, result and attempt counters."""
 
@@ -111,6 +123,8 @@ class StepRecord:
     error_code: str | None = None
     approval_id: str | None = None
     group: str | None = None
+    execution: EffectMark | None = None
+    compensation: EffectMark | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@
     ├── IllegalTransition                    a protocol move the SPEC forbids
     ├── StoreError                           a store driver failed (translated)
     │   ├── StoreUnavailable                 a store's extra is missing or the URL is unknown
-    │   ├── NonDurableStoreError             a journal was given a non-durable store
+    │   ├── NonDurableStoreError             Sagas was given a store that keeps nothing
     │   └── FencedWriteRefused               a write under an older lease grant
     ├── SagaConcurrencyError                 lost a compare-and-set race
     ├── SagaNotFound (LookupError)           no saga with that id
@@ -142,7 +142,7 @@ class StoreUnavailable(StoreError):
 
 
 class NonDurableStoreError(StoreError):
-    """A durable journal was asked to use a store that keeps nothing."""
+    """Sagas was given a store that keeps nothing, without allow_non_durable."""
 
 
 class FencedWriteRefused(StoreError):

@@ -34,6 +34,15 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
 }
 
 
+# Settings of earlier releases that no longer mean anything: naming them is a mistake to report,
+# not to ignore silently.
+_REMOVED = {
+    "journal": "effects are derived from the saga records, in the same write, and cost nothing "
+    "(docs/design.md §2.3)",
+    "metrics_count_cap": "the sagas gauge reads exact counts from the store's state index",
+}
+
+
 # Durations are added to and subtracted from "now" (lease expiry, staleness cut-offs): past a
 # year they stop meaning anything and, near the float/2**53 limits, overflow.
 _MAX_SECONDS = 366 * 24 * 3600
@@ -98,11 +107,9 @@ class SagaSettings:
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
         """Read ``sagas_<name>`` from ``conf``; keyword ``<name>`` in ``overrides`` wins."""
-        if "journal" in overrides:
-            raise SagaConfigurationError(
-                "the journal option was removed: effects are derived from the saga records, in "
-                "the same write, and cost nothing (docs/design.md §2.3)"
-            )
+        for name, why in _REMOVED.items():
+            if name in overrides or f"sagas_{name}" in conf:
+                raise SagaConfigurationError(f"sagas_{name} was removed: {why}")
         unknown = set(overrides) - set(SETTING_DOCS)
         if unknown:
             raise SagaConfigurationError(f"unknown saga options: {', '.join(sorted(unknown))}")

@@ -37,6 +37,7 @@ from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
+from .effects import journaled
 
 __all__ = [
     "abandon_step",
@@ -80,9 +81,11 @@ def _code(code: str) -> str:
 
 
 def _write(saga: SagaRecord, now_ms: int, **changes: Any) -> SagaRecord:
-    return replace(
+    """The next version of ``saga`` with ``changes``, its effect journal moved to match."""
+    moved = replace(
         saga, version=saga.version + 1, updated_at_ms=max(now_ms, saga.updated_at_ms), **changes
     )
+    return journaled(moved, now_ms)
 
 
 def _find(saga: SagaRecord, name: str, effect_id: str, event: str, compensation: bool) -> StepRecord:

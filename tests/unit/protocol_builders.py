@@ -27,6 +27,7 @@ from celery_sagas._protocol.decisions import (
     Vanished,
     Wait,
 )
+from celery_sagas._protocol.effects import journaled
 from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition
 
@@ -127,12 +128,13 @@ def saga(
     reason: str | None = None,
     version: int = 5,
 ) -> SagaRecord:
-    """A saga holding ``steps``; rolling back by default exactly when compensating."""
+    """A saga holding ``steps``, their effect marks as a write would leave them; rolling back by
+    default exactly when compensating."""
     if rolling_back is None:
         rolling_back = state in (SagaState.COMPENSATING, SagaState.COMPENSATED)
     if state is SagaState.MANUAL_REVIEW and error_code is None:
         error_code, reason = codes.NONDETERMINISTIC, "review"
-    return SagaRecord(
+    return journaled(SagaRecord(
         saga_id="order-42",
         definition="place-order",
         state=state,
@@ -144,7 +146,7 @@ def saga(
         error_code=error_code,
         reason=reason,
         rolling_back=rolling_back,
-    )
+    ), UPDATED)
 
 
 # Saga contexts: a saga state plus the direction it was going.

@@ -251,20 +251,23 @@ def test_refused_starts_compensation() -> None:
 
 
 def test_a_stale_unclaimed_step_is_redispatched_before_replaying() -> None:
-    s = step(X0, "b")
-    decision = decide(saga(step(CM, "a"), s), never, SENT + STALE, POLICY)
+    record = saga(step(CM, "a"), step(X0, "b"))
+    s = record.steps[1]
+    decision = decide(record, never, SENT + STALE, POLICY)
     assert decision == Redispatch(s, compensation=False)
 
 
 def test_a_vanished_step_is_judged_before_replaying() -> None:
-    s = step(X1, "b")
-    decision = decide(saga(step(CM, "a"), s), never, DEADLINE, POLICY)
+    record = saga(step(CM, "a"), step(X1, "b"))
+    s = record.steps[1]
+    decision = decide(record, never, DEADLINE, POLICY)
     assert decision == Vanished(s, compensation=False, retry=False, error_code=codes.TIME_LIMIT)
 
 
 def test_dead_effects_reach_the_judgement() -> None:
-    s = step(X1, "b")
-    decision = decide(saga(s), never, STARTED + 1, POLICY, frozenset({fx("b")}))
+    record = saga(step(X1, "b"))
+    s = record.steps[0]
+    decision = decide(record, never, STARTED + 1, POLICY, frozenset({fx("b")}))
     assert decision == Vanished(s, compensation=False, retry=False, error_code=codes.WORKER_LOST)
 
 
@@ -311,14 +314,15 @@ def test_compensating_never_replays_and_plans_the_next_compensation() -> None:
 
 
 def test_compensating_abandons_an_unclaimed_intent_first() -> None:
-    s = step(X0, "b")
-    assert decide(back(step(CM, "a"), s), never, NOW, POLICY) == Abandon(s)
+    record = back(step(CM, "a"), step(X0, "b"))
+    assert decide(record, never, NOW, POLICY) == Abandon(record.steps[1])
 
 
 def test_compensating_judges_a_step_released_for_a_retry_ambiguous() -> None:
     # its last attempt began and may have committed; no retry is claimed while rolling back
-    s = step(XR, "b")
-    decision = decide(back(step(CM, "a"), s), never, NOW, POLICY)
+    record = back(step(CM, "a"), step(XR, "b"))
+    s = record.steps[1]
+    decision = decide(record, never, NOW, POLICY)
     assert decision == Vanished(s, compensation=False, retry=False, error_code=codes.TIME_LIMIT)
 
 
@@ -333,9 +337,10 @@ def test_compensating_waits_for_a_running_compensator() -> None:
 
 
 def test_compensating_redispatches_a_stale_compensator() -> None:
-    p = step(P0, "a")
+    record = back(step(P0, "a"))
+    p = record.steps[0]
     assert p.dispatched_at_ms is not None
-    assert decide(back(p), never, p.dispatched_at_ms + STALE, POLICY) == Redispatch(p, compensation=True)
+    assert decide(record, never, p.dispatched_at_ms + STALE, POLICY) == Redispatch(p, compensation=True)
 
 
 def test_compensating_with_a_retry_not_due_waits_for_it() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from celery_sagas._protocol import codes, moves
+from celery_sagas._protocol.effects import journaled
 from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition, SagaValidationError
 
@@ -224,8 +225,8 @@ def _is_ambiguous(st: StepRecord) -> bool:
 
 def expected_after_step_move(before: SagaRecord, moved: StepRecord, settles: bool) -> SagaRecord:
     """The SPEC §3 saga around one moved step (an oracle written apart from the module)."""
-    after = replace(before, steps=(moved,), version=before.version + 1,
-                    updated_at_ms=max(NOW, before.updated_at_ms))
+    after = replace(before, steps=journaled(replace(before, steps=(moved,)), NOW).steps,
+                    version=before.version + 1, updated_at_ms=max(NOW, before.updated_at_ms))
     if not settles:
         return after
     rolling = before.rolling_back or moved.state is S.FAILED
@@ -284,7 +285,8 @@ def check_step_move(move: Move, context: str, variant: str) -> None:
     assert record == before
     assert move.step_after is not None
     moved = move.step_after(target, NOW)
-    assert after.steps == (moved,)
+    # the effect marks follow the step (tests/unit/test_protocol_effect.py holds them to the table)
+    assert after.steps == journaled(replace(record, steps=(moved,)), NOW).steps
     expected = expected_after_step_move(record, moved, move.settles)
     lifted = record.state is SS.MANUAL_REVIEW and after.state is not SS.MANUAL_REVIEW
     ignore = {"reason"} | ({"error_code"} if lifted else set())
@@ -352,7 +354,10 @@ def _resume(before: SagaRecord, after: SagaRecord) -> None:
     assert after.rolling_back == before.rolling_back
     (old,), (new,) = before.steps, after.steps
     if old.state is S.COMPENSATION_FAILED:
-        assert new == replace(old, compensation_attempts=0, next_attempt_at_ms=None)
+        # the compensation effect is the one begun, still executing: a fresh budget, not a new effect
+        assert old.compensation is not None
+        mark = replace(old.compensation, attempt=0, at_ms=max(NOW, old.compensation.at_ms))
+        assert new == replace(old, compensation_attempts=0, next_attempt_at_ms=None, compensation=mark)
     else:
         assert new == old
     if not before.rolling_back:
@@ -364,7 +369,7 @@ def _resume(before: SagaRecord, after: SagaRecord) -> None:
 
 
 def _append(before: SagaRecord, after: SagaRecord) -> None:
-    assert after.steps == (*before.steps, intent("next"))
+    assert after.steps == journaled(replace(before, steps=(*before.steps, intent("next"))), NOW).steps
     assert after.state is SS.RUNNING
 
 
@@ -717,11 +722,11 @@ def test_a_step_without_a_compensator_cannot_begin_compensation() -> None:
 
 
 def test_finish_compensation_skips_steps_without_a_compensator() -> None:
-    plain = step(CM, "a", compensator=None)
-    done = moves.finish_compensation(
-        saga(plain, step(CD, "b"), step(FL, "c"), state=SS.COMPENSATING), NOW)
+    record = saga(step(CM, "a", compensator=None), step(CD, "b"), step(FL, "c"),
+                  state=SS.COMPENSATING)
+    done = moves.finish_compensation(record, NOW)
     assert done.state is SS.COMPENSATED
-    assert done.steps[0] == plain
+    assert done.steps[0] == record.steps[0]
 
 
 @pytest.mark.parametrize("left", [CM, CF, P0, P1, X0, X1, AW, AM])
@@ -789,8 +794,10 @@ def test_to_manual_review_keeps_the_direction() -> None:
 
 def test_unresolved_ambiguity_finds_forward_and_compensation_unknowns() -> None:
     assert moves.unresolved_ambiguity(saga(step(CM, "a"), step(P1, "b"))) is None
-    assert moves.unresolved_ambiguity(saga(step(CM, "a"), step(AM, "b"))) == step(AM, "b")
-    assert moves.unresolved_ambiguity(saga(step(PA, "a"), step(AM, "b"))) == step(PA, "a")
+    forward = saga(step(CM, "a"), step(AM, "b"))
+    assert moves.unresolved_ambiguity(forward) == forward.steps[1]
+    both = saga(step(PA, "a"), step(AM, "b"))
+    assert moves.unresolved_ambiguity(both) == both.steps[0]
 
 
 FIRST = AttemptRef("s", fx("s"), 1)

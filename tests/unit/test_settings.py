@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_sagas import MemoryStore, SagaConfigurationError, Sagas
 from celery_sagas._celery.messages import SWEEP_TASK
+from celery_sagas._celery.settings import SagaSettings
 
 PICKLE = ["pickle", "PICKLE", "application/x-python-serialize"]
 
@@ -257,8 +258,14 @@ def test_an_unknown_keyword_is_refused_by_name() -> None:
 
 @pytest.mark.parametrize("value", [True, False, None])
 def test_the_removed_journal_option_is_refused_saying_why(value: Any) -> None:
-    with pytest.raises(SagaConfigurationError, match=r"journal option was removed.*derived from the saga"):
+    with pytest.raises(SagaConfigurationError, match=r"sagas_journal was removed.*derived from the saga"):
         make(journal=value)
+
+
+@pytest.mark.parametrize("name", ["sagas_journal", "sagas_metrics_count_cap"])
+def test_a_removed_setting_in_the_app_config_is_refused_not_ignored(name: str) -> None:
+    with pytest.raises(SagaConfigurationError, match=f"{name} was removed"):
+        SagaSettings.load({name: True}, {})
 
 
 def test_the_removed_metrics_count_cap_is_an_unknown_option() -> None:
