@@ -2,87 +2,89 @@
 
 Steps are Celery tasks, compensators are registered Celery tasks, saga records live in Redis or
 SQL, and Celery beat drives compensation retries and reconciliation sweeps.
+
+The public surface is what this module exports: the ``Sagas`` facade and what it hands out
+(contexts, handles, records, pages and reports), the approval gate, the lifecycle events, and
+the ``Store`` plugin interface. Errors live in ``celery_sagas.errors`` (``StepNotCommitted``,
+which step code raises, is here too). Modules whose name starts with ``_`` are internal.
 """
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
+from . import errors
+from ._approvals.gate import ApprovalGate, PendingApproval
 from ._celery import Saga, SagaHandle, Sagas
 from ._context import SagaContext, StepContext
-from ._events import LifecycleEvent
-from ._records import SagaRecord, SagaState, StepRecord, StepState
-from .errors import (
-    ApprovalBindingError,
-    ApprovalDecisionError,
-    ApprovalDenied,
-    ApprovalError,
-    ApprovalPending,
-    ApprovalRequired,
-    ApprovalTokenExpired,
-    ApprovalTokenInvalid,
-    ApprovalTokenReplay,
-    FencedWriteRefused,
-    IllegalTransition,
-    InvalidRecordError,
-    LeaseError,
-    LeaseLost,
-    NondeterminismError,
-    NonDurableStoreError,
-    PayloadTooLarge,
-    SagaAmbiguousStepError,
-    SagaConcurrencyError,
-    SagaConfigurationError,
-    SagaConflictError,
-    SagaError,
-    SagaNotFound,
-    SagaResolutionError,
-    SagaValidationError,
-    StepNotCommitted,
-    StoreError,
-    StoreUnavailable,
+from ._events import FindingEvent, LifecycleEvent, Phase, Stage
+from ._findings import FindingPage
+from ._protocol.findings import Finding, FindingKind
+from ._records import (
+    ApprovalRecord,
+    ApprovalState,
+    Binding,
+    EffectRecord,
+    EffectState,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
 )
-from .stores import MemoryStore, open_store
+from ._scans import CorruptRecord, RecordPage
+from ._sweep import SweepReport
+from .errors import StepNotCommitted
+from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ApprovalBindingError",
-    "ApprovalDecisionError",
-    "ApprovalDenied",
-    "ApprovalError",
-    "ApprovalPending",
-    "ApprovalRequired",
-    "ApprovalTokenExpired",
-    "ApprovalTokenInvalid",
-    "ApprovalTokenReplay",
-    "FencedWriteRefused",
-    "IllegalTransition",
-    "InvalidRecordError",
-    "LeaseError",
-    "LeaseLost",
+    "ApprovalGate",
+    "ApprovalRecord",
+    "ApprovalState",
+    "Binding",
+    "CorruptRecord",
+    "EffectRecord",
+    "EffectState",
+    "Envelope",
+    "Fence",
+    "Finding",
+    "FindingEvent",
+    "FindingKind",
+    "FindingPage",
+    "Lease",
     "LifecycleEvent",
     "MemoryStore",
-    "NonDurableStoreError",
-    "NondeterminismError",
-    "PayloadTooLarge",
+    "Page",
+    "PendingApproval",
+    "Phase",
+    "RecordPage",
     "Saga",
-    "SagaAmbiguousStepError",
-    "SagaConcurrencyError",
-    "SagaConfigurationError",
-    "SagaConflictError",
     "SagaContext",
-    "SagaError",
     "SagaHandle",
-    "SagaNotFound",
     "SagaRecord",
-    "SagaResolutionError",
     "SagaState",
-    "SagaValidationError",
     "Sagas",
+    "Stage",
     "StepContext",
     "StepNotCommitted",
     "StepRecord",
     "StepState",
-    "StoreError",
-    "StoreUnavailable",
+    "Store",
+    "SweepReport",
+    "errors",
     "open_store",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Errors imported from the package root before they moved to ``celery_sagas.errors``."""
+    if name in errors.__all__:
+        warnings.warn(
+            f"import {name} from celery_sagas.errors; celery_sagas.{name} will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(errors, name)
+    raise AttributeError(f"module 'celery_sagas' has no attribute {name!r}")

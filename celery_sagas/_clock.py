@@ -27,5 +27,5 @@ class SystemClock:
 
 
 def now_ms(clock: Clock) -> int:
-    """Read a clock and refuse anything that is not a valid timestamp (SPEC §1)."""
+    """Read a clock and refuse anything that is not a valid timestamp (docs/design.md §2.5)."""
     return timestamp_ms(clock.now_ms(), field="clock reading")

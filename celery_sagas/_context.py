@@ -17,6 +17,7 @@ from typing import Any
 
 from . import _values as values
 from ._definitions import Registry, SagaDefinition
+from ._events import Stage
 from ._protocol import codes
 from ._protocol.replay import (
     Crashed,
@@ -46,7 +47,7 @@ class StepContext:
     step: str
     effect_id: str
     attempt: int
-    stage: str = "execution"
+    stage: Stage = Stage.EXECUTION
 
     @property
     def idempotency_key(self) -> str:

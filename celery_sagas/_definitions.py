@@ -13,6 +13,8 @@ from ._protocol.decisions import SagaPolicy, StepPolicy
 from .errors import SagaConfigurationError
 
 __all__ = [
+    "COMPENSATE_CAPABILITY",
+    "EXECUTE_CAPABILITY",
     "Backoff",
     "CompensatorOptions",
     "Registry",
@@ -26,6 +28,10 @@ Backoff = Callable[[int], int]
 RunFunction = Callable[[Any, Any], Any]
 
 
+# The capabilities of a step and a compensator that name none (approval bindings, effects).
+EXECUTE_CAPABILITY = "saga.execute"
+COMPENSATE_CAPABILITY = "saga.compensate"
+
 @dataclass(frozen=True, slots=True)
 class StepOptions:
     """How a step task behaves inside a saga."""
@@ -37,10 +43,10 @@ class StepOptions:
     retries: int = 0
     backoff: Backoff = default_backoff_ms
     time_limit_ms: int | None = None
-    capability: str = "saga.execute"
+    capability: str = EXECUTE_CAPABILITY
 
     @property
-    def max_attempts(self) -> int:
+    def attempts_per_effect(self) -> int:
         """Attempts allowed under one effect id (1 unless idempotent)."""
         return 1 + self.retries if self.idempotent else 1
 
@@ -51,7 +57,7 @@ class CompensatorOptions:
 
     name: str
     idempotent: bool = False
-    capability: str = "saga.compensate"
+    capability: str = COMPENSATE_CAPABILITY
     time_limit_ms: int | None = None
 
 
@@ -61,7 +67,7 @@ class SagaDefinition:
 
     name: str
     run: RunFunction
-    max_attempts: int = 3
+    max_compensation_attempts: int = 3
     backoff: Backoff = default_backoff_ms
     capability: str | None = None
 
@@ -95,7 +101,7 @@ class Registry:
     def add_definition(self, definition: SagaDefinition) -> None:
         """Register a saga definition; a name can be defined once."""
         values.definition_name(definition.name)
-        _check_policy(definition.max_attempts, definition.backoff)
+        _check_policy(definition.max_compensation_attempts, definition.backoff)
         with self._lock:
             if definition.name in self.definitions:
                 raise SagaConfigurationError(f"saga {definition.name!r} is already defined")
@@ -137,12 +143,12 @@ class Registry:
         if cached is not None:
             return cached
         steps: Mapping[str, StepPolicy] = {
-            name: StepPolicy(o.idempotent, o.max_attempts) for name, o in self.steps.items()
+            name: StepPolicy(o.idempotent, o.attempts_per_effect) for name, o in self.steps.items()
         }
         idempotent = frozenset(n for n, o in self.compensators.items() if o.idempotent)
         limits = {n: o.time_limit_ms for n, o in self.compensators.items() if o.time_limit_ms}
         policy = SagaPolicy(
-            max_compensation_attempts=definition.max_attempts,
+            max_compensation_attempts=definition.max_compensation_attempts,
             stale_ms=timing.stale_ms,
             grace_ms=timing.grace_ms,
             default_time_limit_ms=timing.default_time_limit_ms,

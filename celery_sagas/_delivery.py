@@ -1,4 +1,4 @@
-"""One delivery of a step or compensator task: claim, run the body, settle (docs/design.md §3.2).
+"""One delivery of a step or compensator task: claim, run the body, record the outcome (docs/design.md §3.2).
 
 The claim appends a claim note to the saga record at the version the message names (or a
 newer one this process wrote): one round trip, no read. A duplicate that finds the version
@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from . import _values as values
@@ -44,16 +45,21 @@ Move = Callable[[SagaRecord], SagaRecord]
 _INLINE_RETRY_MAX_MS = 5_000
 
 
+class _Kind(Enum):
+    """What a body did: returned a result, raised a known failure, or raised anything else."""
+
+    COMMITTED = Phase.COMMITTED
+    FAILED = Phase.FAILED
+    ERRORED = Phase.AMBIGUOUS  # the outcome is unknown unless the step may be retried
+
+
 @dataclass(frozen=True, slots=True)
 class _Outcome:
-    """What a body did: committed (result), failed (known), errored (unknown)."""
+    """What a body did, with its result or error code."""
 
-    kind: str
+    kind: _Kind
     result: Any = None
     error_code: str | None = None
-
-
-_PHASES = {"committed": Phase.COMMITTED, "failed": Phase.FAILED, "errored": Phase.AMBIGUOUS}
 
 
 class Delivery:
@@ -194,14 +200,14 @@ class Delivery:
 
         return Plan(after=plan.after, then=(*plan.then, advance))
 
-    # ------------------------------------------------------------ settle
+    # ------------------------------------------------------------ outcomes
 
     def _step_of(self, saga: SagaRecord) -> StepRecord:
         step = saga.step(self.step)
         assert step is not None
         return step
 
-    def _settle(self, claimed: SagaRecord, move: Move, announce: Callable[[SagaRecord], None],
+    def _record_outcome(self, claimed: SagaRecord, move: Move, announce: Callable[[SagaRecord], None],
                 *, merge: bool, oversized: tuple[Move, Callable[[SagaRecord], None]] | None = None
                 ) -> SagaRecord | None:
         """Write an outcome (merged with what follows when ``merge``; ``oversized`` when the
@@ -238,32 +244,32 @@ class Delivery:
         started = time.monotonic()
         outcome = _run_step_body(body, ctx, step, options)
 
-        def announcer(kind: str, code: str | None) -> Callable[[SagaRecord], None]:
+        def announcer(kind: _Kind, code: str | None) -> Callable[[SagaRecord], None]:
             def announce(written: SagaRecord) -> None:
                 after = self._step_of(written)
-                phase = _PHASES[kind] if after.state is not StepState.EXECUTING else Phase.FAILED
+                phase = kind.value if after.state is not StepState.EXECUTING else Phase.FAILED
                 duration = int((time.monotonic() - started) * 1000)
                 self.engine.emit(written, after, Stage.EXECUTION, phase, code, duration)
             return announce
 
-        oversized = _Outcome("errored", error_code=codes.PAYLOAD_TOO_LARGE)
+        oversized = _Outcome(_Kind.ERRORED, error_code=codes.PAYLOAD_TOO_LARGE)
         # A retry stays in this delivery, so only a final outcome is merged with what follows.
-        return self._settle(
+        return self._record_outcome(
             claimed, self._forward_move(options, step, outcome),
-            announcer(outcome.kind, outcome.error_code), merge=outcome.kind != "errored",
+            announcer(outcome.kind, outcome.error_code), merge=outcome.kind is not _Kind.ERRORED,
             oversized=(self._forward_move(options, step, oversized),
                        announcer(oversized.kind, oversized.error_code)),
         )
 
     def _forward_move(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
         ref, now = AttemptRef.execution(step), self.engine.now()
-        if outcome.kind == "committed":
+        if outcome.kind is _Kind.COMMITTED:
             return lambda s: moves.commit_step(s, ref, outcome.result, now)
         code = outcome.error_code or codes.STEP_ERROR
-        if outcome.kind == "failed":
+        if outcome.kind is _Kind.FAILED:
             return lambda s: moves.fail_step(s, ref, code, now)
         delay = None
-        if step.attempts < options.max_attempts:
+        if step.attempts < options.attempts_per_effect:
             delay = check_backoff(_safe_backoff(options.backoff, step.attempts))
         if delay is None:
             return lambda s: moves.step_ambiguous(s, ref, code, now)
@@ -307,7 +313,7 @@ class Delivery:
             duration = int((time.monotonic() - started) * 1000)
             self.engine.emit(written, self._step_of(written), Stage.COMPENSATION, phase, code, duration)
 
-        return self._settle(claimed, self._backward_move(claimed, step, error), announce, merge=True)
+        return self._record_outcome(claimed, self._backward_move(claimed, step, error), announce, merge=True)
 
     def _backward_move(self, saga: SagaRecord, step: StepRecord, error: bool) -> Move:
         ref, now = AttemptRef.compensation(step), self.engine.now()
@@ -345,15 +351,15 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
     try:
         result = body(ctx, step.args, step.kwargs)
     except known as exc:
-        return _Outcome("failed", error_code=_error_code(exc, codes.NOT_COMMITTED))
+        return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED))
     except Exception as exc:
         logger.warning("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__)
-        return _Outcome("errored", error_code=codes.STEP_ERROR)
+        return _Outcome(_Kind.ERRORED, error_code=codes.STEP_ERROR)
     try:
-        return _Outcome("committed", result=values.json_value(result, field="step result"))
+        return _Outcome(_Kind.COMMITTED, result=values.json_value(result, field="step result"))
     except SagaValidationError:
         logger.warning("saga %s step %s returned a non-JSON result", ctx.saga_id, ctx.step)
-        return _Outcome("errored", error_code="invalid_result")
+        return _Outcome(_Kind.ERRORED, error_code="invalid_result")
 
 
 def _safe_backoff(backoff: Callable[[int], int], attempt: int) -> object:

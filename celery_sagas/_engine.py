@@ -20,7 +20,13 @@ from typing import Any, Protocol
 from . import _values as values
 from ._clock import Clock, SystemClock, now_ms
 from ._context import replay
-from ._definitions import Registry, SagaDefinition, Timing
+from ._definitions import (
+    COMPENSATE_CAPABILITY,
+    EXECUTE_CAPABILITY,
+    Registry,
+    SagaDefinition,
+    Timing,
+)
 from ._dispatch import Dispatcher
 from ._events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
 from ._liveness import PROCESS_ACTIVE, ActiveEffects, dead_effects
@@ -49,8 +55,6 @@ __all__ = ["Engine", "EngineSettings", "GateOutcome", "Gates"]
 
 logger = logging.getLogger("celery_sagas.engine")
 
-EXECUTE_CAPABILITY = "saga.execute"
-COMPENSATE_CAPABILITY = "saga.compensate"
 _START_DECISIONS = 16  # decisions start() may take in memory before the first write
 
 
@@ -341,7 +345,7 @@ class Engine:
 
     # ------------------------------------------------------------ approval gates
 
-    def settle_gate(self, saga_id: str, name: str, approval_id: str, outcome: GateOutcome,
+    def finish_gate(self, saga_id: str, name: str, approval_id: str, outcome: GateOutcome,
                     fence: Fence | None = None) -> tuple[SagaRecord, bool]:
         """Pass or fail a gate step as its approval record says; (record, whether this call
         did it). SagaResolutionError when the saga has no such gate."""
@@ -376,7 +380,7 @@ class Engine:
                 continue
             outcome = self.gates.outcome(saga.saga_id, step, fence)
             if outcome is not None:
-                saga, _ = self.settle_gate(saga.saga_id, step.name, step.approval_id, outcome, fence)
+                saga, _ = self.finish_gate(saga.saga_id, step.name, step.approval_id, outcome, fence)
         return saga
 
     # ------------------------------------------------------------ operator actions
@@ -429,8 +433,8 @@ class Engine:
         def decide_resolution(saga: SagaRecord) -> Plan:
             after = resolve_outcome(
                 saga, step, effect_id, outcome, now_ms=self.now(),
-                max_attempts=self.definition_of(saga).max_attempts, result=normalised,
-                error_code=error_code,
+                max_compensation_attempts=self.definition_of(saga).max_compensation_attempts,
+                result=normalised, error_code=error_code,
             )
             return Plan(after=after)
 
@@ -443,7 +447,7 @@ class Engine:
     # ------------------------------------------------------------ helpers
 
     def emit(
-        self, saga: SagaRecord, step: StepRecord, stage: str, phase: str,
+        self, saga: SagaRecord, step: StepRecord, stage: Stage, phase: Phase,
         error_code: str | None = None, duration_ms: int | None = None,
     ) -> None:
         """Publish a step's effect transition as a lifecycle event.
@@ -488,7 +492,7 @@ class Engine:
             logger.exception("dispatch failed; the sweep will send it again")
 
 
-def _resolution_phase(outcome: str) -> str:
+def _resolution_phase(outcome: str) -> Phase:
     if outcome in ("committed", "compensated"):
         return Phase.COMMITTED
     return Phase.FAILED

@@ -1,4 +1,4 @@
-"""Lifecycle and finding events (SPEC §5, §8): observers, structured logging, metrics hooks.
+"""Lifecycle and finding events: observers, structured logging, metrics (docs/operations.md).
 
 Every effect transition becomes one ``LifecycleEvent``; everything a sweep reports for an
 operator (manual review, ambiguity, stale effects, corrupt records) becomes one
@@ -7,7 +7,7 @@ observers; the Prometheus metrics (``celery_sagas.metrics``) are one such observ
 
 Findings travel on their own channel (``subscribe_findings``) rather than as lifecycle events
 with stage ``reconciliation``: a finding is a report about a record, not an effect transition,
-and it has no phase or attempt. Lifecycle observers therefore see exactly the SPEC §8 events.
+and it has no phase or attempt. Lifecycle observers therefore see exactly one event per effect move.
 
 Events carry ids, names, states and error codes only; saga input, step arguments, results,
 exception messages, free-text reasons and approval tokens never enter them, so neither do
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from ._records import StepState
+from ._records import StepState, TextEnum
 
 __all__ = [
     "EventBus",
@@ -39,7 +39,7 @@ logger = logging.getLogger("celery_sagas.events")
 findings_logger = logging.getLogger("celery_sagas.findings")
 
 
-class Stage:
+class Stage(TextEnum):
     """Where an effect happens."""
 
     EXECUTION = "execution"
@@ -47,7 +47,7 @@ class Stage:
     RECONCILIATION = "reconciliation"
 
 
-class Phase:
+class Phase(TextEnum):
     """What happened to the effect."""
 
     INTENT = "intent"
@@ -60,7 +60,7 @@ class Phase:
 _COMPENSATION_OUTCOMES = (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
 
 
-def effect_stage(stage: str, step_state: StepState) -> str:
+def effect_stage(stage: Stage, step_state: StepState) -> Stage:
     """The stage of the effect an event is about: a reconciliation (operator resolution)
     settles the compensation effect when it left the step compensated or compensation-failed,
     and the execution effect otherwise."""
@@ -75,8 +75,8 @@ class LifecycleEvent:
 
     effect_id: str
     capability: str
-    stage: str
-    phase: str
+    stage: Stage
+    phase: Phase
     attempt: int
     saga_id: str
     definition: str
@@ -102,7 +102,7 @@ class LifecycleEvent:
 
 @dataclass(frozen=True, slots=True)
 class FindingEvent:
-    """One record a sweep reports for an operator (SPEC §5); ids, states and codes only."""
+    """One record a sweep reports for an operator (docs/design.md §6); ids, states and codes only."""
 
     kind: str
     record_kind: str

@@ -26,6 +26,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ._definitions import COMPENSATE_CAPABILITY, EXECUTE_CAPABILITY
 from ._engine import Engine
 from ._events import FindingEvent
 from ._protocol.effects import effects_of
@@ -79,7 +80,7 @@ def window_of(engine: Engine, now_ms: int | None = None) -> Window:
 
 
 def _capability(_saga: object, _step: object, compensation: bool) -> str:
-    return "saga.compensate" if compensation else "saga.execute"
+    return COMPENSATE_CAPABILITY if compensation else EXECUTE_CAPABILITY
 
 
 def effect_findings(saga: SagaRecord, window: Window) -> list[Finding]:

@@ -11,10 +11,10 @@ prometheus_client's default registry, ``metrics=<CollectorRegistry>`` another on
 | ``celery_sagas_findings_total`` | counter | kind | every finding a sweep reports |
 | ``celery_sagas_sagas`` | gauge | state | the sweep: open sagas per state |
 
-``celery_sagas_sagas`` counts ``running``, ``compensating`` and ``manual-review`` sagas with
-paged scans at the end of each sweep this process ran, up to a cap (10,000 per state by
-default; a value at the cap means "at least"). Final states are not counted: they only grow,
-and counting them would cost a scan of every saga ever kept. A sweep re-reports findings that
+``celery_sagas_sagas`` holds the exact number of ``running``, ``compensating`` and
+``manual-review`` sagas, read from the store's state index (``Store.count``, one cheap call
+per state and bucket) at the end of each sweep this process ran. Final states are not
+reported: they only grow until retention deletes them. A sweep re-reports findings that
 are still open, so ``celery_sagas_findings_total`` counts reports; alert on its rate.
 
 Labels are stage, phase, state and kind names only: never ids, error codes or payloads, so
@@ -82,7 +82,7 @@ def _register(client: Any, registry: Any) -> _Families:
             ["kind"], registry=registry,
         ),
         sagas=client.Gauge(
-            "celery_sagas_sagas", "Open sagas per state, counted by the last sweep (capped).",
+            "celery_sagas_sagas", "Open sagas per state, counted at the end of the last sweep.",
             ["state"], registry=registry, multiprocess_mode="livemostrecent",
         ),
     )

@@ -26,6 +26,7 @@ __all__ = [
     "SagaState",
     "StepRecord",
     "StepState",
+    "TextEnum",
 ]
 
 SAGA = "saga"
@@ -35,13 +36,15 @@ APPROVAL = "approval"
 APPROVAL_TASK = "celery_sagas.approval"
 
 
-class _State(str, Enum):
+class TextEnum(str, Enum):
+    """An enum of strings that prints, logs and serialises as its value."""
+
     def __str__(self) -> str:
         return str(self.value)
 
 
-class SagaState(_State):
-    """Saga states (SPEC §2.2)."""
+class SagaState(TextEnum):
+    """Saga states (docs/design.md §2.1)."""
 
     RUNNING = "running"
     COMPENSATING = "compensating"
@@ -55,8 +58,8 @@ class SagaState(_State):
         return self in (SagaState.COMPLETED, SagaState.COMPENSATED)
 
 
-class StepState(_State):
-    """Step states (SPEC §2.2)."""
+class StepState(TextEnum):
+    """Step states (docs/design.md §2.2)."""
 
     EXECUTING = "executing"
     AWAITING_APPROVAL = "awaiting-approval"
@@ -68,8 +71,8 @@ class StepState(_State):
     COMPENSATED = "compensated"
 
 
-class EffectState(_State):
-    """Effect journal states (SPEC §2.1)."""
+class EffectState(TextEnum):
+    """Effect states (docs/design.md §2.3)."""
 
     ADMISSION = "admission"
     EXECUTING = "executing"
@@ -78,8 +81,8 @@ class EffectState(_State):
     UNKNOWN = "unknown"
 
 
-class ApprovalState(_State):
-    """Approval states (SPEC §2.3)."""
+class ApprovalState(TextEnum):
+    """Approval states (docs/design.md §2.4)."""
 
     PENDING = "pending"
     APPROVED = "approved"
@@ -153,7 +156,7 @@ class SagaRecord:
 
 @dataclass(frozen=True, slots=True)
 class EffectRecord:
-    """One journaled attempt to cause a side effect (SPEC §2.1); never carries payloads."""
+    """One attempt to cause a side effect, as its step's mark says (docs/design.md §2.3); no payloads."""
 
     effect_id: str
     capability: str
@@ -173,7 +176,7 @@ class EffectRecord:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRecord:
-    """A human approval gate; stores only the SHA-256 of the resume token (SPEC §2.3)."""
+    """A human approval gate; stores only the SHA-256 of the resume token (docs/design.md §2.4)."""
 
     approval_id: str
     effect_id: str

@@ -1,4 +1,4 @@
-"""Pure validators for every value that crosses the public surface (SPEC §1).
+"""Pure validators for every value that crosses the public surface (docs/design.md §2.5).
 
 Each validator returns the value it accepted (normalised where noted) or raises
 ``SagaValidationError`` naming the field. Nothing here does I/O, so callers validate
@@ -42,7 +42,7 @@ __all__ = [
 MAX_SAFE_INTEGER = 2**53 - 1
 DEFAULT_PAYLOAD_LIMIT = 1024 * 1024
 
-# Printable ASCII without space (SPEC §1).
+# Printable ASCII without space (docs/design.md §2.5).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 _CAPABILITY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 _DIGEST = re.compile(r"[0-9a-f]{64}")

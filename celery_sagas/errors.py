@@ -4,7 +4,7 @@
     ├── SagaValidationError (ValueError)     bad input; nothing was written
     │   └── PayloadTooLarge                  a JSON payload over the size limit
     ├── InvalidRecordError                   the store returned a corrupt record
-    ├── IllegalTransition                    a protocol move the SPEC forbids
+    ├── IllegalTransition                    a protocol move the design forbids
     ├── StoreError                           a store driver failed (translated)
     │   ├── StoreUnavailable                 a store's extra is missing or the URL is unknown
     │   ├── NonDurableStoreError             Sagas was given a store that keeps nothing
@@ -100,7 +100,7 @@ class SagaError(Exception):
 
 
 class SagaValidationError(SagaError, ValueError):
-    """Input broke a SPEC §1 rule; nothing was written."""
+    """Input broke a value rule (docs/design.md §2.5); nothing was written."""
 
 
 class PayloadTooLarge(SagaValidationError):
@@ -121,7 +121,7 @@ class InvalidRecordError(SagaError):
 
 
 class IllegalTransition(SagaError):
-    """A protocol transition the SPEC does not allow; the input record is unchanged."""
+    """A protocol move docs/design.md §2.2 does not allow; the input record is unchanged."""
 
     state: str
     event: str

@@ -119,7 +119,7 @@ class SagaApprovals:
         record = self.gate.decide(approval_id, tenant_id=tenant_id, decision=decision,
                                   decided_by=decided_by)
         if record.state is ApprovalState.DENIED and record.saga_id and record.step:
-            self.engine.settle_gate(record.saga_id, record.step, record.approval_id,
+            self.engine.finish_gate(record.saga_id, record.step, record.approval_id,
                                     GateOutcome(failure=APPROVAL_DENIED))
         return record
 
@@ -142,7 +142,7 @@ class SagaApprovals:
             token, tenant_id=tenant_id, principal_id=principal_id,
             capability=binding.capability, target=binding.target, digest=binding.digest,
         )
-        record, changed = self.engine.settle_gate(saga_id, step.name, approval_id,
+        record, changed = self.engine.finish_gate(saga_id, step.name, approval_id,
                                                   GateOutcome(result=_decision(consumed)))
         gate = record.step(step.name)
         # Only one consume succeeds, so a gate already committed was passed for this one (a
@@ -166,7 +166,7 @@ class SagaApprovals:
         if outcome is None:
             return
         try:
-            self.engine.settle_gate(current.saga_id, current.step, current.approval_id, outcome,
+            self.engine.finish_gate(current.saga_id, current.step, current.approval_id, outcome,
                                     fence)
         except SagaResolutionError:
             # No gate holds it: the write that recorded its step lost a race and the retry

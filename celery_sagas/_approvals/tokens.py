@@ -1,4 +1,6 @@
-"""Signed, expiring resume tokens for human approvals (SPEC §4). Pure: no I/O, clock or randomness.
+"""Signed, expiring resume tokens for human approvals (docs/design.md §3.8).
+
+Pure: no I/O, clock or randomness.
 
 A token is a bearer credential: whoever holds it may resume the approval it names, once. The
 gate shows it to the requester exactly once and stores only ``token_hash(token)``. Time and the

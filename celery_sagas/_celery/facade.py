@@ -217,7 +217,13 @@ class Sagas:
 
     def saga(self, name: str, *, max_attempts: int = 3, backoff: Backoff | None = None,
              capability: str | None = None) -> Callable[[Callable[..., Any]], Saga]:
-        """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect."""
+        """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect.
+
+        ``max_attempts`` and ``backoff(attempt) -> ms`` are the compensation policy: how many
+        times each compensator is tried, and how long to wait between tries, before the saga
+        goes to manual review (``compensation_exhausted``). A step's own retries are set on
+        ``@sagas.step(retries=...)``.
+        """
         checked = values.capability(capability) if capability is not None else None
 
         def decorate(run: Callable[..., Any]) -> Saga:

@@ -11,6 +11,8 @@ from celery import Celery
 from .. import _values as values
 from .._approvals.tokens import TokenSigner
 from .._definitions import (
+    COMPENSATE_CAPABILITY,
+    EXECUTE_CAPABILITY,
     Backoff,
     CompensatorOptions,
     Registry,
@@ -71,7 +73,7 @@ def register_step(app: Celery, registry: Registry, base: type, func: Callable[..
         task=opts["name"], compensator=_name_of(compensate), idempotent=idempotent,
         not_committed_on=tuple(not_committed_on), retries=retries,
         backoff=backoff or default_backoff_ms, time_limit_ms=int(opts["time_limit"] * 1000),
-        capability=values.capability(capability) if capability else "saga.execute",
+        capability=values.capability(capability) if capability else EXECUTE_CAPABILITY,
     ))
     return task
 
@@ -85,7 +87,7 @@ def register_compensator(app: Celery, registry: Registry, base: type, func: Call
     task = app.task(base=base, **opts)(func)
     registry.add_compensator(CompensatorOptions(
         opts["name"], idempotent,
-        values.capability(capability) if capability else "saga.compensate",
+        values.capability(capability) if capability else COMPENSATE_CAPABILITY,
         time_limit_ms=int(opts["time_limit"] * 1000),
     ))
     return task

@@ -12,13 +12,18 @@ from ..errors import SagaConfigurationError
 
 __all__ = ["SETTING_DOCS", "SagaSettings"]
 
+_DEFAULT_TIMING = Timing()
+
 # name: (default, one-line description); the docs' configuration reference is built from this.
 SETTING_DOCS: dict[str, tuple[Any, str]] = {
     "store": (None, "store URL (redis://, postgresql+psycopg://, sqlite:///, memory://)"),
     "sweep_interval": (5.0, "seconds between beat-driven sweeps"),
-    "stale_after": (30.0, "seconds before an unclaimed dispatched step is sent again"),
-    "ambiguity_grace": (30.0, "seconds past a step's time limit before a silent attempt is ambiguous"),
-    "default_time_limit": (300.0, "hard time limit (s) given to steps and compensators that set none"),
+    "stale_after": (_DEFAULT_TIMING.stale_ms / 1000,
+                    "seconds before an unclaimed dispatched step is sent again"),
+    "ambiguity_grace": (_DEFAULT_TIMING.grace_ms / 1000,
+                        "seconds past a step's time limit before a silent attempt is ambiguous"),
+    "default_time_limit": (_DEFAULT_TIMING.default_time_limit_ms / 1000,
+                           "hard time limit (s) given to steps and compensators that set none"),
     "payload_limit": (values.DEFAULT_PAYLOAD_LIMIT, "maximum bytes of one saga record"),
     "key_prefix": ("sagas", "Redis key prefix of the store"),
     "table_prefix": ("sagas_", "SQL table prefix of the store"),

@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from .._approvals.gate import ApprovalGate
 from .._approvals.saga_gates import SagaApprovals, SagaGates, expiry_pass
@@ -36,23 +35,13 @@ __all__ = ["PerProcess", "Runtime", "open_configured_store"]
 
 logger = logging.getLogger("celery_sagas")
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-_SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
-
-
 def open_configured_store(target: str | Store, settings: SagaSettings) -> Store:
     """The store a URL names, with the key or table prefix of the settings (or the store given)."""
     if not isinstance(target, str):
         return target
-    scheme = target.split("://", 1)[0].split("+", 1)[0].lower()
-    options: dict[str, Any] = {}
-    if scheme in _REDIS_SCHEMES:
-        options["prefix"] = settings.key_prefix
-    elif scheme in _SQL_SCHEMES:
-        options["table_prefix"] = settings.table_prefix
-    store = open_store(target, **options)
+    store = open_store(target, key_prefix=settings.key_prefix, table_prefix=settings.table_prefix)
     if not store.durable and not settings.allow_non_durable:
-        logger.warning("saga store %s keeps nothing across restarts", scheme)
+        logger.warning("saga store %s keeps nothing across restarts", target.split("://", 1)[0])
     return store
 
 

@@ -1,4 +1,4 @@
-"""Error codes the library itself writes into records (SPEC §1 error-code syntax)."""
+"""Error codes the library itself writes into records (docs/design.md §2.5 error-code syntax)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ ARGUMENTS_MISMATCH = "arguments_mismatch"
 STEP_ERROR = "step_error"
 WORKER_LOST = "worker_lost"
 TIME_LIMIT = "time_limit"
-RETRIES_EXHAUSTED = "retries_exhausted"
 APPROVAL_DENIED = "approval_denied"
 APPROVAL_EXPIRED = "approval_expired"
 

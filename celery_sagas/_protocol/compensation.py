@@ -1,4 +1,4 @@
-"""The compensation planner and retry-policy checks (SPEC §3, "Compensation").
+"""The compensation planner and retry-policy checks (docs/design.md §2.2, "Compensation").
 
 Committed steps are undone one at a time, in reverse order of commit. A step whose retry is
 not yet due stops the walk for now (the beat-driven sweep comes back when it is due); a step
@@ -47,7 +47,7 @@ def commit_order(saga: SagaRecord) -> list[StepRecord]:
 _TO_UNDO = (StepState.COMMITTED, StepState.COMPENSATION_FAILED)
 
 
-def plan_compensation(saga: SagaRecord, now_ms: int, max_attempts: int) -> Decision:
+def plan_compensation(saga: SagaRecord, now_ms: int, max_compensation_attempts: int) -> Decision:
     """Next compensation action for a saga with nothing in flight."""
     for step in saga.steps:
         if step.state is StepState.AMBIGUOUS or (
@@ -60,7 +60,7 @@ def plan_compensation(saga: SagaRecord, now_ms: int, max_attempts: int) -> Decis
         if step.state not in _TO_UNDO or step.compensator is None:
             continue
         # The budget is checked first: once the last attempt failed there is nothing to wait for.
-        if step.compensation_attempts >= max_attempts:
+        if step.compensation_attempts >= max_compensation_attempts:
             return Review(
                 codes.COMPENSATION_EXHAUSTED,
                 f"compensation of step {step.name!r} failed {step.compensation_attempts} times",

@@ -5,7 +5,7 @@ the policy, and returns exactly one decision. The engine carries it out with one
 compare-and-set (and a dispatch after it succeeds), then asks again; a lost race means reload
 and decide afresh.
 
-In-flight work is judged the same way forward and backward (SPEC §3): not yet claimed by its
+In-flight work is judged the same way forward and backward (docs/design.md §3.3): not yet claimed by its
 task means in flight (re-dispatched under the same effect id once stale); claimed and within
 its time limit plus grace means running; claimed and silent past that, or claimed by a process
 known to be gone (``dead_effects``), means the attempt vanished.
@@ -41,7 +41,7 @@ def _vanished(step: StepRecord, policy: SagaPolicy, rolling_back: bool, code: st
         retry = step.compensator in policy.compensators_idempotent
         return Vanished(step, compensation=True, retry=retry, error_code=code)
     options = policy.step(step.task)
-    retry = options.idempotent and step.attempts < options.max_attempts and not rolling_back
+    retry = options.idempotent and step.attempts < options.attempts_per_effect and not rolling_back
     return Vanished(step, compensation=False, retry=retry, error_code=code)
 
 

@@ -30,17 +30,17 @@ class StepPolicy:
     """What the definition says about one step task."""
 
     idempotent: bool = False
-    max_attempts: int = 1
+    attempts_per_effect: int = 1
 
 
 @dataclass(frozen=True, slots=True)
 class SagaPolicy:
     """Timing and retry limits that decisions depend on (all durations in ms)."""
 
-    max_compensation_attempts: int = 3
-    stale_ms: int = 30_000
-    grace_ms: int = 30_000
-    default_time_limit_ms: int = 300_000
+    max_compensation_attempts: int
+    stale_ms: int
+    grace_ms: int
+    default_time_limit_ms: int
     steps: Mapping[str, StepPolicy] = field(default_factory=dict)
     compensators_idempotent: frozenset[str] = frozenset()
     compensator_time_limits: Mapping[str, int] = field(default_factory=dict)

@@ -7,8 +7,8 @@
 
 ``committed`` and ``failed`` are final; ``unknown`` waits for an operator or a provider check,
 which may settle it as committed or failed. The table is the legal moves. Each step carries a
-mark per effect (execution, compensation): every saga move calls ``journaled``, which moves
-the marks towards what the step's record now implies along the table only, so the journal is
+mark per effect (execution, compensation): every saga move calls ``marked``, which moves
+the marks towards what the step's record now implies along the table only, so an effect is
 written in the same atomic write as its saga (no round trip of its own) and never moves an
 effect back (a late or duplicate report, a resumed compensation).
 """
@@ -35,11 +35,11 @@ __all__ = [
     "EFFECT_TRANSITIONS",
     "FINAL_EFFECT_STATES",
     "effects_of",
-    "journaled",
+    "marked",
     "transition_effect",
 ]
 
-_A, _X, _C, _F, _U = (
+ADMISSION, EXECUTING, COMMITTED, FAILED, UNKNOWN = (
     EffectState.ADMISSION,
     EffectState.EXECUTING,
     EffectState.COMMITTED,
@@ -48,14 +48,14 @@ _A, _X, _C, _F, _U = (
 )
 
 EFFECT_TRANSITIONS: dict[EffectState, frozenset[EffectState]] = {
-    _A: frozenset({_X, _F}),
-    _X: frozenset({_C, _F, _U}),
-    _U: frozenset({_C, _F}),
-    _C: frozenset(),
-    _F: frozenset(),
+    ADMISSION: frozenset({EXECUTING, FAILED}),
+    EXECUTING: frozenset({COMMITTED, FAILED, UNKNOWN}),
+    UNKNOWN: frozenset({COMMITTED, FAILED}),
+    COMMITTED: frozenset(),
+    FAILED: frozenset(),
 }
 
-FINAL_EFFECT_STATES = frozenset({_C, _F})
+FINAL_EFFECT_STATES = frozenset({COMMITTED, FAILED})
 
 
 def transition_effect(
@@ -75,24 +75,30 @@ def transition_effect(
     )
 
 
-# The writes that bring an effect from its state to the one its step now implies (executing to
-# executing is a new attempt under the same effect id). A pair not listed moves nothing: the
-# effect is there already, or past it (a late or duplicate report never moves it back).
-_PATHS: dict[tuple[EffectState, EffectState], tuple[EffectState, ...]] = {
-    (_A, _X): (_X,), (_A, _C): (_X, _C), (_A, _F): (_F,), (_A, _U): (_X, _U),
-    (_X, _X): (_X,), (_X, _C): (_C,), (_X, _F): (_F,), (_X, _U): (_U,),
-    (_U, _C): (_C,), (_U, _F): (_F,),
-}
+def _path(frm: EffectState, to: EffectState) -> tuple[EffectState, ...]:
+    """The states an effect passes through from ``frm`` to ``to`` along the table: direct, or
+    through one state between; executing to executing is a new attempt under the same id. No
+    path (the effect is there already, or past it) moves nothing: a late or duplicate report
+    never moves an effect back."""
+    if frm is to:
+        return (to,) if to is EXECUTING else ()
+    if to in EFFECT_TRANSITIONS[frm]:
+        return (to,)
+    between = [m for m in EFFECT_TRANSITIONS[frm] if to in EFFECT_TRANSITIONS[m]]
+    return (between[0], to) if between else ()
+
+
+_PATHS = {(frm, to): _path(frm, to) for frm in EffectState for to in EffectState}
 
 # The state of a step's execution effect, by step state (a started or retried step is executing).
 _EXECUTION = {
-    StepState.EXECUTING: _X,
-    StepState.FAILED: _F,
-    StepState.AMBIGUOUS: _U,
-    StepState.COMMITTED: _C,
-    StepState.COMPENSATING: _C,
-    StepState.COMPENSATION_FAILED: _C,
-    StepState.COMPENSATED: _C,
+    StepState.EXECUTING: EXECUTING,
+    StepState.FAILED: FAILED,
+    StepState.AMBIGUOUS: UNKNOWN,
+    StepState.COMMITTED: COMMITTED,
+    StepState.COMPENSATING: COMMITTED,
+    StepState.COMPENSATION_FAILED: COMMITTED,
+    StepState.COMPENSATED: COMMITTED,
 }
 
 Capability = Callable[[SagaRecord, StepRecord, bool], str]
@@ -108,10 +114,10 @@ def _execution_target(step: StepRecord) -> _Target | None:
     """Where a step's execution effect stands by its record (None: nothing yet)."""
     if step.state is StepState.EXECUTING:
         if step.started_at_ms is not None:
-            return _X, step.started_at_ms
-        return (_A, step.dispatched_at_ms) if step.attempts == 0 else (_X, None)
+            return EXECUTING, step.started_at_ms
+        return (ADMISSION, step.dispatched_at_ms) if step.attempts == 0 else (EXECUTING, None)
     if step.state is StepState.COMMITTED:
-        return _C, step.committed_at_ms
+        return COMMITTED, step.committed_at_ms
     state = _EXECUTION.get(step.state)
     return None if state is None else (state, None)
 
@@ -119,20 +125,20 @@ def _execution_target(step: StepRecord) -> _Target | None:
 def _compensation_target(step: StepRecord) -> _Target | None:
     """Where a step's compensation effect stands by its record (None: not begun)."""
     if step.state is StepState.COMPENSATED:
-        return _C, None
+        return COMMITTED, None
     if step.state is StepState.COMPENSATION_FAILED:
         # failed and to be retried under the same id, or given up on in review, or given a
         # fresh budget by resume (its attempts back at 0: the effect is still the one begun)
-        return _X, None
+        return EXECUTING, None
     if step.compensation_attempts == 0:
         return None
     if step.state is StepState.COMPENSATING:
         if step.error_code == codes.AMBIGUOUS_COMPENSATION:
-            return _U, None
+            return UNKNOWN, None
         if step.started_at_ms is not None:
-            return _X, step.started_at_ms
+            return EXECUTING, step.started_at_ms
         first = step.compensation_attempts == 1
-        return (_A if first else _X), step.dispatched_at_ms
+        return (ADMISSION if first else EXECUTING), step.dispatched_at_ms
     return None
 
 
@@ -144,26 +150,26 @@ def _moved(mark: EffectMark | None, target: _Target | None, attempt: int, code: 
     state, recorded_at = target
     at = now_ms if recorded_at is None else recorded_at
     if mark is None:
-        mark = EffectMark(_A, at, attempt)
-        if state is _A:
+        mark = EffectMark(ADMISSION, at, attempt)
+        if state is ADMISSION:
             return mark
     path = _PATHS.get((mark.state, state), ())
     if not path or (path == (mark.state,) and attempt == mark.attempt):
         return mark
-    failed = path[-1] in (_F, _U)
+    failed = path[-1] in (FAILED, UNKNOWN)
     return EffectMark(path[-1], max(at, mark.at_ms), attempt, code if failed else None)
 
 
-def journaled(saga: SagaRecord, now_ms: int) -> SagaRecord:
+def marked(saga: SagaRecord, now_ms: int) -> SagaRecord:
     """``saga`` with each step's effect marks moved to what its record now says (docs/design.md
-    §2.3): the effect journal, written in the same write as the saga record."""
-    steps = tuple(_journaled(step, now_ms) for step in saga.steps)
+    §2.3), to be written in the same write as the saga record."""
+    steps = tuple(_marked_step(step, now_ms) for step in saga.steps)
     return saga if steps == saga.steps else replace(saga, steps=steps)
 
 
-def _journaled(step: StepRecord, now_ms: int) -> StepRecord:
+def _marked_step(step: StepRecord, now_ms: int) -> StepRecord:
     if step.task == APPROVAL_TASK:
-        return step  # an approval gate is no side effect: its approval record is its journal
+        return step  # an approval gate is no side effect: its approval record says where it stands
     execution = _moved(step.execution, _execution_target(step), step.attempts, step.error_code,
                        now_ms)
     compensation = _moved(step.compensation, _compensation_target(step),
@@ -176,7 +182,7 @@ def _journaled(step: StepRecord, now_ms: int) -> StepRecord:
 def effects_of(saga: SagaRecord, capability: Capability) -> tuple[EffectRecord, ...]:
     """Every effect of the saga's steps, as their marks say (approval gates have none)."""
     found: list[EffectRecord] = []
-    for step in journaled(saga, saga.updated_at_ms).steps:
+    for step in marked(saga, saga.updated_at_ms).steps:
         for compensation, mark in ((False, step.execution), (True, step.compensation)):
             if mark is not None:
                 found.append(_effect(saga, step, mark, compensation, capability))

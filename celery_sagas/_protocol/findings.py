@@ -1,16 +1,15 @@
-"""Reconciliation findings (SPEC §5): what a sweep reports about one record, pure."""
+"""Reconciliation findings (docs/design.md §6): what a sweep reports about one record, pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-from .._records import EffectRecord, EffectState, SagaRecord, SagaState, StepState
+from .._records import EffectRecord, EffectState, SagaRecord, SagaState, StepState, TextEnum
 
 __all__ = ["Finding", "FindingKind", "effect_finding", "saga_finding"]
 
 
-class FindingKind(str, Enum):
+class FindingKind(TextEnum):
     """Kinds of finding a sweep reports."""
 
     INCOMPLETE = "incomplete"
@@ -20,9 +19,6 @@ class FindingKind(str, Enum):
     MANUAL_REVIEW = "manual-review"
     STALE = "stale"
     CORRUPT = "corrupt"
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +54,7 @@ _OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 
 
 def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:
-    """The SPEC §5 finding for an open saga, or None."""
+    """The finding (docs/design.md §6) for an open saga, or None."""
     if saga.state not in _OPEN:
         return None
 

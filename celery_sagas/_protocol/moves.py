@@ -1,4 +1,4 @@
-"""Saga and step transitions (SPEC §2.2, §3): pure functions of records.
+"""Saga and step transitions (docs/design.md §2.1, §2.2): pure functions of records.
 
 Theory of operation. A saga record is rewritten whole by each transition, which the engine
 stores with one compare-and-set. A transition checks the saga state, the step state and the
@@ -22,7 +22,7 @@ Compensation, for a committed step:
     compensating* --ambiguous--> compensating, saga manual-review
 
 (* = started: ``started_at_ms`` set by the claim.) Moves about one attempt take an
-``AttemptRef`` (step, effect id, attempt number). After every step move, ``settle`` derives
+``AttemptRef`` (step, effect id, attempt number). After every step move, ``derive_state`` derives
 the saga state: ambiguity with nothing else in flight means manual review; a known failure
 turns a running saga into a compensating one.
 """
@@ -37,7 +37,7 @@ from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
-from .effects import journaled
+from .effects import marked
 
 __all__ = [
     "abandon_step",
@@ -76,16 +76,16 @@ def _illegal(saga: SagaRecord, event: str, step: StepRecord | None = None) -> Il
 
 
 def _code(code: str) -> str:
-    """Error codes written into records follow SPEC §1."""
+    """Error codes written into records follow docs/design.md §2.5."""
     return check_error_code(code)
 
 
 def _write(saga: SagaRecord, now_ms: int, **changes: Any) -> SagaRecord:
-    """The next version of ``saga`` with ``changes``, its effect journal moved to match."""
+    """The next version of ``saga`` with ``changes``, its effect marks moved to match."""
     moved = replace(
         saga, version=saga.version + 1, updated_at_ms=max(now_ms, saga.updated_at_ms), **changes
     )
-    return journaled(moved, now_ms)
+    return marked(moved, now_ms)
 
 
 def _find(saga: SagaRecord, name: str, effect_id: str, event: str, compensation: bool) -> StepRecord:
@@ -139,7 +139,7 @@ def _ambiguity_reason(step: StepRecord) -> tuple[str, str]:
     )
 
 
-def settle(saga: SagaRecord) -> SagaRecord:
+def derive_state(saga: SagaRecord) -> SagaRecord:
     """Derive the saga state after a step moved (same version; callers bump it)."""
     ambiguous = unresolved_ambiguity(saga)
     if ambiguous is not None and saga.state is SagaState.MANUAL_REVIEW:
@@ -176,15 +176,15 @@ def _step_move(saga: SagaRecord, step: StepRecord, now_ms: int, **changes: Any) 
         if saga.state is SagaState.RUNNING:
             code, reason = _rollback_cause(moved)
             moved = replace(moved, error_code=code, reason=reason)
-    settled = settle(moved)
+    derived = derive_state(moved)
     return _write(
         saga,
         now_ms,
-        steps=settled.steps,
-        state=settled.state,
-        rolling_back=settled.rolling_back,
-        error_code=settled.error_code,
-        reason=settled.reason,
+        steps=derived.steps,
+        state=derived.state,
+        rolling_back=derived.rolling_back,
+        error_code=derived.error_code,
+        reason=derived.reason,
     )
 
 

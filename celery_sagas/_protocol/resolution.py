@@ -1,4 +1,4 @@
-"""Operator resolution of unknown outcomes (SPEC §3, "Operator resolution"), pure.
+"""Operator resolution of unknown outcomes (docs/design.md §3.9), pure.
 
 The effect id named by the operator must be the one stored for the step (the execution effect
 id for an execution outcome, the compensation effect id for a compensation outcome), so a
@@ -76,7 +76,7 @@ def _forward(saga: SagaRecord, step: StepRecord, outcome: Resolution, result: An
     return fail_step(saga, ref, failure, now_ms)
 
 
-def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_attempts: int,
+def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_compensation_attempts: int,
               now_ms: int) -> SagaRecord:
     unknown = step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION
     exhausted = step.state is StepState.COMPENSATION_FAILED
@@ -90,7 +90,7 @@ def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_attem
             saga = replace(saga, steps=tuple(step if s.name == step.name else s for s in saga.steps))
         return compensation_succeeded(saga, ref, now_ms)
     after = compensation_failed(saga, ref, now_ms, now_ms)
-    if attempt >= max_attempts and after.state is not SagaState.MANUAL_REVIEW:
+    if attempt >= max_compensation_attempts and after.state is not SagaState.MANUAL_REVIEW:
         reason = f"compensation of step {step.name!r} failed {attempt} times"
         return one_write(saga, to_manual_review(after, codes.COMPENSATION_EXHAUSTED, reason, now_ms))
     return after
@@ -103,7 +103,7 @@ def resolve(
     outcome: object,
     *,
     now_ms: int,
-    max_attempts: int,
+    max_compensation_attempts: int,
     result: Any = None,
     error_code: str | None = None,
 ) -> SagaRecord:
@@ -114,7 +114,7 @@ def resolve(
     _expect(step, effect_id, compensation)
     try:
         if compensation:
-            resolved = _backward(saga, step, chosen, max_attempts, now_ms)
+            resolved = _backward(saga, step, chosen, max_compensation_attempts, now_ms)
         else:
             resolved = _forward(saga, step, chosen, result, error_code, now_ms)
     except IllegalTransition as exc:

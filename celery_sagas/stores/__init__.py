@@ -14,22 +14,30 @@ __all__ = ["Envelope", "Fence", "Lease", "MemoryStore", "Page", "Store", "open_s
 
 ENTRY_POINT_GROUP = "celery_sagas.stores"
 
+_REDIS = ("celery_sagas.stores.redis", "RedisStore")
+_SQL = ("celery_sagas.stores.sql", "SqlStore")
+
 # scheme (before any "+driver") -> (module, class, extra that provides its driver)
-_BUILTIN: dict[str, tuple[str, str, str | None]] = {
-    "redis": ("celery_sagas.stores.redis", "RedisStore", None),
-    "rediss": ("celery_sagas.stores.redis", "RedisStore", None),
-    "unix": ("celery_sagas.stores.redis", "RedisStore", None),
-    "sqlite": ("celery_sagas.stores.sql", "SqlStore", None),
-    "postgresql": ("celery_sagas.stores.sql", "SqlStore", "postgres"),
-    "postgres": ("celery_sagas.stores.sql", "SqlStore", "postgres"),
-    "mysql": ("celery_sagas.stores.sql", "SqlStore", "mysql"),
-    "mariadb": ("celery_sagas.stores.sql", "SqlStore", "mysql"),
+_BUILTIN: dict[str, tuple[tuple[str, str], str | None]] = {
+    "redis": (_REDIS, None),
+    "rediss": (_REDIS, None),
+    "unix": (_REDIS, None),
+    "sqlite": (_SQL, None),
+    "postgresql": (_SQL, "postgres"),
+    "postgres": (_SQL, "postgres"),
+    "mysql": (_SQL, "mysql"),
+    "mariadb": (_SQL, "mysql"),
 }
 
 
-def open_store(url: str, **options: Any) -> Store:
+def open_store(url: str, *, key_prefix: str | None = None, table_prefix: str | None = None,
+               **options: Any) -> Store:
     """Open a store from a URL: memory://, redis://, rediss://, sqlite://, postgresql+psycopg://,
-    mysql+pymysql://, or a scheme registered in the ``celery_sagas.stores`` entry-point group."""
+    mysql+pymysql://, or a scheme registered in the ``celery_sagas.stores`` entry-point group.
+
+    ``key_prefix`` reaches a Redis store (as its ``prefix``), ``table_prefix`` a SQL store;
+    each is ignored by the other kinds. Other ``options`` go to the store as they are.
+    """
     if not isinstance(url, str) or "://" not in url:
         raise StoreUnavailable(f"store URL must look like scheme://..., got {_redacted(url)}")
     scheme = url.split("://", 1)[0].lower()
@@ -37,7 +45,11 @@ def open_store(url: str, **options: Any) -> Store:
     if base == "memory":
         return MemoryStore()
     if base in _BUILTIN:
-        module, name, extra = _BUILTIN[base]
+        (module, name), extra = _BUILTIN[base]
+        if (module, name) == _REDIS and key_prefix is not None:
+            options.setdefault("prefix", key_prefix)
+        if (module, name) == _SQL and table_prefix is not None:
+            options["table_prefix"] = table_prefix
         try:
             factory = getattr(import_module(module), name)
             store: Store = factory.from_url(url, **options)

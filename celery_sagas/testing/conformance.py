@@ -1,4 +1,4 @@
-"""The store conformance suite: the ``Store`` contract (SPEC §5, §6) as pytest tests.
+"""The store conformance suite: the ``Store`` contract (docs/design.md §4.1) as pytest tests.
 
 It ships inside the package so that a third-party store is held to the same contract as the
 built-in ones. Subclass the mixin in a test module whose class name starts with ``Test``; each
@@ -214,7 +214,7 @@ class StoreConformance:
     @pytest.mark.parametrize("prefix", ["{brace", "brace}", "a{b}c", "*?[glob]", "q'\"`", "b\\s%_"],
                              ids=repr)
     def test_ids_of_any_printable_ascii_round_trip(self, prefix: str) -> None:
-        # SPEC §1: ids are printable ASCII without spaces; braces, globs, quotes included
+        # docs/design.md §2.5: ids are printable ASCII without spaces; braces, globs, quotes included
         state = _fresh("st")
         first = self._created(_envelope(_fresh(prefix), state, T0))
         assert self._store().get("saga", first.id) == first

@@ -22,12 +22,12 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from celery_sagas import (
+from celery_sagas import SagaRecord
+from celery_sagas.errors import (
     ApprovalError,
     SagaConflictError,
     SagaError,
     SagaNotFound,
-    SagaRecord,
     SagaValidationError,
 )
 

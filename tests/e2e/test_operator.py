@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from celery_sagas import SagaConflictError, SagaValidationError
+from celery_sagas.errors import SagaConflictError, SagaValidationError
 from tests.e2e.conftest import Stack, wait_until
 
 

@@ -33,6 +33,7 @@ from celery_sagas.stores.base import Envelope, Fence, Lease, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.redis._keys import KeyLayout
 from celery_sagas.stores.redis._scripts import SCRIPT_NAMES, Scripts, script_text
+from celery_sagas.testing.racing import race
 
 T0 = 1_700_000_000_000
 THREADS = 16
@@ -135,24 +136,6 @@ def counted(redis_url: str, unique_prefix: str, raw: redis.Redis, log: CommandLo
     store._client.close()
 
 
-def race(call: Callable[[int], Any], threads: int = THREADS) -> list[Any]:
-    barrier = threading.Barrier(threads)
-    results: list[Any] = [None] * threads
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except Exception as exc:
-            results[i] = exc
-
-    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(60)
-        assert not worker.is_alive()
-    return results
 
 
 def scan_all(store: Store, states: list[str], *, limit: int, before: int | None = None) -> list[Envelope]:

@@ -43,6 +43,7 @@ from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.stores.sql import SqlStore
 from celery_sagas.stores.sql._dialects import ascii_key, long_text
 from celery_sagas.stores.sql._schema import Tables, build_tables
+from celery_sagas.testing.racing import race
 
 T0 = 1_700_000_000_000
 BACKENDS = [
@@ -92,25 +93,6 @@ def envelope(
     return Envelope(kind, record_id, version, state, at, body, label, due)
 
 
-def race(call: Callable[[int], Any], threads: int) -> list[Any]:
-    """Run ``call(i)`` on ``threads`` threads released together by a barrier."""
-    barrier = threading.Barrier(threads, timeout=30)
-    results: list[Any] = [None] * threads
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = call(i)
-        except Exception as exc:
-            results[i] = exc
-
-    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(60)
-        assert not worker.is_alive(), "a racing thread did not finish"
-    return results
 
 
 class StatementCounter:

@@ -27,7 +27,7 @@ from celery_sagas._protocol.decisions import (
     Vanished,
     Wait,
 )
-from celery_sagas._protocol.effects import journaled
+from celery_sagas._protocol.effects import marked
 from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition
 
@@ -134,7 +134,7 @@ def saga(
         rolling_back = state in (SagaState.COMPENSATING, SagaState.COMPENSATED)
     if state is SagaState.MANUAL_REVIEW and error_code is None:
         error_code, reason = codes.NONDETERMINISTIC, "review"
-    return journaled(SagaRecord(
+    return marked(SagaRecord(
         saga_id="order-42",
         definition="place-order",
         state=state,

@@ -109,6 +109,14 @@ def test_runnable_blocks_run(page: Path) -> None:
         previous.set_current()
 
 
+@pytest.mark.parametrize("page", [*PAGES, *sorted(ROOT.glob("examples/**/*.py"))],
+                         ids=page_id)
+def test_the_docs_and_examples_import_only_the_public_surface(page: Path) -> None:
+    # internal modules (named _x) may change in any release: nothing a user copies names one
+    internal = re.findall(r"(?:from|import)\s+(celery_sagas(?:\.\w+)*\._\w+)", page.read_text())
+    assert internal == [], f"{page_id(page)} imports internal modules"
+
+
 def test_the_key_pages_have_runnable_examples() -> None:
     # then
     for name in ("quickstart", "concepts", "guarantees", "configuration", "stores"):

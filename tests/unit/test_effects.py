@@ -20,7 +20,7 @@ import pytest
 
 from celery_sagas._codec import Codec
 from celery_sagas._protocol import codes, moves
-from celery_sagas._protocol.effects import EFFECT_TRANSITIONS, effects_of, journaled
+from celery_sagas._protocol.effects import EFFECT_TRANSITIONS, effects_of, marked
 from celery_sagas._protocol.notes import ClaimNote
 from celery_sagas._records import (
     SAGA,
@@ -80,7 +80,7 @@ def repository(store: MemoryStore) -> SagaRepository:
 
 def started(repository: SagaRepository, *, dispatched_at: int = T0) -> SagaRecord:
     """A saga created with the intent of its step ``charge`` (as ``start`` records it)."""
-    record = journaled(SagaRecord("s1", "place-order", SagaState.RUNNING, {"card": "card-1"}, T0, T0,
+    record = marked(SagaRecord("s1", "place-order", SagaState.RUNNING, {"card": "card-1"}, T0, T0,
                                   (intent("charge", dispatched_at_ms=dispatched_at),), version=1), T0)
     assert repository.create(record)
     return record

@@ -7,45 +7,40 @@ import pytest
 import celery_sagas
 
 EXPECTED = [
-    "ApprovalBindingError",
-    "ApprovalDecisionError",
-    "ApprovalDenied",
-    "ApprovalError",
-    "ApprovalPending",
-    "ApprovalRequired",
-    "ApprovalTokenExpired",
-    "ApprovalTokenInvalid",
-    "ApprovalTokenReplay",
-    "FencedWriteRefused",
-    "IllegalTransition",
-    "InvalidRecordError",
-    "LeaseError",
-    "LeaseLost",
+    "ApprovalGate",
+    "ApprovalRecord",
+    "ApprovalState",
+    "Binding",
+    "CorruptRecord",
+    "EffectRecord",
+    "EffectState",
+    "Envelope",
+    "Fence",
+    "Finding",
+    "FindingEvent",
+    "FindingKind",
+    "FindingPage",
+    "Lease",
     "LifecycleEvent",
     "MemoryStore",
-    "NonDurableStoreError",
-    "NondeterminismError",
-    "PayloadTooLarge",
+    "Page",
+    "PendingApproval",
+    "Phase",
+    "RecordPage",
     "Saga",
-    "SagaAmbiguousStepError",
-    "SagaConcurrencyError",
-    "SagaConfigurationError",
-    "SagaConflictError",
     "SagaContext",
-    "SagaError",
     "SagaHandle",
-    "SagaNotFound",
     "SagaRecord",
-    "SagaResolutionError",
     "SagaState",
-    "SagaValidationError",
     "Sagas",
+    "Stage",
     "StepContext",
     "StepNotCommitted",
     "StepRecord",
     "StepState",
-    "StoreError",
-    "StoreUnavailable",
+    "Store",
+    "SweepReport",
+    "errors",
     "open_store",
 ]
 
@@ -72,3 +67,33 @@ def test_star_import_gives_exactly_the_public_names() -> None:
 def test_the_package_documents_itself_and_its_version() -> None:
     assert celery_sagas.__doc__ and celery_sagas.__doc__.strip()
     assert isinstance(celery_sagas.__version__, str) and celery_sagas.__version__
+
+
+def test_errors_live_in_their_module_and_only_step_not_committed_is_also_at_the_root() -> None:
+    from celery_sagas import errors
+
+    assert [n for n in EXPECTED if n in errors.__all__] == ["StepNotCommitted"]
+    assert celery_sagas.StepNotCommitted is errors.StepNotCommitted
+
+
+def test_an_error_imported_from_the_root_still_works_and_says_where_it_moved() -> None:
+    from celery_sagas import errors
+
+    with pytest.warns(DeprecationWarning, match="import SagaNotFound from celery_sagas.errors"):
+        moved = celery_sagas.SagaNotFound
+    assert moved is errors.SagaNotFound
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        celery_sagas.Nope  # noqa: B018
+
+
+def test_what_the_facade_returns_is_exported() -> None:
+    # the types a user meets through Sagas are importable from the package root
+    import inspect
+
+    hints = inspect.get_annotations(celery_sagas.Sagas.sweep, eval_str=True)
+    assert hints["return"] is celery_sagas.SweepReport
+    hints = inspect.get_annotations(celery_sagas.Sagas.findings, eval_str=True)
+    assert hints["return"] is celery_sagas.FindingPage

@@ -58,7 +58,7 @@ POLICY = SagaPolicy(
     stale_ms=STALE,
     grace_ms=GRACE,
     default_time_limit_ms=LIMIT,
-    steps={"task.idem": StepPolicy(idempotent=True, max_attempts=3)},
+    steps={"task.idem": StepPolicy(idempotent=True, attempts_per_effect=3)},
     compensators_idempotent=frozenset({"undo.idem"}),
 )
 SENT = T0

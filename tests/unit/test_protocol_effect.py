@@ -289,7 +289,7 @@ def _ambiguous_compensation_resolved_not_compensated() -> tuple[SagaRecord, Saga
     before = saga(step(PA), state=SagaState.MANUAL_REVIEW, rolling_back=True,
                   error_code="ambiguous_compensation", reason="compensation of step 's' is ambiguous")
     return before, resolve(before, "s", cx("s"), Resolution.NOT_COMPENSATED, now_ms=T0 + 800,
-                           max_attempts=3)
+                           max_compensation_attempts=3)
 
 
 def _resume_after_compensation_ran_out() -> tuple[SagaRecord, SagaRecord]:

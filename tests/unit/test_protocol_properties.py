@@ -61,7 +61,7 @@ POLICY = SagaPolicy(
     stale_ms=1_000,
     grace_ms=1_000,
     default_time_limit_ms=5_000,
-    steps={"task.idem": StepPolicy(idempotent=True, max_attempts=2)},
+    steps={"task.idem": StepPolicy(idempotent=True, attempts_per_effect=2)},
     compensators_idempotent=frozenset({"undo.idem"}),
 )
 CODES = ("card_declined", "out_of_stock", codes.TIME_LIMIT, codes.WORKER_LOST, codes.RUN_FAILED,
@@ -246,7 +246,7 @@ def operator_event(p: Picks, world: World) -> tuple[str, Event]:
     outcome = p.pick(list(Resolution))
     back = outcome in (Resolution.COMPENSATED, Resolution.NOT_COMPENSATED)
     eid, code = draw_effect(p, found, back), p.pick([None, *CODES])
-    return "resolve", lambda s: resolve(s, name, eid, outcome, now_ms=now, max_attempts=2,
+    return "resolve", lambda s: resolve(s, name, eid, outcome, now_ms=now, max_compensation_attempts=2,
                                         result={"by": "operator"}, error_code=code)
 
 
@@ -416,7 +416,7 @@ def operator_fix(p: Picks, world: World) -> tuple[str, Event] | None:
     else:
         outcome = p.pick([Resolution.COMPENSATED, Resolution.NOT_COMPENSATED])
         eid = unknown.compensation_effect_id
-    return "resolve", lambda s: resolve(s, name, eid, outcome, now_ms=now, max_attempts=2,
+    return "resolve", lambda s: resolve(s, name, eid, outcome, now_ms=now, max_compensation_attempts=2,
                                         result={"by": "operator"})
 
 

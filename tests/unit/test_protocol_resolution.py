@@ -72,7 +72,7 @@ def expected_state(context: str, variant: str, outcome: Resolution) -> SagaState
 
 def settle(record: SagaRecord, outcome: object, effect: str, **extra: object) -> SagaRecord:
     """Resolve step ``s`` as the operator found it."""
-    return resolve(record, "s", effect, outcome, now_ms=NOW, max_attempts=MAX,
+    return resolve(record, "s", effect, outcome, now_ms=NOW, max_compensation_attempts=MAX,
                    result=RESULT, **extra)  # type: ignore[arg-type]
 
 
@@ -185,7 +185,7 @@ def test_a_bad_outcome_is_refused(outcome: object) -> None:
 def test_an_unknown_step_is_refused() -> None:
     record = in_context("review-forward", AM)
     with pytest.raises(SagaResolutionError):
-        resolve(record, "nope", fx("s"), "committed", now_ms=NOW, max_attempts=MAX)
+        resolve(record, "nope", fx("s"), "committed", now_ms=NOW, max_compensation_attempts=MAX)
 
 
 @pytest.mark.parametrize("state", [SS.COMPLETED, SS.COMPENSATED])
@@ -193,7 +193,7 @@ def test_a_final_saga_refuses_every_resolution(state: SagaState) -> None:
     record = saga(step(AM, "s"), step(PA, "t"), state=state)
     for name, outcome, effect in (("s", R.COMMITTED, fx("s")), ("t", R.COMPENSATED, cx("t"))):
         with pytest.raises(SagaResolutionError):
-            resolve(record, name, effect, outcome, now_ms=NOW, max_attempts=MAX)
+            resolve(record, name, effect, outcome, now_ms=NOW, max_compensation_attempts=MAX)
 
 
 @pytest.mark.parametrize("code", ["Card Declined", "", "9x"])

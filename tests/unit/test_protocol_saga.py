@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from celery_sagas._protocol import codes, moves
-from celery_sagas._protocol.effects import journaled
+from celery_sagas._protocol.effects import marked
 from celery_sagas._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.errors import IllegalTransition, SagaValidationError
 
@@ -225,7 +225,7 @@ def _is_ambiguous(st: StepRecord) -> bool:
 
 def expected_after_step_move(before: SagaRecord, moved: StepRecord, settles: bool) -> SagaRecord:
     """The SPEC §3 saga around one moved step (an oracle written apart from the module)."""
-    after = replace(before, steps=journaled(replace(before, steps=(moved,)), NOW).steps,
+    after = replace(before, steps=marked(replace(before, steps=(moved,)), NOW).steps,
                     version=before.version + 1, updated_at_ms=max(NOW, before.updated_at_ms))
     if not settles:
         return after
@@ -286,7 +286,7 @@ def check_step_move(move: Move, context: str, variant: str) -> None:
     assert move.step_after is not None
     moved = move.step_after(target, NOW)
     # the effect marks follow the step (tests/unit/test_protocol_effect.py holds them to the table)
-    assert after.steps == journaled(replace(record, steps=(moved,)), NOW).steps
+    assert after.steps == marked(replace(record, steps=(moved,)), NOW).steps
     expected = expected_after_step_move(record, moved, move.settles)
     lifted = record.state is SS.MANUAL_REVIEW and after.state is not SS.MANUAL_REVIEW
     ignore = {"reason"} | ({"error_code"} if lifted else set())
@@ -369,7 +369,7 @@ def _resume(before: SagaRecord, after: SagaRecord) -> None:
 
 
 def _append(before: SagaRecord, after: SagaRecord) -> None:
-    assert after.steps == journaled(replace(before, steps=(*before.steps, intent("next"))), NOW).steps
+    assert after.steps == marked(replace(before, steps=(*before.steps, intent("next"))), NOW).steps
     assert after.state is SS.RUNNING
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_sagas import MemoryStore, SagaConfigurationError, Sagas
+from celery_sagas import MemoryStore, Sagas
 from celery_sagas._celery.messages import SWEEP_TASK
 from celery_sagas._celery.settings import SagaSettings
+from celery_sagas.errors import SagaConfigurationError
 
 PICKLE = ["pickle", "PICKLE", "application/x-python-serialize"]
 

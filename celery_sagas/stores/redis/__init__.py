@@ -1,4 +1,4 @@
-"""The Redis store: key layout, Lua scripts, and ``RedisStore`` (SPEC §6, DESIGN §3)."""
+"""The Redis store: key layout, Lua scripts, and ``RedisStore`` (docs/design.md §4.2)."""
 
 from __future__ import annotations
 
