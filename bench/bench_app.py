@@ -4,9 +4,10 @@ One app holds both sides of the comparison, so sagas and chains share the broker
 and its settings (prefork, ``acks_late``, prefetch 1):
 
 - three no-op saga steps (``bench.noop1..3``) and the saga ``bench-3`` that runs them in order;
-- ``bench.final``, the last link of the bare chain ``noop1 | noop2 | noop3 | final``: it records
-  the chain's finish time (ms since the epoch) in the Redis hash its arguments name. The chain
-  uses the very same step tasks (called without a saga reference they just run).
+- the bare chain it is compared with, of plain tasks: ``link | link | last_link``, as many
+  tasks as the saga has steps, ``last_link`` recording the chain's finish time (ms since the
+  epoch) in the Redis hash its arguments name. ``chain_of(..., baseline="old")`` is the chain
+  measured before issue 13: three links and a fourth task only to record the finish.
 
 Configured from the environment by ``bench/throughput.py``:
 BENCH_BROKER, BENCH_STORE, BENCH_PREFIX (store key or table prefix), BENCH_QUEUE,
@@ -23,18 +24,18 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, chain
 from celery.signals import worker_process_shutdown, worker_ready
 from redis import Redis
 
 from celery_sagas import Sagas
 from celery_sagas.stores import open_store
-from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
+from celery_sagas.stores.base import Store
+from celery_sagas.testing.proxy import StoreProxy
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/12"
 
@@ -50,7 +51,6 @@ class BenchConfig:
     marks: str
     ready: Path | None = None
     count_dir: Path | None = None
-    journal: str | None = None
 
     @classmethod
     def from_env(cls) -> BenchConfig:
@@ -64,7 +64,6 @@ class BenchConfig:
             marks=env.get("BENCH_MARKS", DEFAULT_BROKER),
             ready=Path(env["BENCH_READY"]) if env.get("BENCH_READY") else None,
             count_dir=Path(env["BENCH_COUNT_DIR"]) if env.get("BENCH_COUNT_DIR") else None,
-            journal=env.get("BENCH_JOURNAL") or None,
         )
 
     def environ(self) -> dict[str, str]:
@@ -80,8 +79,6 @@ class BenchConfig:
             env["BENCH_READY"] = str(self.ready)
         if self.count_dir is not None:
             env["BENCH_COUNT_DIR"] = str(self.count_dir)
-        if self.journal is not None:
-            env["BENCH_JOURNAL"] = self.journal
         return env
 
     @property
@@ -97,16 +94,20 @@ class BenchConfig:
 # ---------------------------------------------------------------------- counting proxy
 
 
-class CountingStore:
-    """A Store that forwards every primitive and counts calls (and refused CAS) per process.
+# Store primitives the proxy counts; a refused compare-and-set or annotate is also counted apart.
+COUNTED = ("create", "get", "compare_and_set", "annotate", "delete", "scan", "scan_due", "count",
+           "acquire_lease", "renew_lease", "checkpoint_lease", "release_lease")
 
-    For a SQL store it also counts the SQL statements actually sent (a refused CAS reads the row
-    back); for Redis the wire-level count comes from the server's ``INFO commandstats``.
+
+class CountingStore(StoreProxy):
+    """A Store that forwards every primitive and counts calls (and refusals) per process.
+
+    For a SQL store it also counts the SQL statements actually sent; for Redis the wire-level
+    count comes from the server's ``INFO commandstats``.
     """
 
     def __init__(self, inner: Store, sink: Path | None = None) -> None:
-        self.inner = inner
-        self.durable = inner.durable
+        super().__init__(inner)
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.sink = sink
@@ -118,11 +119,12 @@ class CountingStore:
             event.listen(engine, "before_cursor_execute", self._on_statement)
 
     def _on_statement(self, *_: Any) -> None:
-        self._count("sql_statements")
+        self.count_one("sql_statements")
 
-    def _count(self, name: str, n: int = 1) -> None:
+    def count_one(self, name: str) -> None:
+        """Count one call of ``name`` (and dump now and then)."""
         with self._lock:
-            self.counts[name] += n
+            self.counts[name] += 1
         now = time.monotonic()
         if self.sink is not None and now - self._last_dump > 0.5:
             self._last_dump = now
@@ -139,57 +141,28 @@ class CountingStore:
         temporary.write_text(json.dumps(data))
         temporary.replace(target)
 
-    def create(self, envelope: Envelope) -> bool:
-        """Counted ``create``."""
-        self._count("create")
-        return self.inner.create(envelope)
-
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Counted ``get``."""
-        self._count("get")
-        return self.inner.get(kind, record_id)
-
-    def compare_and_set(self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
-                        ) -> bool:
-        """Counted ``compare_and_set`` (refusals counted apart)."""
-        self._count("compare_and_set")
-        written = self.inner.compare_and_set(envelope, expected_version, fence=fence)
-        if not written:
-            self._count("compare_and_set_refused")
-        return written
-
-    def scan(self, kind: str, states: Sequence[str], *, updated_before_ms: int | None = None,
-             cursor: str | None = None, limit: int = 100) -> Page:
-        """Counted ``scan`` (one page)."""
-        self._count("scan")
-        return self.inner.scan(kind, states, updated_before_ms=updated_before_ms, cursor=cursor,
-                               limit=limit)
-
-    def acquire_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int
-                      ) -> Lease | None:
-        """Counted ``acquire_lease``."""
-        self._count("acquire_lease")
-        return self.inner.acquire_lease(name, owner, token, now_ms, lease_ms)
-
-    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
-        """Counted ``renew_lease``."""
-        self._count("renew_lease")
-        return self.inner.renew_lease(lease, now_ms, lease_ms)
-
-    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
-        """Counted ``checkpoint_lease``."""
-        self._count("checkpoint_lease")
-        return self.inner.checkpoint_lease(lease, cursor, now_ms)
-
-    def release_lease(self, lease: Lease) -> bool:
-        """Counted ``release_lease``."""
-        self._count("release_lease")
-        return self.inner.release_lease(lease)
-
     def close(self) -> None:
         """Dump the counts and close the inner store."""
         self.dump()
         self.inner.close()
+
+
+def _counted(name: str) -> Any:
+    forward = getattr(StoreProxy, name)
+
+    def call(self: CountingStore, *args: Any, **kwargs: Any) -> Any:
+        self.count_one(name)
+        result = forward(self, *args, **kwargs)
+        if name in ("compare_and_set", "annotate") and not result:
+            self.count_one(f"{name}_refused")
+        return result
+
+    call.__doc__ = f"Counted ``{name}``."
+    return call
+
+
+for _name in COUNTED:
+    setattr(CountingStore, _name, _counted(_name))
 
 
 # ---------------------------------------------------------------------- the app
@@ -202,8 +175,8 @@ class Bench:
     app: Celery
     sagas: Sagas
     saga: Any
-    steps: tuple[Any, Any, Any]
-    final: Any
+    link: Any
+    last_link: Any
     counting: CountingStore | None
 
 
@@ -228,8 +201,6 @@ def build(config: BenchConfig) -> Bench:
     options: dict[str, Any] = {}
     if store is config.store:
         options = {"key_prefix": config.prefix} if config.is_redis else {"table_prefix": config.prefix + "_"}
-    if config.journal is not None:
-        options["journal"] = config.journal.lower() in ("1", "true", "yes", "on")
     sagas = Sagas(app, store=store, queue=config.queue, **options)
 
     @sagas.step(compensate=None, name="bench.noop1")
@@ -244,13 +215,6 @@ def build(config: BenchConfig) -> Bench:
     def noop3(i: int) -> None:
         """A step that does nothing."""
 
-    marks = _Marks(config.marks)
-
-    @app.task(name="bench.final", ignore_result=True)  # type: ignore[untyped-decorator]
-    def final(key: str, i: int) -> None:
-        """Record when chain ``i`` finished, in ms since the epoch."""
-        marks.client().hset(key, str(i), repr(time.time() * 1000))
-
     @sagas.saga("bench-3")
     def three(ctx: Any, data: dict[str, int]) -> None:
         """Three no-op steps in order."""
@@ -258,7 +222,19 @@ def build(config: BenchConfig) -> Bench:
         ctx.step(noop2, data["i"])
         ctx.step(noop3, data["i"])
 
-    return Bench(app, sagas, three, (noop1, noop2, noop3), final, counting)
+    # The chain's links: plain Celery tasks (a saga step refuses to run outside a saga).
+    marks = _Marks(config.marks)
+
+    @app.task(name="bench.link", ignore_result=True)  # type: ignore[untyped-decorator]
+    def link(i: int) -> None:
+        """A chain link that does nothing."""
+
+    @app.task(name="bench.last_link", ignore_result=True)  # type: ignore[untyped-decorator]
+    def last_link(i: int, key: str) -> None:
+        """The chain's last link: record when chain ``i`` finished, in ms since the epoch."""
+        marks.client().hset(key, str(i), repr(time.time() * 1000))
+
+    return Bench(app, sagas, three, link, last_link, counting)
 
 
 class _Marks:
@@ -276,10 +252,15 @@ class _Marks:
         return self._client
 
 
-def chain_of(bench: Bench, key: str, i: int) -> Any:
-    """The bare Celery chain that mirrors saga ``i``: the three steps, then ``final``."""
-    first, second, third = bench.steps
-    return first.si(i) | second.si(i) | third.si(i) | bench.final.si(key, i)
+# Chain baselines: "new" has as many tasks as the saga has steps, its last one recording the
+# finish (like for like); "old" (before issue 13) added a fourth task only to record the finish.
+BASELINES = {"new": 3, "old": 4}
+
+
+def chain_of(bench: Bench, key: str, i: int, baseline: str = "new") -> Any:
+    """The bare Celery chain that mirrors saga ``i`` (``BASELINES`` gives its length)."""
+    links = [bench.link.si(i) for _ in range(BASELINES[baseline] - 1)]
+    return chain(*links, bench.last_link.si(i, key))
 
 
 def _announce_ready(config: BenchConfig) -> None:

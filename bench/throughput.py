@@ -5,8 +5,9 @@ prefetch 1, Redis broker) serves both sides of the comparison:
 
 - a saga of three no-op steps (``bench-3``), started with ``start()``; it is done when the
   store shows it ``completed`` (finish time = the record's ``updated_at_ms``);
-- a bare chain of the same three tasks plus ``bench.final``, sent with ``apply_async``; it is
-  done when ``final`` recorded its finish time in Redis.
+- a bare chain of three plain tasks, the last recording its finish time in Redis, sent with
+  ``apply_async`` (``--baseline old``: the pre-issue-13 chain of four tasks, a fourth only to
+  record the finish; ``--baseline both`` measures both against the same sagas).
 
 Throughput is measured in rounds that alternate which side goes first (the machine is noisy);
 each batch is submitted as fast as the client can and timed from its first submission to its
@@ -70,7 +71,6 @@ from bench.common import (
     wait_until,
     write_json,
 )
-from celery_sagas._celery.settings import SETTING_DOCS
 from celery_sagas._records import SAGA, SagaState
 
 STORES = {
@@ -207,15 +207,15 @@ def saga_batch(st: Stack, n: int, progress: Progress, poll: str = "scan") -> Bat
     return Batch("saga", submitted, finished)
 
 
-def chain_batch(st: Stack, n: int, progress: Progress) -> Batch:
-    """Send ``n`` chains as fast as possible and wait until every final task recorded its finish."""
+def chain_batch(st: Stack, n: int, progress: Progress, baseline: str = "new") -> Batch:
+    """Send ``n`` chains as fast as possible and wait until every last link recorded its finish."""
     tag = st.tag("c")
     key = f"bench:marks:{tag}"
     submitted: list[float] = []
     for i in range(n):
         submitted.append(_now_ms())
-        chain_of(st.bench, key, i).apply_async()
-        progress.show(f"[{st.label}] chains: submitted {i + 1}/{n}")
+        chain_of(st.bench, key, i, baseline).apply_async()
+        progress.show(f"[{st.label}] chains ({baseline}): submitted {i + 1}/{n}")
     deadline = time.monotonic() + max(120.0, n / 5)
     while (done := int(st.marks.hlen(key))) < n:
         _check(st, deadline, "chains")
@@ -223,7 +223,7 @@ def chain_batch(st: Stack, n: int, progress: Progress) -> Batch:
         time.sleep(0.02)
     marks = st.marks.hgetall(key)
     progress.done()
-    return Batch("chain", submitted, [float(marks[str(i).encode()]) for i in range(n)])
+    return Batch(f"chain-{baseline}", submitted, [float(marks[str(i).encode()]) for i in range(n)])
 
 
 def _check(st: Stack, deadline: float, what: str) -> None:
@@ -271,36 +271,45 @@ def _figures(latencies: list[float]) -> dict[str, float]:
 def measure(st: Stack, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Warm up, run the alternating rounds, then the closed-loop latency phase."""
     saga_batch(st, args.warmup, progress)
-    chain_batch(st, args.warmup, progress)
+    for baseline in args.baselines:
+        chain_batch(st, args.warmup, progress, baseline)
     per_round = max(1, args.n // args.rounds)
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        order = ("chain", "saga") if r % 2 == 0 else ("saga", "chain")
-        got = {kind: (saga_batch if kind == "saga" else chain_batch)(st, per_round, progress)
-               for kind in order}
-        saga, chain = got["saga"], got["chain"]
-        row = {
+        kinds = ["saga", *args.baselines]
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]  # each side goes first in turn
+        got = {kind: saga_batch(st, per_round, progress) if kind == "saga"
+               else chain_batch(st, per_round, progress, kind) for kind in order}
+        saga = got["saga"]
+        row: dict[str, Any] = {
             "round": r + 1, "first": order[0], "n": per_round,
-            "sagas_per_s": round(saga.rate, 1), "chains_per_s": round(chain.rate, 1),
-            "ratio": round(saga.rate / chain.rate, 3),
+            "sagas_per_s": round(saga.rate, 1),
             "loadavg_1min": round(os.getloadavg()[0], 2),
             "saga_batch_latency": _figures(saga.latencies()),
-            "chain_batch_latency": _figures(chain.latencies()),
         }
+        for baseline in args.baselines:
+            chain = got[baseline]
+            row[f"chains_{baseline}_per_s"] = round(chain.rate, 1)
+            row[f"ratio_{baseline}"] = round(saga.rate / chain.rate, 3)
+            row[f"chain_{baseline}_batch_latency"] = _figures(chain.latencies())
         rounds.append(row)
-        print(f"[{st.label}] round {r + 1}/{args.rounds} ({order[0]} first): "
-              f"sagas {row['sagas_per_s']}/s, chains {row['chains_per_s']}/s, ratio {row['ratio']}",
-              flush=True)
+        ratios = ", ".join(f"chains ({b}) {row[f'chains_{b}_per_s']}/s ratio {row[f'ratio_{b}']}"
+                           for b in args.baselines)
+        print(f"[{st.label}] round {r + 1}/{args.rounds} ({order[0]} first, load "
+              f"{row['loadavg_1min']}): sagas {row['sagas_per_s']}/s, {ratios}", flush=True)
     latency = closed_loop_latency(st, args.latency_n, progress)
-    return {
+    result: dict[str, Any] = {
         "store": st.label,
         "n_per_round": per_round,
         "rounds": rounds,
         "sagas_per_s": round(median(r["sagas_per_s"] for r in rounds), 1),
-        "chains_per_s": round(median(r["chains_per_s"] for r in rounds), 1),
-        "ratio": round(median(r["ratio"] for r in rounds), 3),
         "latency": {kind: _figures(values) for kind, values in latency.items()},
+        "loadavg_1min_max": max(r["loadavg_1min"] for r in rounds),
     }
+    for baseline in args.baselines:
+        result[f"chains_{baseline}_per_s"] = round(median(r[f"chains_{baseline}_per_s"] for r in rounds), 1)
+        result[f"ratio_{baseline}"] = round(median(r[f"ratio_{baseline}"] for r in rounds), 3)
+    return result
 
 
 # ---------------------------------------------------------------------- round trips
@@ -373,6 +382,7 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
         "steps_per_saga": STEPS,
         "store_calls_per_saga": round(calls / n, 2),
         "store_calls_per_step": round(calls / n / STEPS, 2),
+        "store_calls_per_step_after_start": round((calls - client.get("create", 0)) / n / STEPS, 2),
         "by_primitive_per_saga": {k: round(v / n, 2) for k, v in sorted(by_primitive.items())},
         "note": "create is the client's start(); every other call is the worker's",
     }
@@ -380,6 +390,8 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
         statements = worker["sql_statements"] + client.get("create", 0)
         result["sql_statements_per_saga"] = round(statements / n, 2)
         result["sql_statements_per_step"] = round(statements / n / STEPS, 2)
+        result["sql_statements_per_step_after_start"] = round(
+            worker["sql_statements"] / n / STEPS, 2)
     if after:
         inside = _script_commands()
         wire = {k: v for k, v in after.items() if k not in inside and k not in ("info", "config|resetstat")}
@@ -390,6 +402,9 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
             k: round(v / n, 2) for k, v in sorted(after.items()) if k in inside}
         result["redis_round_trips_per_saga"] = round(total / n, 2)
         result["redis_round_trips_per_step"] = round(total / n / STEPS, 2)
+        # start()'s create is the client's one round trip per saga; the rest is per step
+        result["redis_round_trips_per_step_after_start"] = round(
+            (total - client.get("create", 0)) / n / STEPS, 2)
     return result
 
 
@@ -473,16 +488,6 @@ def profile_run(st: Stack, args: argparse.Namespace, progress: Progress) -> dict
 # ---------------------------------------------------------------------- main
 
 
-def _journal_variants(choice: str) -> list[str | None]:
-    exists = "journal" in SETTING_DOCS
-    if choice == "default" or not exists:
-        if choice in ("on", "off", "both") and not exists:
-            print("note: this commit has no sagas_journal setting; measuring the code as it is",
-                  file=sys.stderr)
-        return [None]
-    return {"on": ["on"], "off": ["off"], "both": ["on", "off"]}[choice]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -496,9 +501,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--postgres-store", default=STORES["postgres"])
     parser.add_argument("--broker", default=BROKER, help="broker URL (chain marks go to the same Redis)")
     parser.add_argument("--loglevel", default="WARNING", help="worker log level")
-    parser.add_argument("--journal", choices=("default", "on", "off", "both"), default=None,
-                        help="sagas_journal setting when the code has one (default: both for the "
-                             "throughput run, the shipped default for --memory and --profile)")
+    parser.add_argument("--baseline", choices=("new", "old", "both"), default="new",
+                        help="chain baseline: new (as many tasks as the saga has steps, the last "
+                             "recording the finish), old (a fourth task records it), or both")
     parser.add_argument("--memory", action="store_true", help="memory mode: RSS over --memory-n sagas")
     parser.add_argument("--memory-n", type=int, default=20_000)
     parser.add_argument("--memory-warmup", type=int, default=1000)
@@ -507,7 +512,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-n", type=int, default=1000)
     parser.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--output", type=Path, default=None, help="JSON file (default bench/results/…)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.baselines = ["new", "old"] if args.baseline == "both" else [args.baseline]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -533,18 +540,15 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or RESULTS / f"{mode}.json"
     try:
         runs = []
-        choice = args.journal or ("both" if mode == "throughput" else "default")
         for name in stores:
-            for journal in _journal_variants(choice):
-                label = name if journal is None else f"{name}/journal-{journal}"
-                prefix = f"b{run_id}{len(runs)}"
-                config = BenchConfig(broker=args.broker, store=urls[name], prefix=prefix,
-                                     queue=f"bench-{prefix}", marks=args.broker, journal=journal)
-                runs.append(_run_one(config, label, mode, args, workdir, progress))
+            prefix = f"b{run_id}{len(runs)}"
+            config = BenchConfig(broker=args.broker, store=urls[name], prefix=prefix,
+                                 queue=f"bench-{prefix}", marks=args.broker)
+            runs.append(_run_one(config, name, mode, args, workdir, progress))
         report["runs"] = runs
         report["loadavg_end"] = os.getloadavg()
         if mode == "throughput":
-            _print_table(runs)
+            _print_table(runs, args.baselines)
         write_json(output, report)
         print(f"wrote {output}")
     finally:
@@ -565,19 +569,27 @@ def _run_one(config: BenchConfig, label: str, mode: str, args: argparse.Namespac
     return result
 
 
-def _print_table(runs: list[dict[str, Any]]) -> None:
-    head = (f"{'store':<22}{'sagas/s':>9}{'chains/s':>10}{'ratio':>7}{'saga p50':>10}{'p99':>8}"
-            f"{'chain p50':>11}{'p99':>8}{'calls/step':>12}{'RT/step':>9}")
+def _print_table(runs: list[dict[str, Any]], baselines: list[str]) -> None:
+    head = f"{'store':<10}{'sagas/s':>9}"
+    for baseline in baselines:
+        head += f"{'chains/s ' + baseline:>14}{'ratio':>7}"
+    head += f"{'saga p50':>10}{'p99':>8}{'chain p50':>11}{'p99':>8}"
+    head += f"{'calls/step':>12}{'RT/step':>9}{'load':>6}"
     print(head)
     print("-" * len(head))
     for run in runs:
         lat, trips = run["latency"], run.get("round_trips", {})
         wire = trips.get("redis_round_trips_per_step", trips.get("sql_statements_per_step", "-"))
-        print(f"{run['store']:<22}{run['sagas_per_s']:>9}{run['chains_per_s']:>10}{run['ratio']:>7}"
-              f"{lat['saga']['p50_ms']:>10}{lat['saga']['p99_ms']:>8}"
-              f"{lat['chain']['p50_ms']:>11}{lat['chain']['p99_ms']:>8}"
-              f"{trips.get('store_calls_per_step', '-'):>12}{wire:>9}")
-    print("latencies in ms (closed loop, one at a time); calls = store primitives, RT = wire round trips")
+        line = f"{run['store']:<10}{run['sagas_per_s']:>9}"
+        for baseline in baselines:
+            line += f"{run[f'chains_{baseline}_per_s']:>14}{run[f'ratio_{baseline}']:>7}"
+        line += (f"{lat['saga']['p50_ms']:>10}{lat['saga']['p99_ms']:>8}"
+                 f"{lat['chain']['p50_ms']:>11}{lat['chain']['p99_ms']:>8}"
+                 f"{trips.get('store_calls_per_step', '-'):>12}{wire:>9}{run['loadavg_1min_max']:>6}")
+        print(line)
+    print("latencies in ms (closed loop, one at a time, the new chain); calls = store primitives, "
+          "RT = wire round trips (both per step, start()'s create included); load = the highest "
+          "1-minute load average of the rounds")
 
 
 if __name__ == "__main__":

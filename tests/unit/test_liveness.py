@@ -36,7 +36,7 @@ def _other_namespace_claimer() -> str:
     """The claimer id of a process in a fresh pid namespace of this host (host networking)."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not available")
-    code = "from celery_sagas.liveness import claimer_id; print(claimer_id())"
+    code = "from celery_sagas._liveness import claimer_id; print(claimer_id())"
     done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=60,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
