@@ -2,7 +2,8 @@
 
 Both run the same commands against the ``Sagas`` created on the app (``sagas_of(app)``):
 ``list``, ``show``, ``findings``, ``resolve``, ``approve``, ``deny``, ``cancel``, ``resume`` and
-``sweep``. Output is a table for people, or JSON with ``--json``. Exit codes:
+``sweep``, plus ``web`` (the operator web UI). Output is a table for people, or JSON with
+``--json``. Exit codes:
 
     0  done                      3  no such saga or approval
     1  refused (nothing changed) 4  the store or the broker failed
@@ -360,6 +361,28 @@ def sweep(ctx: click.Context, as_json: bool) -> None:
         raise click.exceptions.Exit(EXIT_REFUSED)
 
 
+@click.command("web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8025, show_default=True,
+              help="The port to listen on.")
+@click.pass_context
+@_operation
+def web(ctx: click.Context, host: str, port: int) -> None:
+    """Serve the operator web UI.
+
+    Users come from CELERY_SAGAS_WEB_USERS (name:password:role,... with role operator or
+    readonly) or the file named by CELERY_SAGAS_WEB_USERS_FILE; CSRF tokens are keyed by
+    CELERY_SAGAS_WEB_SECRET. Needs the web extra (Flask).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("flask") is None:
+        _fail("the web UI needs Flask: pip install 'celery-sagas[web]'", EXIT_USAGE)
+    from .web import create_app, serve
+
+    serve(create_app(_session(ctx).sagas), host, port)
+
+
 COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, sweep)
 
 
@@ -392,6 +415,6 @@ def main(ctx: click.Context, app_path: str | None) -> None:
     ctx.obj = Session(app_path=app_path)
 
 
-for _command in COMMANDS:
+for _command in (*COMMANDS, web):
     sagas.add_command(_command)
     main.add_command(_command)

@@ -1,0 +1,101 @@
+"""The actions, one POST each: resolve, resume, cancel, approve, deny, signal.
+
+Authentication, the operator role and the CSRF token are checked before any of these runs
+(``_app._gate``). Each goes through the adapter to the same facade call as the CLI, with the
+same refusals (rendered by the app's error handler), then redirects (303) to the saga's page,
+or back to the queue when the form came from there.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Blueprint, redirect, request, url_for
+from werkzeug.wrappers import Response
+
+from celery_sagas.errors import SagaValidationError
+
+from ._request import principal, source
+
+__all__ = ["blueprint"]
+
+blueprint = Blueprint("actions", __name__, url_prefix="/actions")
+_OUTCOMES = ("committed", "not-committed", "compensated", "not-compensated")
+
+
+def _field(name: str) -> str:
+    value = request.form.get(name, "").strip()
+    if not value:
+        raise SagaValidationError(f"the form needs {name.replace('_', ' ')}")
+    return value
+
+
+def _json(name: str) -> Any:
+    text = request.form.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise SagaValidationError(f"{name} is not JSON") from None
+
+
+def _back(saga_id: str | None, done: str) -> Response:
+    if request.form.get("back") == "attention" or saga_id is None:
+        return redirect(url_for("pages.attention", done=done), 303)
+    return redirect(url_for("pages.saga", id=saga_id, done=done), 303)
+
+
+@blueprint.post("/resolve")
+def resolve() -> Response:
+    """Record what the provider says about an unknown outcome."""
+    saga_id, outcome = _field("saga_id"), _field("outcome")
+    if outcome not in _OUTCOMES:
+        raise SagaValidationError(f"outcome is one of {', '.join(_OUTCOMES)}")
+    result = _json("result") if outcome == "committed" else None
+    error_code = None
+    if outcome == "not-committed":
+        error_code = request.form.get("error_code", "").strip() or "not_committed"
+    source().resolve(principal(), saga_id, _field("step"), _field("effect_id"), outcome,
+                     result=result, error_code=error_code)
+    return _back(saga_id, "resolve")
+
+
+@blueprint.post("/resume")
+def resume() -> Response:
+    """Lift manual review and drive the saga on."""
+    saga_id = _field("saga_id")
+    source().resume(principal(), saga_id)
+    return _back(saga_id, "resume")
+
+
+@blueprint.post("/cancel")
+def cancel() -> Response:
+    """Stop the saga and compensate what committed."""
+    saga_id = _field("saga_id")
+    source().cancel(principal(), saga_id)
+    return _back(saga_id, "cancel")
+
+
+@blueprint.post("/approve")
+def approve() -> Response:
+    """Approve a pending approval."""
+    decided = source().approve(principal(), _field("approval_id"))
+    return _back(decided.saga_id, "approve")
+
+
+@blueprint.post("/deny")
+def deny() -> Response:
+    """Deny a pending approval."""
+    decided = source().deny(principal(), _field("approval_id"))
+    return _back(decided.saga_id, "deny")
+
+
+@blueprint.post("/signal")
+def signal() -> Response:
+    """Send a signal to a saga (where the facade has signals)."""
+    saga_id = _field("saga_id")
+    signal_id = request.form.get("signal_id", "").strip() or None
+    source().signal(principal(), saga_id, _field("name"), _json("payload"), signal_id)
+    return _back(saga_id, "signal")

@@ -1,0 +1,64 @@
+"""The four pages: overview, sagas, one saga, and what needs attention."""
+
+from __future__ import annotations
+
+from flask import Blueprint, render_template, request
+
+from ._request import page_error, source
+from ._source import PREFIX_READ, STATES, SagaFilter
+from ._timeline import chart, timeline
+from ._views import effect_rows, finding_forms, hint, lifecycle, outcomes, resolution
+
+__all__ = ["blueprint"]
+
+blueprint = Blueprint("pages", __name__)
+PAGE_SIZE = 50
+UNDOING = ("compensating", "compensated", "compensation-failed")
+QUEUE_SIZE = 25
+
+
+@blueprint.get("/")
+def overview() -> str:
+    """Sagas by state and definition, what waits for an operator, recent finishes."""
+    data = source().overview()
+    return render_template("overview.html", overview=data, chart=chart(data.finishes),
+                           states=[str(s) for s in STATES])
+
+
+@blueprint.get("/sagas")
+def sagas() -> str:
+    """One page of sagas, filtered by state, definition and id prefix."""
+    args = request.args
+    chosen = SagaFilter.of(args.getlist("state"), args.get("definition") or None,
+                           args.get("id") or None)
+    page = source().page(chosen, args.get("cursor") or None, limit=PAGE_SIZE)
+    return render_template("sagas.html", page=page, chosen=chosen,
+                           states=[str(s) for s in STATES],
+                           definitions=source().definitions(), prefix_read=PREFIX_READ)
+
+
+@blueprint.get("/saga")
+def saga() -> str | tuple[str, int]:
+    """One saga: its timeline, steps, approvals, payloads and lifecycle events."""
+    saga_id = request.args.get("id", "")
+    data = source()
+    record = data.saga(saga_id)
+    if record is None:
+        return page_error(404, f"Not found: no saga {saga_id!r}")
+    return render_template(
+        "saga.html", record=record, timeline=timeline(record, data.now_ms()),
+        approvals=data.approvals_of(record), events=lifecycle(record), effects=effect_rows,
+        payload=data.payload, resolution=resolution, outcomes=outcomes,
+        open=not record.state.final, undoing=UNDOING,
+    )
+
+
+@blueprint.get("/attention")
+def attention() -> str:
+    """The findings queue and the approvals waiting for a decision, each with its forms."""
+    args = request.args
+    data = source()
+    findings = data.findings(args.get("cursor") or None, limit=QUEUE_SIZE)
+    approvals = data.approvals_waiting(args.get("approvals") or None, limit=QUEUE_SIZE)
+    return render_template("attention.html", findings=findings, approvals=approvals, hint=hint,
+                           forms=finding_forms, outcomes=outcomes)

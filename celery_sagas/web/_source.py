@@ -1,0 +1,522 @@
+"""All data access of the web UI: one adapter, ``SagaSource``, over the ``Sagas`` facade.
+
+Nothing else in ``celery_sagas.web`` reads the store or calls the facade. Every figure and
+list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
+
+- the overview's numbers are store counts from the indexes: per state (``sagas.counts()``),
+  per state and definition (``count(..., label=definition)``), completions and compensations
+  per minute (``count(..., updated_after_ms=, updated_before_ms=)``; the count of a minute
+  long past is kept, since a final saga is never written again), sagas needing an operator
+  (manual review, plus running or compensating not updated for ``stale_after``) and pending
+  approvals;
+- the sagas list is one page of ``sagas.browse(states, definition=...)``: the store filters
+  by state and definition. Only the id prefix, which no index holds, is filtered here: on the
+  envelopes of the store's scan (only matches are decoded), at most ``PREFIX_READ`` per
+  request, with a cursor to go on from there;
+- one saga is one ``sagas.get``; the findings queue is one page of ``sagas.findings``.
+
+Where the facade has no call, this module uses the store and two internal modules (named in
+``docs/operations.md``, "The web UI"): the record kinds (``_records``) for counts, the codec
+(``_codec``) to decode the sagas an id prefix picked from a scan, and ``_scans`` for a page of
+pending approvals.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import celery_sagas
+from celery_sagas import (
+    ApprovalRecord,
+    ApprovalState,
+    CorruptRecord,
+    Envelope,
+    Finding,
+    RecordPage,
+    SagaRecord,
+    SagaState,
+)
+from celery_sagas.errors import (
+    InvalidRecordError,
+    SagaConfigurationError,
+    SagaNotFound,
+    SagaValidationError,
+)
+
+from .. import _values as values
+from .._codec import Codec
+from .._records import APPROVAL, SAGA
+from .._scans import Scans
+from ._events import Announce, OperatorAction
+
+if TYPE_CHECKING:
+    from celery_sagas import Sagas
+
+    from ._auth import Principal
+
+__all__ = [
+    "MINUTE_MS",
+    "PREFIX_READ",
+    "STATES",
+    "Attention",
+    "DefinitionRow",
+    "Finishes",
+    "Overview",
+    "SagaFilter",
+    "SagaPage",
+    "SagaSource",
+]
+
+MINUTE_MS = 60_000
+PREFIX_READ = 1000  # records one request reads to filter by id prefix
+SETTLED_AFTER_MS = 2 * 60_000  # a minute this far past keeps its count of finished sagas
+ENCRYPTED_TEXT = "<encrypted>"
+# Open states first: they are what an operator looks at.
+STATES = (SagaState.MANUAL_REVIEW, SagaState.RUNNING, SagaState.COMPENSATING,
+          SagaState.COMPLETED, SagaState.COMPENSATED)
+_OPEN = [str(SagaState.RUNNING), str(SagaState.COMPENSATING)]
+_FINAL = (SagaState.COMPLETED, SagaState.COMPENSATED)
+_CURSOR_VERSION = 2
+_MAX_CURSOR = 4096
+_MAX_BROWSE = 1000
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Finishes:
+    """Completions and compensations per minute, oldest minute first."""
+
+    start_ms: int
+    completed: tuple[int, ...]
+    compensated: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionRow:
+    """How many sagas of one definition are in each state (``name`` None: the others)."""
+
+    name: str | None
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        """Sagas of this definition in every state."""
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """Sagas an operator should look at: in manual review, or open and not updated for
+    ``stale_after`` (each is one saga finding, docs/design.md §6)."""
+
+    manual_review: int
+    stale: int
+
+    @property
+    def total(self) -> int:
+        """Both together."""
+        return self.manual_review + self.stale
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """What the overview shows; every number an exact count from the store's indexes."""
+
+    by_state: dict[str, int]
+    definitions: tuple[DefinitionRow, ...]
+    finishes: Finishes
+    attention: Attention
+    approvals: int
+
+    @property
+    def total(self) -> int:
+        """Sagas kept, in every state."""
+        return sum(self.by_state.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SagaFilter:
+    """The sagas list's filter: states (empty: all), a definition and an id prefix."""
+
+    states: tuple[str, ...] = ()
+    definition: str | None = None
+    id_prefix: str | None = None
+
+    @classmethod
+    def of(cls, states: Sequence[str], definition: str | None, id_prefix: str | None) -> SagaFilter:
+        """A validated filter (SagaValidationError names what is wrong)."""
+        known = {str(s) for s in SagaState}
+        for state in states:
+            if state not in known:
+                raise SagaValidationError(f"unknown saga state {state!r}")
+        definition = values.definition_name(definition) if definition else None
+        if id_prefix:
+            values.token(id_prefix, field="id prefix", max_len=128)
+        return cls(tuple(dict.fromkeys(states)), definition, id_prefix or None)
+
+    @property
+    def browsed_states(self) -> list[str]:
+        """The states the list walks, open ones first."""
+        return list(self.states) or [str(s) for s in STATES]
+
+    def fingerprint(self) -> str:
+        """A short digest that ties a cursor to this filter."""
+        text = json.dumps([self.states, self.definition, self.id_prefix])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class SagaPage:
+    """One page of the sagas list and the cursor of the next (None at the end).
+
+    ``read`` is how many records the request read; ``read_spent`` is True when an id-prefix
+    filter stopped at ``PREFIX_READ`` before the page was full. ``matching`` counts every saga
+    of the states and definition chosen (None with an id prefix: no index counts those).
+    """
+
+    records: tuple[SagaRecord, ...]
+    corrupt: tuple[CorruptRecord, ...]
+    cursor: str | None
+    read: int
+    read_spent: bool = False
+    exact: SagaRecord | None = None
+    matching: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalView:
+    """An approval as the UI shows it: never its token or token hash."""
+
+    approval_id: str
+    state: str
+    saga_id: str | None
+    step: str | None
+    tenant_id: str
+    principal_id: str
+    capability: str
+    target: str | None
+    expires_at_ms: int
+    decided_by: str | None
+
+    @classmethod
+    def of(cls, record: ApprovalRecord) -> ApprovalView:
+        """The view of a stored approval."""
+        return cls(record.approval_id, str(record.state), record.saga_id, record.step,
+                   record.tenant_id, record.principal_id, record.capability, record.target,
+                   record.expires_at_ms, record.decided_by)
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPage:
+    """Pending approvals, corrupt ones apart, and the cursor of the next page."""
+
+    approvals: tuple[ApprovalView, ...]
+    corrupt: tuple[CorruptRecord, ...]
+    cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FindingRows:
+    """One page of the findings queue and the cursor of the next."""
+
+    findings: tuple[Finding, ...]
+    cursor: str | None
+
+
+class SagaSource:
+    """Reads and acts for the web UI through the facade; every list is one page."""
+
+    def __init__(self, sagas: Sagas, announce: Announce) -> None:
+        self._sagas = sagas
+        self._codec = Codec()
+        self.announce = announce
+        self._settled: dict[tuple[str, int], int] = {}
+        self._settled_lock = threading.Lock()  # requests are served by several threads
+
+    def now_ms(self) -> int:
+        """The facade's clock, in epoch milliseconds."""
+        return self._sagas.engine.now()
+
+    def definitions(self) -> list[str]:
+        """The saga definitions this process knows, sorted."""
+        return sorted(self._sagas.registry.definitions)
+
+    @property
+    def can_signal(self) -> bool:
+        """True when the facade can send signals to sagas (docs/design.md §3.5)."""
+        return callable(getattr(self._sagas, "signal", None))
+
+    # ------------------------------------------------------------ overview
+
+    def overview(self, minutes: int = 60) -> Overview:
+        """Counts by state and by definition, finishes per minute, what waits for an operator."""
+        now = self.now_ms()
+        by_state = self._sagas.counts()
+        rows = [DefinitionRow(name, self._by_definition(name, by_state)) for name in self.definitions()]
+        others = {state: by_state[state] - sum(r.counts[state] for r in rows) for state in by_state}
+        if any(others.values()):
+            rows.append(DefinitionRow(None, others))
+        stale_before = max(0, now - self._sagas.settings.timing.stale_ms)
+        store = self._sagas.store
+        attention = Attention(by_state[str(SagaState.MANUAL_REVIEW)],
+                              store.count(SAGA, _OPEN, updated_before_ms=stale_before))
+        return Overview(by_state, tuple(rows), self._finishes(now, minutes), attention,
+                        store.count(APPROVAL, [str(ApprovalState.PENDING)]))
+
+    def _by_definition(self, name: str, by_state: dict[str, int]) -> dict[str, int]:
+        """Per state, the sagas of one definition (a state empty overall is not counted)."""
+        store = self._sagas.store
+        return {state: store.count(SAGA, [state], label=name) if total else 0
+                for state, total in by_state.items()}
+
+    def _finishes(self, now: int, minutes: int) -> Finishes:
+        start = (now // MINUTE_MS - minutes + 1) * MINUTE_MS
+        settled_before = now - SETTLED_AFTER_MS
+        series = []
+        for state in map(str, _FINAL):
+            # A state with nothing in the whole window needs no per-minute counts.
+            if self._count(state, start, start + minutes * MINUTE_MS) == 0:
+                series.append((0,) * minutes)
+                continue
+            series.append(tuple(self._minute(state, start + m * MINUTE_MS, settled_before)
+                                for m in range(minutes)))
+        self._forget_before(start)
+        return Finishes(start, series[0], series[1])
+
+    def _minute(self, state: str, begin: int, settled_before: int) -> int:
+        """How many sagas reached ``state`` (final) in the minute from ``begin``. A final saga
+        is never written again (retention deletes it days later, not within the hour shown),
+        so the count of a minute long past is kept and not asked for again; a late clock can
+        still date a write a little in the past, so not in the last ``SETTLED_AFTER_MS``."""
+        key = (state, begin)
+        with self._settled_lock:
+            known = self._settled.get(key)
+        if known is not None:
+            return known
+        found = self._count(state, begin, begin + MINUTE_MS)
+        if begin + MINUTE_MS <= settled_before:
+            with self._settled_lock:
+                self._settled[key] = found
+        return found
+
+    def _forget_before(self, start: int) -> None:
+        with self._settled_lock:
+            for key in [key for key in self._settled if key[1] < start]:
+                del self._settled[key]
+
+    def _count(self, state: str, after_ms: int, before_ms: int) -> int:
+        return self._sagas.store.count(SAGA, [state], updated_after_ms=after_ms,
+                                       updated_before_ms=before_ms)
+
+    # ------------------------------------------------------------ sagas list
+
+    def page(self, chosen: SagaFilter, cursor: str | None = None, limit: int = 50) -> SagaPage:
+        """One page of sagas matching ``chosen``: the store filters by state and definition;
+        an id prefix is applied here to at most ``PREFIX_READ`` records per request."""
+        if not 1 <= limit <= _MAX_BROWSE:
+            raise SagaValidationError(f"limit must be in 1..{_MAX_BROWSE}")
+        at = _decode_cursor(cursor, chosen.fingerprint()) if cursor else _At(None, limit, 0)
+        if chosen.id_prefix is None:
+            page = self._browse(chosen, at.cursor, limit)
+            after = None if page.cursor is None else _At(page.cursor, limit, 0).encode(chosen)
+            matching = self._sagas.store.count(SAGA, chosen.browsed_states, label=chosen.definition)
+            return SagaPage(page.records, page.corrupt, after, len(page.records) + len(page.corrupt),
+                            matching=matching)
+        return self._prefixed(chosen, chosen.id_prefix, at, limit)
+
+    def _browse(self, chosen: SagaFilter, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
+        return self._sagas.browse(states=chosen.browsed_states, definition=chosen.definition,
+                                  cursor=cursor, limit=limit)
+
+    def _prefixed(self, chosen: SagaFilter, prefix: str, at: _At, limit: int) -> SagaPage:
+        """Pages of the store's scan (states and definition filtered there), of which only the
+        records whose id starts with ``prefix`` are decoded; at most ``PREFIX_READ`` read."""
+        records: list[SagaRecord] = []
+        corrupt: list[CorruptRecord] = []
+        read = 0
+        while True:
+            # A page is read again with the size it was first read with, so ``skip`` counts
+            # the same items.
+            size = at.size if at.skip else min(_MAX_BROWSE, PREFIX_READ - read)
+            page = self._sagas.store.scan(SAGA, chosen.browsed_states, label=chosen.definition,
+                                          cursor=at.cursor, limit=size)
+            for index in range(at.skip, len(page.items)):
+                read += 1
+                envelope = page.items[index]
+                if envelope.id.startswith(prefix):
+                    self._decode(envelope, records, corrupt)
+                full = len(records) + len(corrupt) == limit
+                if full or read >= PREFIX_READ:
+                    after = _At(at.cursor, size, index + 1) if index + 1 < len(page.items) else \
+                        None if page.cursor is None else _At(page.cursor, size, 0)
+                    return SagaPage(tuple(records), tuple(corrupt),
+                                    None if after is None else after.encode(chosen), read,
+                                    not full and after is not None, self.saga(prefix))
+            if page.cursor is None:
+                return SagaPage(tuple(records), tuple(corrupt), None, read, False, self.saga(prefix))
+            at = _At(page.cursor, size, 0)
+
+    def _decode(self, envelope: Envelope, records: list[SagaRecord],
+                corrupt: list[CorruptRecord]) -> None:
+        try:
+            records.append(self._codec.saga(envelope, envelope.id))
+        except InvalidRecordError:
+            corrupt.append(CorruptRecord(SAGA, envelope.id, "failed read validation"))
+
+    # ------------------------------------------------------------ one saga
+
+    def saga(self, saga_id: str) -> SagaRecord | None:
+        """The saga record, or None (also for an id that cannot exist)."""
+        try:
+            return self._sagas.get(saga_id)
+        except SagaValidationError:
+            return None
+
+    def approvals_of(self, record: SagaRecord) -> list[ApprovalView]:
+        """The approvals of the saga's gates that still wait (pending, or approved and unused)."""
+        found = []
+        for step in record.steps:
+            if step.approval_id is None or step.state is not celery_sagas.StepState.AWAITING_APPROVAL:
+                continue
+            approval = self._approval(step.approval_id)
+            if approval is not None and approval.state in ("pending", "approved"):
+                found.append(approval)
+        return found
+
+    def _approval(self, approval_id: str) -> ApprovalView | None:
+        try:
+            record = self._sagas.approvals.get(approval_id)
+        except SagaConfigurationError:
+            return None  # approvals are not configured in this process: nothing to show
+        return None if record is None else ApprovalView.of(record)
+
+    def payload(self, value: Any) -> str:
+        """A payload as indented JSON; ``<encrypted>`` where no key could decrypt it
+        (``celery_sagas.ENCRYPTED``, once payload encryption exists)."""
+        marker = getattr(celery_sagas, "ENCRYPTED", None)
+        return json.dumps(_redact(value, marker), indent=2, sort_keys=True, ensure_ascii=False)
+
+    # ------------------------------------------------------------ findings and approvals
+
+    def findings(self, cursor: str | None = None, limit: int = 25) -> FindingRows:
+        """One page of the findings queue (SagaValidationError for a bad cursor)."""
+        page = self._sagas.findings("all", cursor=cursor, limit=limit)
+        return FindingRows(page.findings, page.cursor)
+
+    def approvals_waiting(self, cursor: str | None = None, limit: int = 25) -> ApprovalPage:
+        """One page of pending approvals, oldest first."""
+        scans = Scans(self._sagas.store, self._codec)
+        page = scans.approvals([ApprovalState.PENDING], cursor=cursor, limit=limit)
+        return ApprovalPage(tuple(ApprovalView.of(r) for r in page.records), page.corrupt,
+                            page.cursor)
+
+    # ------------------------------------------------------------ actions
+
+    def resolve(self, by: Principal, saga_id: str, step: str, effect_id: str, outcome: str, *,
+                result: Any = None, error_code: str | None = None) -> SagaRecord:
+        """Settle an unknown outcome, as ``sagas.resolve`` (same refusals)."""
+        return self._act("resolve", by, saga_id, lambda: self._sagas.resolve(
+            saga_id, step, effect_id, outcome, result=result, error_code=error_code))
+
+    def resume(self, by: Principal, saga_id: str) -> SagaRecord:
+        """Lift manual review and drive the saga on, as ``sagas.resume``."""
+        return self._act("resume", by, saga_id, lambda: self._sagas.resume(saga_id))
+
+    def cancel(self, by: Principal, saga_id: str) -> SagaRecord:
+        """Stop the saga and compensate, as ``sagas.cancel``."""
+        return self._act("cancel", by, saga_id, lambda: self._sagas.cancel(saga_id))
+
+    def approve(self, by: Principal, approval_id: str) -> ApprovalView:
+        """Approve a pending approval in its own tenant, decided by ``by``."""
+        return self._decide(by, approval_id, "approved")
+
+    def deny(self, by: Principal, approval_id: str) -> ApprovalView:
+        """Deny a pending approval (the saga compensates what came before the gate)."""
+        return self._decide(by, approval_id, "denied")
+
+    def signal(self, by: Principal, saga_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> None:
+        """Send a signal to a saga, as ``sagas.signal`` (only where the facade has it)."""
+        send = getattr(self._sagas, "signal", None)
+        if not callable(send):
+            raise SagaValidationError("this version of celery_sagas has no signals")
+        self._act("signal", by, saga_id,
+                  lambda: send(saga_id, name, payload=payload, signal_id=signal_id))
+
+    def _decide(self, by: Principal, approval_id: str, decision: str) -> ApprovalView:
+        action = {"approved": "approve", "denied": "deny"}[decision]
+
+        def decide() -> ApprovalRecord:
+            values.approval_id(approval_id)
+            known = self._sagas.approvals.get(approval_id)
+            if known is None:
+                raise SagaNotFound(f"no approval {approval_id!r}")
+            return self._sagas.approvals.decide(approval_id, tenant_id=known.tenant_id,
+                                                decision=decision, decided_by=by.name)
+
+        return ApprovalView.of(self._act(action, by, None, decide, approval_id=approval_id))
+
+    def _act(self, action: str, by: Principal, saga_id: str | None, call: Callable[[], T], *,
+             approval_id: str | None = None) -> T:
+        try:
+            done = call()
+        except Exception as exc:
+            self.announce(OperatorAction.of(action, by, saga_id, approval_id, type(exc).__name__))
+            raise
+        if isinstance(done, ApprovalRecord):
+            saga_id = done.saga_id
+        self.announce(OperatorAction.of(action, by, saga_id, approval_id))
+        return done
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True, slots=True)
+class _At:
+    """Where a sagas list page starts: a browse cursor, the size that page was read with,
+    and how many of its items earlier pages showed."""
+
+    cursor: str | None
+    size: int
+    skip: int
+
+    def encode(self, chosen: SagaFilter) -> str:
+        """The opaque cursor, tied to ``chosen``."""
+        raw = json.dumps([_CURSOR_VERSION, self.cursor, self.size, self.skip, chosen.fingerprint()])
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, fingerprint: str) -> _At:
+    """Where the page a cursor names starts (SagaValidationError when it is not one of ours)."""
+    if len(cursor) > _MAX_CURSOR:
+        raise SagaValidationError("malformed sagas cursor")
+    try:
+        fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        version, store_cursor, size, skip, made_for = fields
+    except (ValueError, TypeError, UnicodeError, binascii.Error, RecursionError):
+        raise SagaValidationError("malformed sagas cursor") from None
+    numbers = type(size) is int and type(skip) is int and 0 <= skip < size <= _MAX_BROWSE
+    if version != _CURSOR_VERSION or not (store_cursor is None or isinstance(store_cursor, str)) \
+            or not numbers:
+        raise SagaValidationError("malformed sagas cursor")
+    if made_for != fingerprint:
+        raise SagaValidationError("this cursor belongs to another filter; start from the first page")
+    return _At(store_cursor, size, skip)
+
+
+def _redact(value: Any, marker: object) -> Any:
+    if marker is not None and value is marker:
+        return ENCRYPTED_TEXT
+    if isinstance(value, dict):
+        return {key: _redact(item, marker) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact(item, marker) for item in value]
+    return value

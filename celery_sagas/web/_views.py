@@ -1,0 +1,220 @@
+"""What the pages say: times, effects, lifecycle rows, what to do about a finding, which forms
+a step or finding gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from celery_sagas import (
+    EffectState,
+    Finding,
+    FindingKind,
+    Phase,
+    SagaRecord,
+    SagaState,
+    Stage,
+    StepRecord,
+    StepState,
+)
+
+from .._cli_format import iso
+
+if TYPE_CHECKING:
+    from .._records import EffectMark  # the type of StepRecord.execution, not exported
+
+__all__ = [
+    "COMPENSATION",
+    "DONE",
+    "EXECUTION",
+    "EffectRow",
+    "LifecycleRow",
+    "effect_rows",
+    "finding_forms",
+    "hint",
+    "iso",
+    "lifecycle",
+    "outcomes",
+    "resolution",
+]
+
+EXECUTION = "execution"
+COMPENSATION = "compensation"
+_OUTCOMES = {
+    EXECUTION: (("committed", "committed: it happened (give its result)"),
+                ("not-committed", "not committed: it provably did not happen")),
+    COMPENSATION: (("compensated", "compensated: it was undone"),
+                   ("not-compensated", "not compensated: it was not undone")),
+}
+# What a redirect after an action may announce: fixed texts, never anything from the request.
+DONE = {
+    "resolve": "Resolved. Resume the saga to drive it on (or let the sweep do it).",
+    "resume": "Resumed.",
+    "cancel": "Cancelled: what committed is being compensated.",
+    "approve": "Approved. The requester resumes the saga with their token.",
+    "deny": "Denied: the saga compensates what came before the gate.",
+    "signal": "Signal sent.",
+}
+
+
+def outcomes(kind: str) -> tuple[tuple[str, str], ...]:
+    """The outcomes an operator can record for an execution or a compensation."""
+    return _OUTCOMES[kind]
+
+
+def resolution(record: SagaRecord, step: StepRecord) -> str | None:
+    """Which effect of ``step`` an operator can settle now (execution, compensation or None)."""
+    if step.state is StepState.AMBIGUOUS:
+        return EXECUTION
+    if record.state is not SagaState.MANUAL_REVIEW:
+        return None
+    if step.state is StepState.EXECUTING and step.started_at_ms is not None:
+        return EXECUTION
+    if step.state in (StepState.COMPENSATING, StepState.COMPENSATION_FAILED):
+        return COMPENSATION
+    return None
+
+
+def finding_forms(finding: Finding) -> tuple[str, ...]:
+    """The forms a finding's row offers: resolve-execution, resolve-compensation, resume, cancel."""
+    review = finding.state == str(SagaState.MANUAL_REVIEW)
+    if finding.record_kind != "saga":
+        return ()
+    if finding.kind is FindingKind.AMBIGUOUS_EXECUTION and review:
+        return ("resolve-execution", "resume")
+    if finding.kind is FindingKind.AMBIGUOUS_COMPENSATION and review:
+        return ("resolve-compensation", "resume")
+    if finding.kind is FindingKind.MANUAL_REVIEW:
+        return ("resume", "cancel")
+    if finding.state == str(SagaState.RUNNING):
+        return ("cancel",)
+    return ()
+
+
+def hint(finding: Finding) -> str:
+    """What an operator does about a finding, in the UI's words."""
+    effect = finding.effect_id
+    waiting = finding.state != str(SagaState.MANUAL_REVIEW)
+    if finding.kind is FindingKind.AMBIGUOUS_EXECUTION:
+        if waiting:
+            return "In flight past stale_after: the sweep re-sends or judges it. Are workers and beat up?"
+        return (f"Ask the provider whether the request with idempotency key {effect} went "
+                "through. Record the answer (committed with its result, or not committed), "
+                "then resume.")
+    if finding.kind is FindingKind.AMBIGUOUS_COMPENSATION:
+        if waiting:
+            return "Compensator in flight past stale_after: the sweep judges it. Are workers up?"
+        return (f"Ask the provider whether {effect} was undone. Record compensated or not "
+                "compensated, then resume.")
+    if finding.kind is FindingKind.MANUAL_REVIEW:
+        return (f"Fix the cause ({finding.error_code or 'see the reason'}), then resume; or "
+                "cancel to compensate what committed.")
+    if finding.kind is FindingKind.STALE:
+        return "Not updated for stale_after: is beat running the sweep?"
+    if finding.kind is FindingKind.AMBIGUOUS:
+        return ("Began long ago and its outcome is unknown: ask the provider about this effect "
+                "id, then resolve the step from its saga's finding (every saga with effect "
+                "findings has one).")
+    if finding.kind is FindingKind.INCOMPLETE:
+        return ("Admitted but never began: the sweep re-drives it; its saga's finding says "
+                "whether workers and beat are up.")
+    return f"The {finding.record_kind} record failed read validation: inspect it in the store."
+
+
+# ---------------------------------------------------------------- effects and lifecycle
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRow:
+    """One effect of a step as its mark says (docs/design.md §2.3); state None: not begun."""
+
+    stage: str
+    effect_id: str
+    state: str | None
+    at_ms: int | None
+    attempt: int
+    error_code: str | None
+
+
+def effect_rows(step: StepRecord) -> list[EffectRow]:
+    """The step's execution and (once begun, or where a compensator exists) compensation;
+    none for an approval gate, which causes no side effect (its approval says where it is)."""
+    if step.approval_id is not None:
+        return []
+    rows = [_effect_row(Stage.EXECUTION, step.effect_id, step.execution, step.attempts)]
+    if step.compensator or step.compensation is not None:
+        rows.append(_effect_row(Stage.COMPENSATION, step.compensation_effect_id, step.compensation,
+                                step.compensation_attempts))
+    return rows
+
+
+def _effect_row(stage: Stage, effect_id: str, mark: EffectMark | None, attempts: int) -> EffectRow:
+    if mark is None:
+        return EffectRow(str(stage), effect_id, None, None, attempts, None)
+    return EffectRow(str(stage), effect_id, str(mark.state), mark.at_ms, mark.attempt or attempts,
+                     mark.error_code)
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleRow:
+    """One lifecycle event of a saga's step, as its record keeps it (time None: not kept)."""
+
+    at_ms: int | None
+    step: str
+    stage: str
+    phase: str
+    attempt: int
+    effect_id: str
+    error_code: str | None = None
+
+
+_FORWARD = (StepState.EXECUTING, StepState.AWAITING_APPROVAL, StepState.COMMITTED,
+            StepState.FAILED, StepState.AMBIGUOUS)
+_PHASE_OF = {EffectState.COMMITTED: Phase.COMMITTED, EffectState.FAILED: Phase.FAILED,
+             EffectState.UNKNOWN: Phase.AMBIGUOUS}
+
+
+def lifecycle(record: SagaRecord) -> list[LifecycleRow]:
+    """The saga's lifecycle events, in time order, as far as its record keeps them: the
+    forward times while a step goes forward (its compensation reuses the dispatch and start
+    fields), the commit time, and each effect's final or unknown state with its mark's time."""
+    rows: list[LifecycleRow] = []
+    for step in record.steps:
+        rows += _execution_events(step)
+        rows += _compensation_events(step)
+    return sorted(rows, key=lambda row: (row.at_ms is None, row.at_ms or 0))
+
+
+def _execution_events(step: StepRecord) -> list[LifecycleRow]:
+    def row(at: int | None, phase: Phase, code: str | None = None) -> LifecycleRow:
+        return LifecycleRow(at, step.name, str(Stage.EXECUTION), str(phase), attempt,
+                            step.effect_id, code)
+
+    mark, attempt = step.execution, step.attempts
+    rows = []
+    if step.state in _FORWARD and step.dispatched_at_ms is not None:
+        rows.append(row(step.dispatched_at_ms, Phase.INTENT))
+    if step.state in _FORWARD and step.started_at_ms is not None:
+        rows.append(row(step.started_at_ms, Phase.EXECUTING))
+    if mark is not None and mark.state in _PHASE_OF:
+        at = step.committed_at_ms if mark.state is EffectState.COMMITTED else mark.at_ms
+        rows.append(row(at or mark.at_ms, _PHASE_OF[mark.state], mark.error_code))
+    return rows
+
+
+def _compensation_events(step: StepRecord) -> list[LifecycleRow]:
+    def row(at: int | None, phase: Phase, code: str | None = None) -> LifecycleRow:
+        return LifecycleRow(at, step.name, str(Stage.COMPENSATION), str(phase),
+                            step.compensation_attempts, step.compensation_effect_id, code)
+
+    mark = step.compensation
+    if mark is None or step.state in _FORWARD:
+        return []
+    rows = [row(step.dispatched_at_ms, Phase.INTENT)]
+    if step.started_at_ms is not None and step.state is StepState.COMPENSATING:
+        rows.append(row(step.started_at_ms, Phase.EXECUTING))
+    if mark.state in _PHASE_OF:
+        rows.append(row(mark.at_ms, _PHASE_OF[mark.state], mark.error_code))
+    elif step.state is StepState.COMPENSATION_FAILED:
+        rows.append(row(mark.at_ms, Phase.FAILED, step.error_code))
+    return rows

@@ -1,0 +1,259 @@
+"""Actions go through the facade with its refusals, and are logged with who did them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from celery_sagas import SagaState
+from celery_sagas.web import OperatorAction, create_app
+from tests.web.conftest import CSRF_SECRET, USERS, Web, gated, in_review
+
+
+def resolve_form(effect: str, **changes: str) -> dict[str, str]:
+    return {"saga_id": "o-1", "step": "shop.charge", "effect_id": effect, "outcome": "committed",
+            "result": json.dumps({"charge": "ch_secret_123"}), **changes}
+
+
+def test_resolve_then_resume_through_the_forms_completes_the_saga(
+        web: Web, caplog: pytest.LogCaptureFixture) -> None:
+    # given
+    effect = in_review(web.shop)
+
+    # when
+    with caplog.at_level(logging.INFO, logger="celery_sagas.web"):
+        resolved = web.post("/actions/resolve", resolve_form(effect))
+        resumed = web.post("/actions/resume", {"saga_id": "o-1"})
+        web.shop.driver.run_until_idle()
+
+    # then
+    assert resolved.status_code == 303
+    assert resolved.headers["Location"] == "/saga?id=o-1&done=resolve"
+    assert resumed.status_code == 303
+    record = web.shop.record("o-1")
+    assert record.state == SagaState.COMPLETED
+    assert record.step("shop.charge").result == {"charge": "ch_secret_123"}  # type: ignore[union-attr]
+    assert "Resolved." in web.get("/saga?id=o-1&done=resolve").get_data(as_text=True)
+    done = [r for r in caplog.records if getattr(r, "web_outcome", None) == "done"]
+    assert [(r.web_action, r.web_principal, r.saga_id) for r in done] == [  # type: ignore[attr-defined]
+        ("resolve", "olive", "o-1"), ("resume", "olive", "o-1")]
+    assert "ch_secret_123" not in caplog.text and "olive-pw" not in caplog.text
+
+
+def test_not_committed_records_the_error_code_and_compensates(web: Web) -> None:
+    # given
+    effect = in_review(web.shop)
+
+    # when
+    web.post("/actions/resolve", resolve_form(effect, outcome="not-committed", error_code="lost"))
+    web.post("/actions/resume", {"saga_id": "o-1"})
+    web.shop.driver.run_until_idle()
+
+    # then
+    record = web.shop.record("o-1")
+    assert record.state == SagaState.COMPENSATED
+    assert record.step("shop.charge").error_code == "lost"  # type: ignore[union-attr]
+
+
+def test_a_stale_effect_id_is_refused_with_the_facade_refusal_and_changes_nothing(
+        web: Web, caplog: pytest.LogCaptureFixture) -> None:
+    # given
+    in_review(web.shop)
+    version = web.shop.record("o-1").version
+
+    # when
+    with caplog.at_level(logging.INFO, logger="celery_sagas.web"):
+        response = web.post("/actions/resolve", resolve_form("0b7e6f1c-5d1a-4c3e-9a43-2f6d0f1e8a11"))
+
+    # then
+    assert response.status_code == 409
+    assert "Refused, nothing changed" in response.get_data(as_text=True)
+    assert web.shop.record("o-1").version == version
+    [refused] = [r for r in caplog.records if getattr(r, "web_outcome", None) == "refused"]
+    assert (refused.web_action, refused.web_principal) == ("resolve", "olive")  # type: ignore[attr-defined]
+
+
+def test_resume_with_an_unresolved_step_is_refused(web: Web) -> None:
+    # given
+    in_review(web.shop)
+
+    # then
+    response = web.post("/actions/resume", {"saga_id": "o-1"})
+    assert response.status_code == 409
+    assert "resolve it first" in response.get_data(as_text=True)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"result": "{not json"}, "result is not JSON"),
+    ({"outcome": "maybe"}, "outcome is one of"),
+    ({"saga_id": ""}, "the form needs saga id"),
+    ({"effect_id": " "}, "the form needs effect id"),
+])
+def test_bad_forms_are_a_400(web: Web, changes: dict[str, str], message: str) -> None:
+    # given
+    effect = in_review(web.shop)
+
+    # then
+    response = web.post("/actions/resolve", resolve_form(effect, **changes))
+    assert response.status_code == 400
+    assert message in response.get_data(as_text=True)
+    assert web.shop.record("o-1").state == SagaState.MANUAL_REVIEW
+
+
+def test_an_unknown_saga_is_a_404(web: Web) -> None:
+    # then
+    assert web.post("/actions/cancel", {"saga_id": "nope"}).status_code == 404
+
+
+def test_cancel_compensates_and_returns_to_the_queue_when_asked(web: Web) -> None:
+    # given
+    gated(web.shop)
+
+    # when
+    response = web.post("/actions/cancel", {"saga_id": "g-1", "back": "attention"})
+    web.shop.driver.run_until_idle()
+
+    # then
+    assert response.headers["Location"] == "/attention?done=cancel"
+    assert web.shop.record("g-1").state == SagaState.COMPENSATED
+
+
+def test_approve_decides_in_the_approvals_tenant_as_the_operator(web: Web) -> None:
+    # given
+    gated(web.shop)
+    [pending] = web.sagas.approvals.pending("g-1")
+
+    # when
+    response = web.post("/actions/approve", {"approval_id": pending.approval_id})
+
+    # then
+    assert response.headers["Location"] == "/saga?id=g-1&done=approve"
+    approval = web.sagas.approvals.get(pending.approval_id)
+    assert approval is not None and (approval.state, approval.decided_by) == ("approved", "olive")
+    web.sagas.approvals.resume("g-1", pending.token, tenant_id="t1", principal_id="p1")
+    web.shop.driver.run_until_idle()
+    assert web.shop.record("g-1").state == SagaState.COMPLETED
+    again = web.post("/actions/approve", {"approval_id": pending.approval_id})
+    assert again.status_code == 409
+
+
+def test_deny_compensates_what_came_before_the_gate(web: Web) -> None:
+    # given
+    gated(web.shop)
+    [pending] = web.sagas.approvals.pending("g-1")
+
+    # when
+    web.post("/actions/deny", {"approval_id": pending.approval_id})
+    web.shop.driver.run_until_idle()
+
+    # then
+    record = web.shop.record("g-1")
+    assert (record.state, record.error_code) == (SagaState.COMPENSATED, "approval_denied")
+
+
+def test_an_unknown_approval_is_a_404(web: Web) -> None:
+    # then
+    assert web.post("/actions/approve", {"approval_id": "nope"}).status_code == 404
+
+
+def test_every_action_is_emitted_to_the_observers_with_who_did_it(web: Web) -> None:
+    # given
+    seen: list[OperatorAction] = []
+    app = create_app(web.sagas, users=USERS, secret=CSRF_SECRET, on_action=[seen.append])
+    client = Web(web.shop, app, app.test_client())
+    gated(web.shop)
+    [pending] = web.sagas.approvals.pending("g-1")
+
+    # when
+    client.post("/actions/deny", {"approval_id": pending.approval_id})
+    web.shop.driver.run_until_idle()
+    client.post("/actions/cancel", {"saga_id": "nope"})
+    client.post("/actions/resume", {"saga_id": "g-1"}, csrf=False)
+    client.post("/actions/resume", {"saga_id": "g-1"}, user="rita")
+
+    # then: done, refused by the facade, refused at the door; who did it each time
+    assert [(e.action, e.principal, e.saga_id, e.outcome, e.error) for e in seen] == [
+        ("deny", "olive", "g-1", "done", None),
+        ("cancel", "olive", "nope", "refused", "SagaNotFound"),
+        ("resume", "olive", "g-1", "refused", "csrf"),
+        ("resume", "rita", "g-1", "refused", "read-only"),
+    ]
+    assert seen[0].approval_id == pending.approval_id and seen[0].role == "operator"
+
+
+def test_an_observer_that_raises_changes_nothing(web: Web, caplog: pytest.LogCaptureFixture) -> None:
+    # given
+    def broken(event: OperatorAction) -> None:
+        raise RuntimeError("observer down")
+
+    app = create_app(web.sagas, users=USERS, secret=CSRF_SECRET, on_action=[broken])
+    client = Web(web.shop, app, app.test_client())
+    gated(web.shop)
+
+    # when
+    response = client.post("/actions/cancel", {"saga_id": "g-1"})
+
+    # then
+    assert response.status_code == 303
+    assert "action observer" in caplog.text
+
+
+# ---------------------------------------------------------------- signals, where they exist
+
+
+def test_without_signals_there_is_no_signal_form_and_posting_one_is_refused(web: Web) -> None:
+    # given
+    gated(web.shop)
+
+    # then
+    assert 'value="signal"' not in web.get("/saga?id=g-1").get_data(as_text=True)
+    response = web.post("/actions/signal", {"saga_id": "g-1", "name": "poke"})
+    assert response.status_code == 400 and "no signals" in response.get_data(as_text=True)
+
+
+class _Signalling:
+    """A facade with ``signal`` (as the coming version has), recording what it was sent."""
+
+    def __init__(self, sagas: Any) -> None:
+        self._sagas = sagas
+        self.sent: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sagas, name)
+
+    def signal(self, saga_id: str, name: str, payload: Any = None, signal_id: str | None = None) -> None:
+        self.sent.append((saga_id, name, payload, signal_id))
+
+
+def test_where_the_facade_has_signals_the_form_sends_one(web: Web) -> None:
+    # given
+    gated(web.shop)
+    facade = _Signalling(web.sagas)
+    app = create_app(facade, users=USERS, secret=CSRF_SECRET)  # type: ignore[arg-type]
+    client = Web(web.shop, app, app.test_client())
+
+    # when
+    page = client.get("/saga?id=g-1").get_data(as_text=True)
+    response = client.post("/actions/signal", {"saga_id": "g-1", "name": "address-changed",
+                                               "payload": '{"zip": "1000"}', "signal_id": "s-1"})
+
+    # then
+    assert 'value="signal"' in page
+    assert response.status_code == 303
+    assert facade.sent == [("g-1", "address-changed", {"zip": "1000"}, "s-1")]
+
+
+def test_a_refused_id_from_the_request_is_logged_as_its_repr(
+        web: Web, caplog: pytest.LogCaptureFixture) -> None:
+    # when
+    with caplog.at_level(logging.INFO, logger="celery_sagas.web"):
+        response = web.post("/actions/resume", {"saga_id": "o-1\nFAKE: admin resumed everything"})
+
+    # then
+    assert response.status_code == 400
+    [refused] = [r for r in caplog.records if getattr(r, "web_outcome", None) == "refused"]
+    assert "\n" not in refused.getMessage()
+    assert refused.saga_id == repr("o-1\nFAKE: admin resumed everything")  # type: ignore[attr-defined]
