@@ -19,6 +19,12 @@ Round trips: a second worker whose store is wrapped in a counting proxy runs a b
 the proxy counts store primitives per process (and SQL statements on a SQL store); on Redis a
 private ``redis-server`` holds that batch's store so ``INFO commandstats`` gives the wire count.
 
+Tracing (docs/tracing.md): ``--tracing off`` (the default) runs with whatever OpenTelemetry the
+venv has and no tracer provider: the cost of the hooks alone (run it in a venv without the
+``otel`` extra for the no-API figure); ``--tracing sdk`` gives the client and every pool process
+the SDK's tracer provider (``OTEL_PYTHON_TRACER_PROVIDER=sdk_tracer_provider``), so each saga
+records its spans (not exported) while the plain chains record none.
+
 Modes: ``--memory`` (worker RSS over 20,000 sagas) and ``--profile`` (py-spy on the pool during
 a saga batch and a chain batch). Results go to ``bench/results/*.json``.
 
@@ -26,6 +32,7 @@ a saga batch and a chain batch). Results go to ``bench/results/*.json``.
     .venv/bin/python -m bench.throughput --n 500 --stores redis
     .venv/bin/python -m bench.throughput --memory        # 20,000 sagas, Redis store
     .venv/bin/python -m bench.throughput --profile       # py-spy, both stores
+    .venv/bin/python -m bench.throughput --tracing sdk   # sagas recording their spans
 """
 
 from __future__ import annotations
@@ -174,7 +181,11 @@ def _now_ms() -> float:
 
 
 def saga_batch(st: Stack, n: int, progress: Progress, poll: str = "scan") -> Batch:
-    """Start ``n`` sagas as fast as possible and wait until none is running."""
+    """Start ``n`` sagas as fast as possible and wait until none is running.
+
+    ``poll="count"`` waits with ``Store.count`` only (ZCOUNT on Redis, which no store script
+    calls, so the wire count can leave the client's polling out) and reads no finish times.
+    """
     tag = st.tag("s")
     sagas = st.bench.sagas
     submitted: list[float] = []
@@ -184,6 +195,12 @@ def saga_batch(st: Stack, n: int, progress: Progress, poll: str = "scan") -> Bat
         progress.show(f"[{st.label}] sagas: submitted {i + 1}/{n}")
     store = sagas.store
     deadline = time.monotonic() + max(120.0, n / 5)
+    if poll == "count":
+        while store.count(SAGA, [SagaState.RUNNING.value]):
+            _check(st, deadline, "sagas")
+            time.sleep(0.05)
+        progress.done()
+        return Batch("saga", submitted, submitted)
     if poll == "scan":
         while store.scan(SAGA, [SagaState.RUNNING.value], limit=1).items:
             _check(st, deadline, "sagas")
@@ -368,7 +385,7 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
         if config.is_redis:
             with Redis.from_url(config.store) as server:
                 server.config_resetstat()
-        batch = saga_batch(st, args.count_n, progress, poll="get")
+        batch = saga_batch(st, args.count_n, progress, poll="count")
         after = _commandstats(config.store) if config.is_redis else {}
         client = dict(client_counts.counts)
         st.worker.stop()
@@ -394,8 +411,8 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
             worker["sql_statements"] / n / STEPS, 2)
     if after:
         inside = _script_commands()
-        wire = {k: v for k, v in after.items() if k not in inside and k not in ("info", "config|resetstat")}
-        wire["hgetall"] = wire.get("hgetall", 0) - client.get("get", 0)  # the client's polling
+        client_only = ("info", "config|resetstat", "zcount")  # reading the stats, the polling
+        wire = {k: v for k, v in after.items() if k not in inside and k not in client_only}
         total = sum(wire.values())
         result["redis_commands_per_saga"] = {k: round(v / n, 3) for k, v in sorted(wire.items()) if v}
         result["redis_commands_in_scripts_per_saga"] = {
@@ -504,6 +521,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baseline", choices=("new", "old", "both"), default="new",
                         help="chain baseline: new (as many tasks as the saga has steps, the last "
                              "recording the finish), old (a fourth task records it), or both")
+    parser.add_argument("--tracing", choices=("off", "sdk"), default="off",
+                        help="sdk: the OpenTelemetry SDK tracer provider in client and workers")
     parser.add_argument("--memory", action="store_true", help="memory mode: RSS over --memory-n sagas")
     parser.add_argument("--memory-n", type=int, default=20_000)
     parser.add_argument("--memory-warmup", type=int, default=1000)
@@ -527,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown store(s): {', '.join(sorted(unknown))}")
     urls = {"redis": args.redis_store, "postgres": args.postgres_store}
+    if args.tracing == "sdk":  # read by the OpenTelemetry API here and in the workers it starts
+        os.environ["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
     run_id = uuid.uuid4().hex[:8]
     progress = Progress()
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -537,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
                    "broker": args.broker, "loglevel": args.loglevel},
     }
     mode = "memory" if args.memory else "profile" if args.profile else "throughput"
-    output = args.output or RESULTS / f"{mode}.json"
+    suffix = "-tracing" if args.tracing == "sdk" else ""
+    output = args.output or RESULTS / f"{mode}{suffix}.json"
     try:
         runs = []
         for name in stores:

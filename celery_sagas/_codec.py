@@ -10,10 +10,12 @@ notes (claims appended without a read) are applied to it on the way in.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from enum import Enum
+from functools import cache
 from typing import Any
 
 from . import _values as values
@@ -126,43 +128,76 @@ _SAGA_ENVELOPED = _ENVELOPED | {"saga_id"}
 _APPROVAL_ENVELOPED = _ENVELOPED | {"approval_id"}
 
 
+@cache
+def _field_names(cls: type, skip: frozenset[str]) -> tuple[str, ...]:
+    """The fields of a record class a body carries, in declaration order."""
+    return tuple(f.name for f in fields(cls) if f.name not in skip)
+
+
+# Types json writes as they are (what decoding JSON gives back; tuples are written as arrays).
+_PLAIN = frozenset({str, int, float, bool, dict, list, tuple})
+
+
 def _json(value: Any) -> Any:
+    """A field value as JSON sees it (payloads were checked when they entered)."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, Enum):
-        return str(value.value)
-    if isinstance(value, tuple):
-        return [_json(v) for v in value]
+        return value.value
     if isinstance(value, EffectMark):
-        return {k: _json(v) for k, v in _body(value, frozenset()).items()}
+        return _body(value, frozenset())
+    if isinstance(value, Mapping):
+        return dict(value)
     return value
 
 
 def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:
     """Every field of a record that is set, JSON-ready (the generic half of the codec)."""
     out: dict[str, Any] = {}
-    for f in fields(record):
-        value = getattr(record, f.name)
-        if f.name in skip or value is None:
+    for name in _field_names(record.__class__, skip):
+        value = getattr(record, name)
+        if value is None:
             continue
-        if f.name == "steps":
-            value = [_body(step, frozenset()) for step in value]
-        out[f.name] = dict(value) if isinstance(value, Mapping) else _json(value)
+        if name == "steps":
+            out[name] = [_body(step, frozenset()) for step in value]
+        else:
+            out[name] = _json(value)
     return out
 
 
+def _encoded(body: dict[str, Any], field: str, limit: int) -> str:
+    """Canonical JSON of a record body within ``limit`` bytes. The payloads in it were checked
+    when they entered (input, arguments, results), so it is written without walking them again;
+    anything JSON cannot carry still fails here, as a validation error."""
+    try:
+        text = _ENCODER.encode(body)
+    except (TypeError, ValueError) as exc:
+        raise SagaValidationError(f"{field} is not JSON-serialisable: {exc}") from None
+    if len(text) * 4 > limit:  # only then can the UTF-8 size be over the limit
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit")
+    return text
+
+
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"),
+                            sort_keys=True)
+
+
 def _read(raw: Any, table: Mapping[str, _Field], fail: InvalidRecordError) -> dict[str, Any]:
-    """Check a decoded body against ``table``; the values to build the record from."""
-    if not isinstance(raw, dict):
+    """Check a decoded body against ``table``; the values to build the record from. Decoded
+    JSON has exact types (``bool`` is never taken for ``int``), so a type is checked with ``is``."""
+    if type(raw) is not dict:
         raise fail
     out: dict[str, Any] = {}
+    get = raw.get
     for name, spec in table.items():
-        value = raw.get(name)
+        value = get(name)
         if value is None:
             if not spec.optional:
                 raise fail
             continue
-        if spec.kind is not None and (
-            not isinstance(value, spec.kind) or (spec.kind is int and isinstance(value, bool))
-        ):
+        if spec.kind is not None and type(value) is not spec.kind:
             raise fail
         try:
             out[name] = spec.check(value) if spec.check is not None else value
@@ -228,8 +263,7 @@ class Codec:
 
     def saga_envelope(self, record: SagaRecord, *, stamp: bool = False) -> Envelope:
         """Encode a saga record; refuses non-JSON payloads and bodies over the limit."""
-        body = _body(record, _SAGA_ENVELOPED)
-        text = values.encode_json(body, field="saga record", limit=self.payload_limit)
+        text = _encoded(_body(record, _SAGA_ENVELOPED), "saga record", self.payload_limit)
         envelope = Envelope(SAGA, record.saga_id, record.version, str(record.state),
                             record.updated_at_ms, text, record.definition, due_at(record))
         return stamped(envelope, limit=self.payload_limit + _WRITE_ID_ROOM) if stamp else envelope
@@ -268,7 +302,8 @@ class Codec:
 
     def approval_envelope(self, record: ApprovalRecord, *, stamp: bool = False) -> Envelope:
         """Encode an approval record (the token hash, never the token)."""
-        text = values.encode_json(_body(record, _APPROVAL_ENVELOPED), field="approval record")
+        text = _encoded(_body(record, _APPROVAL_ENVELOPED), "approval record",
+                        values.DEFAULT_PAYLOAD_LIMIT)
         envelope = Envelope(APPROVAL, record.approval_id, record.version, str(record.state),
                             record.updated_at_ms, text)
         return stamped(envelope) if stamp else envelope

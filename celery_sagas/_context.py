@@ -35,7 +35,9 @@ from ._protocol.replay import (
 from ._records import APPROVAL_TASK, SagaRecord, StepRecord, StepState
 from .errors import SagaError, SagaValidationError, StepNotCommitted
 
-__all__ = ["APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "step_accepts"]
+__all__ = [
+    "APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "signature_of", "step_accepts",
+]
 
 
 
@@ -272,11 +274,21 @@ def _code(exc: StepNotCommitted) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)  # a task's signature does not change; reading it is slow
+def signature_of(func: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature of a step or compensator function (None when Python cannot tell)."""
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
 def step_accepts(func: Callable[..., Any], keyword: str) -> bool:
     """True when ``func`` declares ``keyword`` (or takes ``**kwargs``)."""
-    try:
-        params = inspect.signature(func).parameters
-    except (TypeError, ValueError):
+    signature = signature_of(func)
+    if signature is None:
         return False
+    params = signature.parameters
     return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 

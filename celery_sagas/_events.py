@@ -216,13 +216,15 @@ class EventBus:
 
     def emit(self, event: LifecycleEvent) -> None:
         """Deliver a lifecycle event to the log and every lifecycle observer."""
-        logger.log(
-            _LIFECYCLE_LEVELS.get(event.phase, logging.INFO),
-            "saga %s step %s: %s %s (effect %s, attempt %d, code %s)",
-            event.saga_id, event.step, event.stage, event.phase, event.effect_id,
-            event.attempt, event.error_code or "-",
-            extra=event.log_fields(),
-        )
+        level = _LIFECYCLE_LEVELS.get(event.phase, logging.INFO)
+        if logger.isEnabledFor(level):
+            logger.log(
+                level,
+                "saga %s step %s: %s %s (effect %s, attempt %d, code %s)",
+                event.saga_id, event.step, event.stage, event.phase, event.effect_id,
+                event.attempt, event.error_code or "-",
+                extra=event.log_fields(),
+            )
         self._lifecycle.deliver(event)
 
     def report(self, event: FindingEvent) -> None:

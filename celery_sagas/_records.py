@@ -94,7 +94,15 @@ class ApprovalState(TextEnum):
 @dataclass(frozen=True, slots=True)
 class EffectMark:
     """Where one effect of a step stands (docs/design.md §2.3): its state, when it last moved,
-    and the error code that failed it; kept in the step, written with the saga record."""
+    and the error code that failed it; kept in the step, written with the saga record.
+
+    Attributes:
+        state: ``admission``, ``executing``, ``committed``, ``failed`` or ``unknown``; the last
+            three never move again.
+        at_ms: when the effect last moved (ms since the epoch).
+        attempt: the attempt the mark is about (1 for the first claim).
+        error_code: the code that failed the effect, if it failed.
+    """
 
     state: EffectState
     at_ms: int
@@ -104,7 +112,42 @@ class EffectMark:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """One step of a saga: its effect ids, state, arguments, result and attempt counters."""
+    """One step of a saga: its effect ids, state, arguments, result and attempt counters
+    (docs/design.md §2.2). Times are ms since the epoch; None means "not yet" or "not now".
+
+    Attributes:
+        name: the step's name in its saga: the task name, with ``#2``, ``#3``... when a saga
+            calls the same task again, or the ``step_name=`` given to ``ctx.step``.
+        task: the Celery task that runs the step (``celery_sagas.approval`` for a gate).
+        effect_id: the execution's effect id: the step task's Celery task id, the same for
+            every attempt, and the idempotency key to hand the provider (``saga.effect_id``).
+        compensation_effect_id: the compensator task's Celery task id (drawn with the intent).
+        state: a ``StepState``: ``executing``, ``awaiting-approval``, ``committed``,
+            ``failed``, ``ambiguous``, ``compensating``, ``compensation-failed`` or
+            ``compensated`` (docs/design.md §2.2).
+        args: the positional arguments recorded with the intent; the step task and its
+            compensator are called with them (the broker message carries none).
+        kwargs: the keyword arguments recorded with the intent.
+        compensator: the compensator task's name, or None for a step with nothing to undo.
+        result: what the step returned (a committed step), or None.
+        attempts: how many times the step's execution was claimed (started).
+        compensation_attempts: how many times its compensator was claimed.
+        next_attempt_at_ms: when the next retry is due (a step released for a retry, or a
+            failed compensation), or None.
+        started_at_ms: when the current attempt was claimed, or None while none runs.
+        claimed_by: who claimed the current attempt (``host:pid/nonce``), for liveness checks.
+        dispatched_at_ms: when the step's (or compensator's) message was last sent.
+        time_limit_ms: the task's hard time limit; past it plus ``sagas_ambiguity_grace`` a
+            silent attempt counts as vanished.
+        committed_at_ms: when the step committed, or None.
+        error_code: why the step failed, is ambiguous, or its compensation failed (codes in
+            docs/guarantees.md), or None.
+        approval_id: the approval record of an approval gate step, or None.
+        group: the parallel group (``parallel-N``) of a step started by ``ctx.parallel``, or
+            None.
+        execution: where the execution effect stands (an ``EffectMark``).
+        compensation: where the compensation effect stands, once compensation began.
+    """
 
     name: str
     task: str
@@ -132,7 +175,27 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class SagaRecord:
-    """A saga: definition, state, input and the ordered steps recorded so far."""
+    """A saga: definition, state, input and the ordered steps recorded so far
+    (docs/design.md §2.1). Every write after creation is a compare-and-set on ``version``.
+
+    Attributes:
+        saga_id: the saga's id (printable ASCII without spaces, 1..128 characters).
+        definition: the name of the ``@sagas.saga`` definition it runs.
+        state: a ``SagaState``: ``running``, ``compensating``, ``completed``, ``compensated``
+            or ``manual-review``; the first two move on by themselves, ``manual-review`` waits
+            for an operator, the others are final.
+        input: the input ``start()`` was given (JSON values).
+        created_at_ms: when the saga was created (ms since the epoch).
+        updated_at_ms: when the record was last written.
+        steps: the steps recorded so far, in the order ``run`` asked for them.
+        version: 1 at creation, one more with every write.
+        error_code: why the saga compensates or waits for an operator (the codes are in
+            docs/guarantees.md), or None.
+        reason: a sentence for the operator about that code (ids and names, never payloads),
+            or None.
+        rolling_back: set with the first known failure (or a cancel) and never cleared: which
+            way a saga in manual review goes once resumed.
+    """
 
     saga_id: str
     definition: str

@@ -13,11 +13,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import _values as values
 from ._cas import MAX_RACES, until_written
 from ._codec import Codec
+from ._protocol.notes import apply_notes, parse_note
 from ._records import SAGA, SagaRecord
 from .errors import PayloadTooLarge, SagaConcurrencyError, SagaNotFound, StoreError
 from .stores.base import Fence, Store
@@ -141,7 +142,13 @@ class SagaRepository:
         if envelope is None:
             self.recent.forget(saga_id)
             return None
-        record = self.codec.saga(envelope, saga_id)
+        known = self.recent.get(saga_id)
+        if known is not None and known.version == expected_version == envelope.version - 1:
+            # The note went onto the very record this process holds: apply it here rather
+            # than decode the body the store sent back (the same record, without the work).
+            record = replace(apply_notes(known, [parse_note(note)]), version=envelope.version)
+        else:
+            record = self.codec.saga(envelope, saga_id)
         self.recent.remember(record, len(envelope.body))
         return record
 

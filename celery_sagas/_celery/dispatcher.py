@@ -1,4 +1,5 @@
-"""CeleryDispatcher: the Dispatcher port over ``apply_async`` (task id = effect id)."""
+"""CeleryDispatcher: the Dispatcher port over ``apply_async`` (task id = effect id); the
+message headers carry the saga's trace context (``tracing.py``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from celery import Celery
 
 from .._records import StepRecord
 from .messages import SAGA_REF, saga_ref
+from .tracing import NoTracing, Tracing
 
 __all__ = ["CeleryDispatcher"]
 
@@ -13,16 +15,19 @@ __all__ = ["CeleryDispatcher"]
 class CeleryDispatcher:
     """Sends steps and compensators through the app's broker."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, tracing: Tracing | None = None) -> None:
         self.app = app
+        self.tracing = tracing or NoTracing()
 
     def _send(self, task_name: str, task_id: str, saga_id: str, step: str, version: int) -> None:
         kwargs = {SAGA_REF: saga_ref(saga_id, step, version)}
         task = self.app.tasks.get(task_name)
-        if task is not None:
-            task.apply_async(args=(), kwargs=kwargs, task_id=task_id)
-        else:
-            self.app.send_task(task_name, args=(), kwargs=kwargs, task_id=task_id)
+        with self.tracing.sending(saga_id) as headers:
+            options = {"headers": headers} if headers else {}
+            if task is not None:
+                task.apply_async(args=(), kwargs=kwargs, task_id=task_id, **options)
+            else:
+                self.app.send_task(task_name, args=(), kwargs=kwargs, task_id=task_id, **options)
 
     def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
         """Send the step's own task; its task id is the step's effect id."""

@@ -44,6 +44,7 @@ from .registration import (
 )
 from .settings import SagaSettings
 from .tasks import CompensatorTask, SagaStepTask
+from .tracing import TracedDelivery, open_tracing
 from .wiring import PerProcess, Runtime, default_clock, open_configured_store, require_store
 
 __all__ = ["Saga", "SagaHandle", "Sagas", "sagas_of"]
@@ -88,7 +89,7 @@ class Saga:
 
     def start(self, input: Any, saga_id: str | None = None) -> SagaHandle:
         """Record the saga with its first step and send that step; returns at once (safe to
-        call from a web handler)."""
+        call from a web handler). Returns and raises as ``Sagas.start`` does."""
         return self.sagas.start(self.name, input, saga_id=saga_id)
 
     def __repr__(self) -> str:
@@ -114,11 +115,14 @@ class Sagas:
             self.metrics = SagaMetrics(self.settings.metrics_registry)
             self.metrics.attach(self.events)
         self.clock = clock
-        self.dispatcher: Dispatcher = CeleryDispatcher(app)
+        self.tracing = open_tracing()
+        self.tracing.attach(self.events)
+        self.dispatcher: Dispatcher = CeleryDispatcher(app, self.tracing)
         self._process = PerProcess(self._runtime)
-        self._step_base = type("SagaStep", (SagaStepTask,), {"engines": self._process})
-        self._compensator_base = type("SagaCompensator", (CompensatorTask,),
-                                      {"engines": self._process})
+        task_attributes = {"engines": self._process, "tracing": self.tracing}
+        self._step_base = type("SagaStep", (TracedDelivery, SagaStepTask), task_attributes)
+        self._compensator_base = type("SagaCompensator", (TracedDelivery, CompensatorTask),
+                                      {**task_attributes, "compensation": True})
         self._register_sweep()
         worker_process_init.connect(self._forget_runtime, weak=False)
         _BY_APP[app] = weakref.ref(self)
@@ -236,8 +240,37 @@ class Sagas:
     # ------------------------------------------------------------ operations
 
     def start(self, definition: str, input: Any, saga_id: str | None = None) -> SagaHandle:
-        """Start ``definition`` with ``input`` (idempotent per saga id)."""
-        record = self.engine.start(definition, input, saga_id or str(uuid.uuid4()))
+        """Start ``definition`` with ``input`` and return at once (safe in a web handler).
+
+        ``run`` is replayed here up to its first step; the saga record is created with that
+        step's intent (one write), then the step's task is sent.
+
+        Args:
+            definition: the name given to ``@sagas.saga(name)``.
+            input: the saga's input: JSON values, at most ``sagas_payload_limit`` bytes.
+            saga_id: the saga's id (printable ASCII without spaces, 1..128 characters), or
+                None for a random UUID. Derive it from your business key
+                (``f"order-{order.id}"``) so that a retried request finds the same saga.
+
+        Returns:
+            A ``SagaHandle`` whose ``record`` is the saga as stored. For a new id: the record
+            just created (``running``; or already settled when ``run`` returned or failed
+            before its first step). For an id started before with the same definition and
+            input: the existing record as it is now; nothing is written or sent again, so
+            repeating a start is harmless.
+
+        Raises:
+            SagaConflictError: the id was started before with another definition or input.
+            SagaValidationError: a bad id, or input that is not JSON or is too large; nothing
+                is written.
+            SagaConfigurationError: no definition of that name in this process.
+            StoreError: the store failed; the saga may or may not exist (start again with the
+                same id to find out).
+        """
+        saga_id = saga_id or str(uuid.uuid4())
+        record = self._operation("saga.start", saga_id,
+                                 lambda: self.engine.start(definition, input, saga_id),
+                                 definition=definition)
         return SagaHandle(self, record)
 
     def get(self, saga_id: str) -> SagaRecord | None:
@@ -258,17 +291,29 @@ class Sagas:
 
     def cancel(self, saga_id: str) -> SagaRecord:
         """Stop forward progress and compensate what committed."""
-        return self.engine.cancel(saga_id)
+        return self._operation("saga.cancel", saga_id, lambda: self.engine.cancel(saga_id))
 
     def resume(self, saga_id: str) -> SagaRecord:
         """Lift manual review (nothing unresolved) and drive the saga on."""
-        return self.engine.resume(saga_id)
+        return self._operation("saga.resume", saga_id, lambda: self.engine.resume(saga_id))
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
                 result: Any = None, error_code: str | None = None) -> SagaRecord:
         """Settle an ambiguous step or compensation as an operator found it."""
-        return self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
-                                   error_code=error_code)
+        return self._operation(
+            "saga.resolve", saga_id,
+            lambda: self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
+                                        error_code=error_code),
+            step=step, effect_id=effect_id, outcome=outcome,
+        )
+
+    def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord],
+                   **attributes: Any) -> SagaRecord:
+        """``call`` inside a span named ``name`` (docs/tracing.md); the span notes the state."""
+        with self.tracing.operation(name, saga_id, **attributes) as note:
+            record = call()
+            note(state=record.state)
+            return record
 
     def browse(self, *, states: Sequence[SagaState | str] | None = None,
                definition: str | None = None, cursor: str | None = None,
@@ -286,7 +331,9 @@ class Sagas:
 
     def sweep(self, *, shard: int = 0, shards: int = 1) -> SweepReport:
         """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds)."""
-        report = self._process.current.sweeper.sweep(shard, shards)
+        with self.tracing.operation("saga.sweep", shard=shard, shards=shards) as note:
+            report = self._process.current.sweeper.sweep(shard, shards)
+            note(examined=report.examined, acted=report.acted)
         if self.metrics is not None and report.states:
             self.metrics.set_saga_counts(report.states)
         return report

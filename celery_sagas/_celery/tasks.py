@@ -8,13 +8,12 @@ function.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from celery import Task
 
-from .._context import StepContext, step_accepts
+from .._context import StepContext, signature_of, step_accepts
 from .._delivery import Delivery
 from .._engine import Engine
 from .._protocol import codes
@@ -102,9 +101,8 @@ def _refuse_unbindable(func: Callable[..., Any], args: tuple[Any, ...], kwargs: 
                        ) -> None:
     """Arguments recorded for a function that no longer takes them never reach its body (a
     deploy changed it): the step provably did not begin, so it did not commit."""
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
+    signature = signature_of(func)
+    if signature is None:
         return  # nothing to check against; calling it will tell
     try:
         signature.bind(*args, **kwargs)

@@ -197,6 +197,8 @@ def build(config: Config) -> Shop:
     def order(ctx: Any, data: dict[str, Any]) -> None:
         """Reserve, charge, ship; the plan in the input scripts faults."""
         plan = data.get("plan", {})
+        if plan.get("refuse_in_run"):
+            raise RuntimeError("run refused before its first step")
         ctx.step(reserve, data["sku"], plan)
         charge_task = charge_idempotent if plan.get("idempotent") else charge
         ctx.step(charge_task, data["amount"], plan)

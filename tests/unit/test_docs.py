@@ -30,7 +30,7 @@ RUN_MARKER = "# doctest: run"
 FENCE = re.compile(r"^([ \t]*)```(\w*)[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 QUICK_START = [
     "python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/python -m examples.shop.demo",
-    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test,postgres,mysql,web,metrics]'"
+    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test,redis,postgres,mysql,web,metrics]'"
     " && .venv/bin/python -m pytest",
 ]
 REQUIRED_PAGES = {"index", "quickstart", "concepts", "guarantees", "configuration", "operations",

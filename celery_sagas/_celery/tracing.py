@@ -1,0 +1,308 @@
+"""OpenTelemetry tracing of sagas (docs/tracing.md): one trace per saga, ids and codes only.
+
+``start()`` opens a ``saga.start`` span in the caller's context. That span's context is the
+saga's: every message the dispatcher sends for the saga carries it twice, in the headers of the
+configured propagator (``traceparent``: what ``opentelemetry-instrumentation-celery`` and any
+other consumer read; that instrumentation replaces it with its publish span) and as
+``saga_traceparent``/``saga_tracestate`` (W3C), which nothing else touches. A delivery runs in a
+``saga.step <name>`` or ``saga.compensation <name>`` span: a child of the task span when one is
+current (the instrumentation opened it), else of the message's context; the next messages it
+sends carry the saga's context again, so every step is a child of the start, not of the step
+before. Lifecycle events (``_events.py``) become span events and, for the delivery's own effect,
+its ``saga.outcome``, ``saga.attempt`` and ``saga.error_code``. Operator actions and sweeps run
+in spans of their own, in the caller's context.
+
+Nothing here costs more than a check when ``opentelemetry-api`` is not installed (``NoTracing``)
+or no tracer provider is set. Attributes and events carry ids, names, states, attempts and error
+codes; never input, arguments, results, exception messages or tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from .._events import EventBus, LifecycleEvent, Phase
+from .messages import SAGA_REF
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.propagators.textmap import Getter
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the ``otel`` extra is not installed
+    trace = None  # type: ignore[assignment]
+
+__all__ = [
+    "SAGA_TRACEPARENT",
+    "SAGA_TRACESTATE",
+    "NoTracing",
+    "OtelTracing",
+    "TracedDelivery",
+    "Tracing",
+    "open_tracing",
+]
+
+SAGA_TRACEPARENT = "saga_traceparent"
+SAGA_TRACESTATE = "saga_tracestate"
+INSTRUMENTATION = "celery_sagas"
+_OUTCOMES = (Phase.COMMITTED, Phase.FAILED, Phase.AMBIGUOUS)
+
+Note = Callable[..., None]
+"""Sets attributes (``saga.<name>``) on the span of an operation once it knows them."""
+
+
+class Tracing(Protocol):
+    """What the facade, the dispatcher and the task classes ask of tracing."""
+
+    def attach(self, events: EventBus) -> None:
+        """Observe the lifecycle events of ``events``."""
+        ...
+
+    def operation(self, name: str, saga_id: str | None = None,
+                  **attributes: Any) -> contextlib.AbstractContextManager[Note]:
+        """A span around a facade call (``saga.start``, ``saga.cancel``, ...)."""
+        ...
+
+    def sending(self, saga_id: str) -> contextlib.AbstractContextManager[dict[str, str]]:
+        """Around one ``apply_async``: the headers that carry the saga's context."""
+        ...
+
+    def delivery(self, request: Any, saga_id: str, step: str, effect_id: str,
+                 compensation: bool) -> contextlib.AbstractContextManager[None]:
+        """A span around one delivery of a step or compensator."""
+        ...
+
+
+def _ignore(**_: Any) -> None:
+    return None
+
+
+class NoTracing:
+    """Tracing without OpenTelemetry: every call is a no-op."""
+
+    def attach(self, events: EventBus) -> None:
+        """Nothing to observe."""
+
+    @contextlib.contextmanager
+    def operation(self, name: str, saga_id: str | None = None, **attributes: Any) -> Iterator[Note]:
+        """No span."""
+        yield _ignore
+
+    @contextlib.contextmanager
+    def sending(self, saga_id: str) -> Iterator[dict[str, str]]:
+        """No headers."""
+        yield {}
+
+    @contextlib.contextmanager
+    def delivery(self, request: Any, saga_id: str, step: str, effect_id: str,
+                 compensation: bool) -> Iterator[None]:
+        """No span."""
+        yield
+
+
+@dataclass(slots=True)
+class _Scope:
+    """The saga this thread is working for: its context and, in a delivery, the span and what
+    the lifecycle events said of the delivery's own effect."""
+
+    saga_id: str
+    context: Any  # the saga's context, carried by every message sent within the scope
+    span: Any
+    effect_id: str | None = None
+    definition: str | None = None
+    attempt: int | None = None
+    outcome: str | None = None
+    error_code: str | None = None
+
+
+_SCOPE: ContextVar[_Scope | None] = ContextVar("celery_sagas_trace_scope", default=None)
+
+
+class _RequestGetter:
+    """Reads propagation headers from a Celery task request (headers are its attributes)."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        value = getattr(carrier, key, None)
+        return [value] if isinstance(value, str) else None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return []
+
+
+class OtelTracing:
+    """Spans and context propagation through the OpenTelemetry API (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._tracer = trace.get_tracer(INSTRUMENTATION)
+        self._w3c = TraceContextTextMapPropagator()
+        self._getter: Getter[Any] = _RequestGetter()  # type: ignore[assignment]
+
+    @staticmethod
+    def live() -> bool:
+        """True once a real tracer provider is set (not the API's proxy or no-op one)."""
+        provider = trace.get_tracer_provider()
+        return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+    def attach(self, events: EventBus) -> None:
+        """Turn lifecycle events into span events and delivery outcomes."""
+        events.subscribe(self.observe)
+
+    # ------------------------------------------------------------ facade calls
+
+    @contextlib.contextmanager
+    def operation(self, name: str, saga_id: str | None = None, **attributes: Any) -> Iterator[Note]:
+        """A span in the caller's context; within it, messages of ``saga_id`` carry its context."""
+        if not self.live():
+            yield _ignore
+            return
+        span = self._tracer.start_span(name, attributes=_attributes(id=saga_id, **attributes))
+
+        def note(**more: Any) -> None:
+            span.set_attributes(_attributes(**more))
+
+        with trace.use_span(span, end_on_exit=True, record_exception=False,
+                            set_status_on_exception=False):
+            token = None
+            if saga_id is not None:
+                token = _SCOPE.set(_Scope(saga_id, otel_context.get_current(), span))
+            try:
+                yield note
+            except BaseException as exc:
+                _failed(span, type(exc).__name__)
+                raise
+            finally:
+                if token is not None:
+                    _SCOPE.reset(token)
+
+    # ------------------------------------------------------------ messages
+
+    @contextlib.contextmanager
+    def sending(self, saga_id: str) -> Iterator[dict[str, str]]:
+        """Headers carrying the saga's context (the scope's, else the current one); that context
+        is current during the send, so a publish span of the instrumentation nests under it."""
+        if not self.live():
+            yield {}
+            return
+        scope = _SCOPE.get()
+        saga_context = scope.context if scope is not None and scope.saga_id == saga_id else None
+        context = saga_context if saga_context is not None else otel_context.get_current()
+        headers: dict[str, str] = {}
+        propagate.inject(headers, context=context)
+        own: dict[str, str] = {}
+        self._w3c.inject(own, context=context)
+        if "traceparent" in own:
+            headers[SAGA_TRACEPARENT] = own["traceparent"]
+            if "tracestate" in own:
+                headers[SAGA_TRACESTATE] = own["tracestate"]
+        token = otel_context.attach(context)
+        try:
+            yield headers
+        finally:
+            otel_context.detach(token)
+
+    @contextlib.contextmanager
+    def delivery(self, request: Any, saga_id: str, step: str, effect_id: str,
+                 compensation: bool) -> Iterator[None]:
+        """A span around one delivery: child of the current task span if there is one, else of
+        the message's context; the saga's context (from ``saga_traceparent``) stays in scope."""
+        if not self.live():
+            yield
+            return
+        nested = trace.get_current_span().get_span_context().is_valid
+        parent = None if nested else propagate.extract(request, getter=self._getter)
+        saga_context = self._saga_context(request) or parent or otel_context.get_current()
+        kind = "compensation" if compensation else "step"
+        span = self._tracer.start_span(
+            f"saga.{kind} {step}", context=parent,
+            kind=trace.SpanKind.INTERNAL if nested else trace.SpanKind.CONSUMER,
+            attributes=_attributes(id=saga_id, step=step, effect_id=effect_id,
+                                   stage="compensation" if compensation else "execution"),
+        )
+        scope = _Scope(saga_id, saga_context, span, effect_id)
+        token = _SCOPE.set(scope)
+        with trace.use_span(span, end_on_exit=True, record_exception=False,
+                            set_status_on_exception=False):
+            try:
+                yield
+            except BaseException as exc:
+                _failed(span, type(exc).__name__)
+                raise
+            finally:
+                _SCOPE.reset(token)
+                _settle(span, scope)
+
+    def _saga_context(self, request: Any) -> Any:
+        carrier = {"traceparent": getattr(request, SAGA_TRACEPARENT, None),
+                   "tracestate": getattr(request, SAGA_TRACESTATE, None)}
+        present = {key: value for key, value in carrier.items() if isinstance(value, str)}
+        if "traceparent" not in present:
+            return None
+        context = self._w3c.extract(present)
+        return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+    # ------------------------------------------------------------ lifecycle events
+
+    def observe(self, event: LifecycleEvent) -> None:
+        """Record one lifecycle event: on the delivery's own effect it settles the delivery's
+        outcome; every event is also a span event of the current saga span."""
+        if not self.live():
+            return
+        scope = _SCOPE.get()
+        span = scope.span if scope is not None else trace.get_current_span()
+        if not span.is_recording():
+            return
+        if scope is not None and event.effect_id == scope.effect_id:
+            scope.definition, scope.attempt = event.definition, event.attempt
+            if event.phase in _OUTCOMES:
+                scope.outcome, scope.error_code = str(event.phase), event.error_code
+        span.add_event(f"saga.{event.phase}", _attributes(
+            step=event.step, effect_id=event.effect_id, stage=str(event.stage),
+            attempt=event.attempt, error_code=event.error_code,
+        ))
+
+
+def _attributes(**values: Any) -> dict[str, Any]:
+    """``saga.<name>`` attributes of the values that are set (str, int or bool only)."""
+    return {f"saga.{name}": value if isinstance(value, (bool, int)) else str(value)
+            for name, value in values.items() if value is not None}
+
+
+def _failed(span: Any, error_type: str) -> None:
+    span.set_attribute("error.type", error_type)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, error_type))
+
+
+def _settle(span: Any, scope: _Scope) -> None:
+    """The delivery's outcome as its last lifecycle event said; ``skipped`` when it ran no body
+    (a duplicate or late message: the claim was refused)."""
+    span.set_attributes(_attributes(definition=scope.definition, attempt=scope.attempt,
+                                    outcome=scope.outcome or "skipped",
+                                    error_code=scope.error_code))
+    if scope.outcome in (Phase.FAILED, Phase.AMBIGUOUS):
+        span.set_status(trace.Status(trace.StatusCode.ERROR, scope.error_code or scope.outcome))
+
+
+def open_tracing() -> Tracing:
+    """``OtelTracing`` when ``opentelemetry-api`` is installed, else ``NoTracing``."""
+    return OtelTracing() if trace is not None else NoTracing()
+
+
+class TracedDelivery:
+    """Mixin of the saga task classes: each saga delivery runs inside ``tracing.delivery``."""
+
+    tracing: ClassVar[Tracing] = NoTracing()
+    compensation: ClassVar[bool] = False
+    request: Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ref = kwargs.get(SAGA_REF)
+        call = super().__call__  # type: ignore[misc]
+        if not isinstance(ref, Mapping) or not isinstance(ref.get("id"), str):
+            return call(*args, **kwargs)
+        with self.tracing.delivery(self.request, ref["id"], str(ref.get("step")),
+                                   str(self.request.id), self.compensation):
+            return call(*args, **kwargs)

@@ -1,0 +1,211 @@
+"""One trace per saga across real workers (docs/tracing.md), with and without
+``opentelemetry-instrumentation-celery``.
+
+A saga that completes and one that compensates are started from this process inside a
+``saga.start`` span; prefork workers run the steps and the compensation, each pool process
+exporting its spans to a file. Every span about a saga must sit in the trace of its start,
+under it, with the saga's attributes and no payload value; with the Celery instrumentation
+the task spans nest under the saga's. The span tree of the compensated saga is the one
+docs/tracing.md shows (``CELERY_SAGAS_WRITE_DOCS=1`` rewrites it there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import wait_until
+from tests.tracing.app import Config, build
+from tests.tracing.conftest import ROOT, start_worker
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis]
+
+BROKER = "redis://127.0.0.1:6379/14"
+DOC = ROOT / "docs" / "tracing.md"
+SECRETS = ("SKU-SECRET-42", "4111-SECRET", "ORDER-SECRET-7", "1234567")
+Span = dict[str, Any]
+
+
+@pytest.fixture(params=["plain", "instrumented"])
+def traced(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str,
+           tracer_provider: Any) -> Iterator[tuple[Any, Config, Any]]:
+    """A worker exporting spans to a file, and this process's app, Sagas and exporter."""
+    instrumented = request.param == "instrumented"
+    tag = "tr" + uuid.uuid4().hex[:10]
+    config = Config(BROKER, redis_url, tag, f"q-{tag}", tmp_path / "spans.jsonl", instrumented)
+    app, sagas = build(config)
+    provider, exporter = tracer_provider
+    instrumentor = None
+    if instrumented:
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        instrumentor = CeleryInstrumentor()
+        instrumentor.instrument(tracer_provider=provider)
+    worker = start_worker("tests.tracing.app", config.queue, config.environ(), tmp_path / "worker.log")
+    try:
+        yield sagas, config, exporter
+    finally:
+        worker.kill()
+        if instrumentor is not None:
+            instrumentor.uninstrument()
+        _cleanup(sagas, app)
+
+
+def _cleanup(sagas: Any, app: Any) -> None:
+    store = sagas.store
+    keys = list(store._client.scan_iter(match=store.layout.pattern(), count=1000))
+    if keys:
+        store._client.delete(*keys)
+    store.close()
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(app.conf.task_default_queue)
+
+
+def test_each_saga_is_one_trace_under_its_start_without_payloads(traced: Any) -> None:
+    # given
+    sagas, config, exporter = traced
+    order = {"order_id": "ORDER-SECRET-7", "sku": "SKU-SECRET-42", "qty": 2, "total": 1234567}
+    completed, compensated = f"ok-{config.prefix}", f"no-{config.prefix}"
+
+    # when
+    sagas.start("order", {**order, "card": "4111-SECRET"}, saga_id=completed)
+    sagas.start("order", {**order, "card": "declined-4111-SECRET"}, saga_id=compensated)
+    assert sagas.wait(completed, timeout=60).state == "completed"
+    assert sagas.wait(compensated, timeout=60).state == "compensated"
+    spans = _all_spans(config, exporter, expected=6)
+
+    # then: one trace per saga, every span of it under its start
+    ok = _trace_of(spans, completed)
+    assert _saga_spans(ok) == [
+        ("saga.start", None), ("saga.step shop.reserve", "committed"),
+        ("saga.step shop.charge", "committed"), ("saga.step shop.ship", "committed"),
+    ]
+    no = _trace_of(spans, compensated)
+    assert _saga_spans(no) == [
+        ("saga.start", None), ("saga.step shop.reserve", "committed"),
+        ("saga.step shop.charge", "failed"), ("saga.compensation shop.reserve", "committed"),
+    ]
+    for trace_spans in (ok, no):
+        _assert_under_start(trace_spans, config.instrument_celery)
+    charge = _named(no, "saga.step shop.charge")
+    assert charge["attributes"]["saga.error_code"] == "card_declined"
+    assert charge["status"]["status_code"] == "ERROR"
+    undo = _named(no, "saga.compensation shop.reserve")
+    assert {"saga.definition": "order", "saga.step": "shop.reserve", "saga.stage": "compensation",
+            "saga.id": compensated}.items() <= undo["attributes"].items()
+    assert re.fullmatch(r"[0-9a-f-]{36}", undo["attributes"]["saga.effect_id"])
+    # and: no payload value in any attribute or event
+    text = json.dumps(spans)
+    for secret in SECRETS:
+        assert secret not in text, secret
+    # and: the docs show this tree
+    _check_doc_tree(no, "instrumented" if config.instrument_celery else "plain")
+
+
+def _all_spans(config: Config, exporter: Any, expected: int) -> list[Span]:
+    """This process's finished spans and the workers', once ``expected`` saga deliveries and
+    their task spans have ended (a delivery span ends just after its last write)."""
+
+    def worker_spans() -> list[Span]:
+        if not config.spans.exists():
+            return []
+        return [json.loads(line) for line in config.spans.read_text().splitlines() if line]
+
+    def delivered() -> list[Span] | None:
+        found = worker_spans()
+        deliveries = [s for s in found if s["name"].startswith(("saga.step", "saga.compensation"))]
+        runs = [s for s in found if s["name"].startswith("run/")]
+        enough = len(deliveries) >= expected and (not config.instrument_celery or len(runs) >= expected)
+        return found if enough else None
+
+    found = wait_until(delivered, 30, f"{expected} delivery spans")
+    local = [json.loads(span.to_json(indent=None)) for span in exporter.get_finished_spans()]
+    return local + found
+
+
+def _trace_of(spans: list[Span], saga_id: str) -> list[Span]:
+    """The spans of the one trace every span about ``saga_id`` belongs to."""
+    traces = {s["context"]["trace_id"] for s in spans if s["attributes"].get("saga.id") == saga_id}
+    assert len(traces) == 1, f"saga {saga_id} spans are in {len(traces)} traces"
+    [trace_id] = traces
+    return sorted((s for s in spans if s["context"]["trace_id"] == trace_id), key=lambda s: s["start_time"])
+
+
+def _saga_spans(spans: list[Span]) -> list[tuple[str, str | None]]:
+    return [(s["name"], s["attributes"].get("saga.outcome")) for s in spans
+            if s["name"].startswith("saga.")]
+
+
+def _named(spans: list[Span], name: str) -> Span:
+    [span] = [s for s in spans if s["name"] == name]
+    return span
+
+
+def _assert_under_start(spans: list[Span], instrumented: bool) -> None:
+    """Every span descends from ``saga.start``; with the instrumentation each delivery span's
+    parent is its task's ``run/`` span, whose parent is the ``apply_async/`` span sent from the
+    start's context."""
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    start = _named(spans, "saga.start")
+    for span in spans:
+        chain, parent = [span["name"]], span["parent_id"]
+        while parent is not None and parent in by_id and by_id[parent] is not start:
+            chain.append(by_id[parent]["name"])
+            parent = by_id[parent]["parent_id"]
+        if span is start:
+            continue
+        assert parent == start["context"]["span_id"], f"{chain} is not under saga.start"
+        if span["name"].startswith(("saga.step", "saga.compensation")):
+            expected = 3 if instrumented else 1  # delivery <- run/ <- apply_async/ <- start
+            assert len(chain) == expected, chain
+            if instrumented:
+                assert chain[1].startswith("run/") and chain[2].startswith("apply_async/"), chain
+
+
+# ------------------------------------------------------------ the docs' span tree
+
+_SHOWN = ("saga.definition", "saga.state", "saga.attempt", "saga.outcome", "saga.error_code")
+
+
+def render_tree(spans: list[Span]) -> str:
+    """The trace as an indented tree: span names, the attributes worth reading, events."""
+    children: dict[str | None, list[Span]] = {}
+    ids = {s["context"]["span_id"] for s in spans}
+    for span in spans:
+        parent = span["parent_id"] if span["parent_id"] in ids else None
+        children.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def walk(span: Span, prefix: str, last: bool, root: bool) -> None:
+        keys = _SHOWN if root else _SHOWN[1:]  # the definition once, on the root
+        shown = " ".join(f"{k.removeprefix('saga.')}={span['attributes'][k]}" for k in keys
+                         if k in span["attributes"])
+        branch = "" if root else ("└─ " if last else "├─ ")
+        lines.append(f"{prefix}{branch}{span['name']}" + (f"  [{shown}]" if shown else ""))
+        inner = prefix if root else prefix + ("   " if last else "│  ")
+        kids = children.get(span["context"]["span_id"], [])
+        for i, kid in enumerate(kids):
+            walk(kid, inner, i == len(kids) - 1, False)
+
+    for root in children.get(None, []):
+        walk(root, "", True, True)
+    return "\n".join(lines)
+
+
+def _check_doc_tree(spans: list[Span], variant: str) -> None:
+    rendered = render_tree(spans)
+    marker = f"<!-- span-tree: {variant} -->\n```text\n"
+    text = DOC.read_text()
+    start = text.index(marker) + len(marker)
+    end = text.index("```", start)
+    if os.environ.get("CELERY_SAGAS_WRITE_DOCS") == "1":
+        DOC.write_text(text[:start] + rendered + "\n" + text[end:])
+        return
+    assert text[start:end] == rendered + "\n", f"docs/tracing.md shows another tree:\n{rendered}"
