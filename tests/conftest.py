@@ -16,6 +16,7 @@ import pytest
 REQUIRE = os.environ.get("CELERY_SAGAS_REQUIRE_SERVICES") == "1"
 
 REDIS_URL = os.environ.get("CELERY_SAGAS_TEST_REDIS", "redis://127.0.0.1:6379/15")
+REDIS_BROKER_URL = os.environ.get("CELERY_SAGAS_TEST_BROKER", "redis://127.0.0.1:6379/14")
 POSTGRES_URL = os.environ.get(
     "CELERY_SAGAS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -43,7 +44,7 @@ def need_service(name: str, host: str, port: int) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    """URL of the real Redis used by tests (database 15)."""
+    """URL of the real Redis store used by tests (``CELERY_SAGAS_TEST_REDIS``)."""
     need_service("Redis", "127.0.0.1", 6379)
     return REDIS_URL
 

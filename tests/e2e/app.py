@@ -40,9 +40,11 @@ class Config:
     def from_env(cls) -> Config:
         """The configuration a worker process was started with."""
         env = os.environ
+        broker = env.get("CELERY_SAGAS_TEST_BROKER", "redis://127.0.0.1:6379/14")
+        store = env.get("CELERY_SAGAS_TEST_REDIS", "redis://127.0.0.1:6379/15")
         return cls(
-            broker=env.get("E2E_BROKER", "redis://127.0.0.1:6379/14"),
-            store=env.get("E2E_STORE", "redis://127.0.0.1:6379/15"),
+            broker=env.get("E2E_BROKER", broker),
+            store=env.get("E2E_STORE", store),
             prefix=env.get("E2E_PREFIX", "e2e"),
             queue=env.get("E2E_QUEUE", "e2e"),
             ledger=Path(env.get("E2E_LEDGER", "/tmp/celery-sagas-e2e-ledger.jsonl")),

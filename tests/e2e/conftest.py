@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REDIS_BROKER_URL as REDIS_BROKER
 from tests.e2e.app import Config, Shop, build
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_BROKER = "redis://127.0.0.1:6379/14"
 
 pytestmark = pytest.mark.e2e
 

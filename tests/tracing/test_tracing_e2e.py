@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REDIS_BROKER_URL
 from tests.e2e.conftest import wait_until
 from tests.tracing.app import Config, build
 from tests.tracing.conftest import ROOT, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
-BROKER = "redis://127.0.0.1:6379/14"
+BROKER = REDIS_BROKER_URL
 DOC = ROOT / "docs" / "tracing.md"
 SECRETS = ("SKU-SECRET-42", "4111-SECRET", "ORDER-SECRET-7", "1234567")
 Span = dict[str, Any]
