@@ -1,4 +1,4 @@
-"""Scan cost follows the matching records, not all records (SPEC §5).
+"""Scan cost follows the matching records, not all records (docs/design.md §4.1).
 
 Builds two stores side by side on each backend, under fresh prefixes:
 
@@ -20,13 +20,18 @@ everything it created. Exit status 1 when a sweep ratio misses the target.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `celery_sagas` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import logging
 import statistics
 import sys
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,23 +39,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.bulk import destroy, load, open_store
+from celery_sagas._codec import Codec
 from celery_sagas._context import SagaContext
 from celery_sagas._definitions import Registry, SagaDefinition, StepOptions, Timing
 from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine, EngineSettings
-from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
-from celery_sagas._sweep import sweep
+from celery_sagas._protocol.effects import marked
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
+from celery_sagas._repository import SagaRepository
+from celery_sagas._scans import Scans
+from celery_sagas._sweep import Sweeper
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
-from celery_sagas.stores.sql._schema import build_tables
 
 TARGET = 1.5
 STALE_MS = 30_000
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
-BATCH = 10_000
-PROGRESS_EVERY = 100_000
+CODEC = Codec()
 TASKS = ("bench.reserve", "bench.charge", "bench.ship")
 DEFINITION = "bench-order"
 RESULTS = Path(__file__).resolve().parent / "results" / "scan_cost.json"
@@ -91,7 +99,7 @@ def final_body(state: SagaState, at_ms: int) -> str:
     step_state = StepState.COMMITTED if state is SagaState.COMPLETED else StepState.COMPENSATED
     steps = tuple(_step(task, "final", n, step_state, at_ms) for n, task in enumerate(TASKS))
     record = SagaRecord("final", DEFINITION, state, {"id": "final"}, at_ms, at_ms, steps)
-    return saga_to_envelope(record).body
+    return CODEC.saga_envelope(marked(record, at_ms)).body
 
 
 # ---------------------------------------------------------------------- loading
@@ -99,21 +107,12 @@ def final_body(state: SagaState, at_ms: int) -> str:
 
 @dataclass
 class Target:
-    """One store under a fresh prefix and the final record ids it holds."""
+    """One store under a fresh prefix and how many final records it holds."""
 
     name: str
     store: RedisStore | SqlStore
-    prefix: str
     final_ids: int = 0
     timings: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-
-
-def open_target(backend: str, url: str) -> Target:
-    """A store under a fresh prefix (``bench<hex>``)."""
-    prefix = "bench" + uuid.uuid4().hex[:10]
-    if backend == "redis":
-        return Target(backend, RedisStore.from_url(url, prefix=prefix), prefix)
-    return Target(backend, SqlStore.from_url(url, table_prefix=prefix + "_"), prefix)
 
 
 def final_envelopes(count: int, now_ms: int) -> Iterator[Envelope]:
@@ -124,110 +123,16 @@ def final_envelopes(count: int, now_ms: int) -> Iterator[Envelope]:
     for n in range(count):
         state = states[n % 2]
         at = base + (n * 29 * DAY_MS) // max(count, 1)
-        yield Envelope("saga", f"final-{n:08d}", 4 + 2 * (n % 2), str(state), at, bodies[state])
-
-
-def _batches(items: Iterator[Envelope], size: int) -> Iterator[list[Envelope]]:
-    batch: list[Envelope] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def load(target: Target, envelopes: Iterator[Envelope], total: int, label: str) -> float:
-    """Write envelopes in the store's own layout, fast; prints a line every 100,000."""
-    write = _redis_writer(target.store) if isinstance(target.store, RedisStore) else _sql_writer(target.store)
-    started, done, shown = time.perf_counter(), 0, 0
-    for batch in _batches(envelopes, BATCH):
-        write(batch)
-        done += len(batch)
-        if done - shown >= PROGRESS_EVERY or done == total:
-            shown = done
-            print(f"  {target.name}: {label} {done:,}/{total:,} ({time.perf_counter() - started:.1f} s)",
-                  flush=True)
-    return time.perf_counter() - started
-
-
-def _redis_writer(store: RedisStore) -> Callable[[list[Envelope]], None]:
-    """HSET every record and ZADD it to its bucket's state index, as the create script does."""
-    layout, client = store.layout, store._client
-
-    def write(batch: list[Envelope]) -> None:
-        pipe = client.pipeline(transaction=False)
-        indexes: dict[str, dict[str, int]] = defaultdict(dict)
-        for e in batch:
-            pipe.hset(layout.record(e.kind, e.id), mapping={
-                "id": e.id, "version": e.version, "state": e.state,
-                "updated_at_ms": e.updated_at_ms, "body": e.body,
-            })
-            indexes[layout.record_index(e.kind, e.id, e.state)][e.id] = e.updated_at_ms
-        for key, members in indexes.items():
-            pipe.zadd(key, members)
-        pipe.execute()
-
-    return write
-
-
-def _sql_writer(store: SqlStore) -> Callable[[list[Envelope]], None]:
-    """COPY into the envelope table on PostgreSQL; executemany elsewhere."""
-    table = build_tables(store.table_prefix).envelopes
-    columns = ("kind", "id", "version", "state", "updated_at_ms", "body")
-    if store.engine.dialect.name != "postgresql":
-        def insert_many(batch: list[Envelope]) -> None:
-            with store.engine.begin() as conn:
-                conn.execute(table.insert(), [{c: getattr(e, c) for c in columns} for e in batch])
-        return insert_many
-
-    def copy(batch: list[Envelope]) -> None:
-        raw = store.engine.raw_connection()
-        try:
-            with raw.cursor() as cursor:  # type: ignore[attr-defined]
-                statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
-                with cursor.copy(statement) as copy_in:
-                    for e in batch:
-                        copy_in.write_row((e.kind, e.id, e.version, e.state, e.updated_at_ms, e.body))
-            raw.commit()
-        finally:
-            raw.close()
-
-    return copy
-
-
-def settle(target: Target) -> None:
-    """VACUUM (ANALYZE) after a bulk load on PostgreSQL: fresh planner statistics, and no
-    autovacuum of a freshly loaded 1M-row table running in the middle of the measurements."""
-    if isinstance(target.store, SqlStore) and target.store.engine.dialect.name == "postgresql":
-        table = build_tables(target.store.table_prefix).envelopes.name
-        with target.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
-
-
-def destroy(target: Target) -> None:
-    """Remove everything the target holds and close it."""
-    store = target.store
-    if isinstance(store, SqlStore):
-        store.drop_schema()
-    else:
-        client = store._client
-        keys = [store.layout.record("saga", f"final-{n:08d}") for n in range(target.final_ids)]
-        for start in range(0, len(keys), BATCH):
-            client.unlink(*keys[start:start + BATCH])
-        leftovers = list(client.scan_iter(match=store.layout.pattern(), count=10_000))
-        for start in range(0, len(leftovers), BATCH):
-            client.unlink(*leftovers[start:start + BATCH])
-    store.close()
+        yield Envelope("saga", f"final-{n:08d}", 4 + 2 * (n % 2), str(state), at, bodies[state],
+                       label=DEFINITION)
 
 
 # ---------------------------------------------------------------------- measuring
 
 
-def sweep_once(engine: Engine, stale: int) -> None:
+def sweep_once(sweeper: Sweeper, stale: int) -> None:
     """One full reconciliation pass, as beat runs it (with the metrics gauge's saga counts)."""
-    report = sweep(engine, owner="bench", lease_ms=600_000, page_size=100, count_cap=10_000)
+    report = sweeper.sweep()
     if not report.complete or report.examined != stale or report.acted or report.errors:
         raise RuntimeError(f"unexpected sweep: {report.examined} examined, {report.acted} acted, "
                            f"{report.errors} errors, complete={report.complete}")
@@ -256,13 +161,20 @@ def timed(action: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
+def _sweeper(store: Store) -> Sweeper:
+    """A sweeper as a worker builds it (metrics counts on), over ``store``."""
+    repository = SagaRepository(store, CODEC)
+    engine = Engine(repository, _registry(), RecordingDispatcher(),
+                    settings=EngineSettings(timing=Timing(stale_ms=STALE_MS)))
+    return Sweeper(engine, Scans(store, CODEC), owner="bench", lease_ms=600_000, count_states=True)
+
+
 def measure(pair: tuple[Target, Target], stale: int, repeat: int) -> None:
     """Alternate (a) and (b), one warm-up round first; timings land in each target."""
-    engines = [Engine(t.store, _registry(), RecordingDispatcher(),
-                      settings=EngineSettings(timing=Timing(stale_ms=STALE_MS))) for t in pair]
+    sweepers = [_sweeper(t.store) for t in pair]
     for round_ in range(repeat + 1):
-        for target, engine in zip(pair, engines, strict=True):
-            sweep_s = timed(lambda e=engine: sweep_once(e, stale))  # type: ignore[misc]
+        for target, sweeper in zip(pair, sweepers, strict=True):
+            sweep_s = timed(lambda s=sweeper: sweep_once(s, stale))  # type: ignore[misc]
             scan_s = timed(lambda s=target.store: scan_once(s, stale))  # type: ignore[misc]
             if round_:
                 target.timings["sweep"].append(sweep_s)
@@ -286,23 +198,21 @@ def summary(pair: tuple[Target, Target]) -> dict[str, Any]:
 def bench_backend(backend: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     """Build (a) and (b) on one backend, measure, clean up; returns its summary."""
     print(f"{backend}: {args.stale:,} stale sagas; (b) also holds {args.final:,} final sagas", flush=True)
-    pair = (open_target(backend, url), open_target(backend, url))
+    pair = (Target(backend, open_store(backend, url)), Target(backend, open_store(backend, url)))
     try:
         now = int(time.time() * 1000)
         for target in pair:
-            stale = (saga_to_envelope(waiting_saga(f"stale-{n:05d}", now - HOUR_MS + n))
+            stale = (CODEC.saga_envelope(waiting_saga(f"stale-{n:05d}", now - HOUR_MS + n))
                      for n in range(args.stale))
-            load(target, iter(stale), args.stale, "stale sagas")
+            load(target.store, stale, args.stale)
         pair[1].final_ids = args.final
-        load_s = load(pair[1], final_envelopes(args.final, now), args.final, "final sagas")
-        for target in pair:
-            settle(target)
+        load_s = load(pair[1].store, final_envelopes(args.final, now), args.final)
         measure(pair, args.stale, args.repeat)
         result = summary(pair)
         result["load_final_s"] = load_s
     finally:
         for target in pair:
-            destroy(target)
+            destroy(target.store)
     for what in ("sweep", "scan"):
         r = result[what]
         verdict = "ok" if r["ratio"] <= TARGET else f"OVER {TARGET}"

@@ -1,7 +1,7 @@
 """How long each page of the operator web UI takes with 100,000 sagas in the store.
 
 On each store (Redis, PostgreSQL), under a fresh prefix, it writes ``--sagas`` realistic saga
-records straight through the store's own layout (``bench.scan_cost.load``: pipelined
+records straight through the store's own layout (``bench.bulk.load``: pipelined
 ``HSET``/``ZADD`` on Redis, ``COPY`` on PostgreSQL): three definitions, three steps each, most
 completed over the last day, some compensated, running, compensating and in manual review.
 Each record carries its definition as the store's label (the label index) and its steps'
@@ -28,25 +28,21 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `celery_sagas
 import argparse
 import base64
 import html
-import itertools
 import os
 import re
 import statistics
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 from celery import Celery
 
+from bench.bulk import destroy, load, open_store
 from bench.common import git_commit, machine, write_json
 from celery_sagas import SagaRecord, Sagas, SagaState, StepRecord, StepState, Store
 from celery_sagas._codec import Codec
 from celery_sagas._protocol.effects import marked
 from celery_sagas.stores.base import Envelope
-from celery_sagas.stores.redis import RedisStore
-from celery_sagas.stores.sql import SqlStore
-from celery_sagas.stores.sql._schema import build_tables
 from celery_sagas.testing.proxy import StoreProxy
 from celery_sagas.web import WebUser, create_app
 
@@ -67,7 +63,6 @@ _STEP_STATES = {
     SagaState.MANUAL_REVIEW: (StepState.COMMITTED, StepState.AMBIGUOUS),
 }
 CODEC = Codec()
-BATCH = 5_000
 
 
 def _step(n: int, state: StepState, at: int) -> StepRecord:
@@ -121,84 +116,6 @@ def envelopes(count: int, now_ms: int) -> Iterator[Envelope]:
 
 
 # ---------------------------------------------------------------------- loading
-
-
-def open_store(backend: str, url: str) -> RedisStore | SqlStore:
-    """A store under a fresh prefix (``benchweb<hex>``)."""
-    prefix = "benchweb" + uuid.uuid4().hex[:8]
-    if backend == "redis":
-        return RedisStore.from_url(url, prefix=prefix)
-    return SqlStore.from_url(url, table_prefix=prefix + "_")
-
-
-def _redis_writer(store: RedisStore) -> Callable[[list[Envelope]], None]:
-    """HSET each record and ZADD it to its state and label indexes, as the create script does."""
-    layout, client = store.layout, store._client
-
-    def write(batch: list[Envelope]) -> None:
-        pipe = client.pipeline(transaction=False)
-        for e in batch:
-            assert e.label is not None
-            pipe.hset(layout.record(e.kind, e.id), mapping={
-                "id": e.id, "version": e.version, "state": e.state,
-                "updated_at_ms": e.updated_at_ms, "body": e.body, "label": e.label})
-            for label in (None, e.label):
-                pipe.zadd(layout.record_index(e.kind, e.id, e.state, label), {e.id: e.updated_at_ms})
-        pipe.execute()
-
-    return write
-
-
-def _postgres_writer(store: SqlStore) -> Callable[[list[Envelope]], None]:
-    """COPY into the envelope table."""
-    table = build_tables(store.table_prefix).envelopes
-    columns = ("kind", "id", "version", "state", "updated_at_ms", "body", "label")
-    statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
-
-    def copy(batch: list[Envelope]) -> None:
-        raw = store.engine.raw_connection()
-        try:
-            with raw.cursor() as cursor, cursor.copy(statement) as copy_in:  # type: ignore[attr-defined]
-                for e in batch:
-                    copy_in.write_row(tuple(getattr(e, c) for c in columns))
-            raw.commit()
-        finally:
-            raw.close()
-
-    return copy
-
-
-def load(store: RedisStore | SqlStore, items: Iterator[Envelope], total: int) -> float:
-    """Write the envelopes in the store's own layout, fast; seconds taken."""
-    if isinstance(store, RedisStore):
-        write = _redis_writer(store)
-    elif store.engine.dialect.name == "postgresql":
-        write = _postgres_writer(store)
-    else:
-        raise SystemExit("the loader writes Redis and PostgreSQL only")
-    started, done = time.perf_counter(), 0
-    while batch := list(itertools.islice(items, BATCH)):
-        write(batch)
-        done += len(batch)
-        if done % 50_000 < BATCH or done == total:
-            print(f"  loaded {done:,}/{total:,} ({time.perf_counter() - started:.1f} s)", flush=True)
-    if isinstance(store, SqlStore):  # fresh planner statistics after a bulk load
-        table = build_tables(store.table_prefix).envelopes.name
-        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
-    return time.perf_counter() - started
-
-
-def destroy(store: RedisStore | SqlStore) -> None:
-    """Remove everything the store holds under its prefix, and close it."""
-    if isinstance(store, SqlStore):
-        store.drop_schema()
-    else:
-        client = store._client
-        keys = list(client.scan_iter(match=store.layout.pattern(), count=10_000))
-        for start in range(0, len(keys), BATCH):
-            client.unlink(*keys[start:start + BATCH])
-    store.close()
 
 
 # ---------------------------------------------------------------------- timing
@@ -292,7 +209,7 @@ def time_pages(client: Any, store: CallCounter, repeat: int) -> dict[str, dict[s
 
 def bench_store(backend: str, url: str, count: int, repeat: int) -> dict[str, Any]:
     """Load, time, clean up one store."""
-    store = open_store(backend, url)
+    store = open_store(backend, url, "benchweb")
     try:
         print(f"{backend}: loading {count:,} sagas", flush=True)
         load_s = load(store, envelopes(count, int(time.time() * 1000)), count)
