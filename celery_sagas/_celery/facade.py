@@ -12,9 +12,11 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
+from celery.schedules import crontab
 from celery.signals import worker_process_init
 
 from .. import _values as values
@@ -32,8 +34,10 @@ from .._scans import RecordPage
 from .._sweep import SweepReport
 from ..errors import NonDurableStoreError, SagaConfigurationError, SagaValidationError
 from ..stores.base import Store
+from .beat import keep_beat_entry
 from .dispatcher import CeleryDispatcher
 from .messages import SWEEP_TASK
+from .periodic import PeriodicSagas, SagaSchedule
 from .registration import (
     checked_secrets,
     refuse_pickle,
@@ -124,6 +128,11 @@ class Sagas:
         self._compensator_base = type("SagaCompensator", (TracedDelivery, CompensatorTask),
                                       {**task_attributes, "compensation": True})
         self._register_sweep()
+        self._periodic = PeriodicSagas(
+            app, lambda name, input, saga_id: self.start(name, input, saga_id=saga_id).record,
+            queue=self.settings.queue, payload_limit=self.settings.payload_limit,
+            now_ms=lambda: self.engine.now(),
+        )
         worker_process_init.connect(self._forget_runtime, weak=False)
         _BY_APP[app] = weakref.ref(self)
 
@@ -178,9 +187,35 @@ class Sagas:
         shards = self.settings.sweep_shards
         for shard in range(shards):
             name = SWEEP_TASK if shard == 0 else f"{SWEEP_TASK}:{shard}"
-            signature = self.app.signature(SWEEP_TASK, kwargs={"shard": shard, "shards": shards},
-                                           options=queue)
-            self.app.add_periodic_task(self.settings.sweep_interval_s, signature, name=name)
+            keep_beat_entry(self.app, name, {
+                "task": SWEEP_TASK, "schedule": self.settings.sweep_interval_s, "args": (),
+                "kwargs": {"shard": shard, "shards": shards}, "options": queue,
+            })
+
+    def periodic(self, definition: Saga | str, schedule: float | timedelta | crontab, *,
+                 input: Any = None, name: str | None = None) -> SagaSchedule:
+        """Start ``definition`` with ``input`` once per tick of ``schedule``, from celery beat.
+
+        Args:
+            definition: what ``@sagas.saga`` returned, or its name.
+            schedule: seconds, a ``timedelta`` (ticks at the multiples of the interval since the
+                epoch) or a ``celery.schedules.crontab`` (its due minutes, in the app's
+                timezone).
+            input: the input of every tick's saga: JSON values, at most
+                ``sagas_payload_limit`` bytes.
+            name: the schedule's name (default: the definition's name), at most 100
+                characters; each tick's saga id is ``<name>@<tick as UTC>``
+                (``nightly@20261203T000000Z``), so a tick sent twice (two beats, a restart)
+                starts one saga.
+
+        Returns:
+            The ``SagaSchedule`` (``saga_id(when)`` names the saga of a tick).
+
+        Raises:
+            SagaConfigurationError: a bad schedule, or a name used twice; nothing is added.
+            SagaValidationError: a bad name, or input that is not JSON or is too large.
+        """
+        return self._periodic.add(definition, schedule, input=input, name=name)
 
     # ------------------------------------------------------------ decorators
 
