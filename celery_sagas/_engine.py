@@ -11,6 +11,7 @@ between the two, the sweep finds the intent and sends it again under the same ef
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,7 @@ class Engine:
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
         active: ActiveEffects = PROCESS_ACTIVE,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self.repository = repository
         self.registry = registry
@@ -116,6 +118,8 @@ class Engine:
         self.new_id = new_id
         self.settings = settings or EngineSettings()
         self.active = active
+        # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
+        self.draw = draw
 
     # ------------------------------------------------------------ records
 
