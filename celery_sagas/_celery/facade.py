@@ -303,9 +303,12 @@ class Sagas:
                 same id to find out).
         """
         saga_id = saga_id or str(uuid.uuid4())
-        record = self._operation("saga.start", saga_id,
-                                 lambda: self.engine.start(definition, input, saga_id),
-                                 definition=definition)
+        record = self._operation(
+            "saga.start", saga_id,
+            lambda: self.engine.start(definition, input, saga_id,
+                                      trace_parent=self.tracing.traceparent()),
+            definition=definition,
+        )
         return SagaHandle(self, record)
 
     def get(self, saga_id: str) -> SagaRecord | None:
@@ -326,11 +329,13 @@ class Sagas:
 
     def cancel(self, saga_id: str) -> SagaRecord:
         """Stop forward progress and compensate what committed."""
-        return self._operation("saga.cancel", saga_id, lambda: self.engine.cancel(saga_id))
+        return self._operation("saga.cancel", saga_id, lambda: self.engine.cancel(saga_id),
+                               trace_parent=self._trace_parent_of(saga_id))
 
     def resume(self, saga_id: str) -> SagaRecord:
         """Lift manual review (nothing unresolved) and drive the saga on."""
-        return self._operation("saga.resume", saga_id, lambda: self.engine.resume(saga_id))
+        return self._operation("saga.resume", saga_id, lambda: self.engine.resume(saga_id),
+                               trace_parent=self._trace_parent_of(saga_id))
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
                 result: Any = None, error_code: str | None = None) -> SagaRecord:
@@ -340,12 +345,24 @@ class Sagas:
             lambda: self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
                                         error_code=error_code),
             step=step, effect_id=effect_id, outcome=outcome,
+            trace_parent=self._trace_parent_of(saga_id),
         )
 
-    def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord],
+    def _trace_parent_of(self, saga_id: str) -> Callable[[], str | None]:
+        """Reads the saga's stored traceparent (tracing calls it only when it records a span)."""
+
+        def read() -> str | None:
+            record = self.engine.get(saga_id)
+            return record.trace_parent if record is not None else None
+
+        return read
+
+    def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord], *,
+                   trace_parent: Callable[[], str | None] | None = None,
                    **attributes: Any) -> SagaRecord:
         """``call`` inside a span named ``name`` (docs/tracing.md); the span notes the state."""
-        with self.tracing.operation(name, saga_id, **attributes) as note:
+        with self.tracing.operation(name, saga_id, trace_parent=trace_parent,
+                                    **attributes) as note:
             record = call()
             note(state=record.state)
             return record
