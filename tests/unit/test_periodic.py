@@ -5,6 +5,7 @@ Each test builds a fresh Celery app with a MemoryStore; nothing connects to a br
 
 from __future__ import annotations
 
+import pickle
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -320,3 +321,14 @@ def test_a_published_tick_is_stamped_once_with_its_send_time() -> None:
 def test_the_send_time_is_read_from_the_request_or_ignored_when_malformed(request_: Any,
                                                                           expected: int | None) -> None:
     assert _sent_at(request_) == expected
+
+
+def test_an_aligned_interval_survives_the_beat_schedule_file() -> None:
+    # given: beat's default scheduler pickles its entries into its schedule file
+    now = datetime(2026, 12, 3, 9, 0, 2, 50_000, tzinfo=UTC)
+    stored = pickle.loads(pickle.dumps(AlignedInterval(timedelta(seconds=2))))
+
+    # then: the same schedule, still aligned
+    assert isinstance(stored, AlignedInterval) and stored == AlignedInterval(timedelta(seconds=2))
+    stored.nowfun = lambda: now
+    assert stored.is_due(datetime(2026, 12, 3, 9, 0, 1, 900_000, tzinfo=UTC))[0]
