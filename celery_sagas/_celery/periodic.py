@@ -59,12 +59,20 @@ class SagaSchedule:
         """The tick at or before ``when`` (an aware datetime or epoch seconds), in ms since
         the epoch."""
         seconds = when.timestamp() if isinstance(when, datetime) else float(when)
-        return self.slots.slot_at(int(seconds * 1000), self._timezone())
+        return self.slot_at_ms(round(seconds * 1000))
+
+    def slot_at_ms(self, at_ms: int) -> int:
+        """The tick at or before ``at_ms`` (ms since the epoch), in ms since the epoch."""
+        return self.slots.slot_at(at_ms, self._timezone())
 
     def saga_id(self, when: datetime | float) -> str:
         """The id of the saga the tick at or before ``when`` starts:
         ``<name>@<slot as UTC, 20261203T090000Z>``."""
-        return f"{self.name}@{utc_stamp(self.slot_at(when))}"
+        return self.saga_id_of_slot(self.slot_at(when))
+
+    def saga_id_of_slot(self, slot_ms: int) -> str:
+        """The id of the saga of the tick ``slot_ms``."""
+        return f"{self.name}@{utc_stamp(slot_ms)}"
 
     def __repr__(self) -> str:
         return f"SagaSchedule({self.name!r}, {self.definition!r}, {self.slots!r})"
@@ -115,7 +123,7 @@ class PeriodicSagas:
             logger.error("no saga schedule %r in this process; tick ignored", name)
             return None
         at_ms = sent_at_ms if sent_at_ms is not None else self._now_ms()
-        saga_id = found.saga_id(at_ms / 1000)
+        saga_id = found.saga_id_of_slot(found.slot_at_ms(at_ms))
         try:
             return self._start(found.definition, found.input, saga_id)
         except SagaConflictError:

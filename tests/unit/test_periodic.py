@@ -332,3 +332,14 @@ def test_an_aligned_interval_survives_the_beat_schedule_file() -> None:
     assert isinstance(stored, AlignedInterval) and stored == AlignedInterval(timedelta(seconds=2))
     stored.nowfun = lambda: now
     assert stored.is_due(datetime(2026, 12, 3, 9, 0, 1, 900_000, tzinfo=UTC))[0]
+
+
+def test_a_tick_sent_one_millisecond_either_side_of_a_boundary_names_its_own_slot() -> None:
+    starts = Starts()
+    periodic = periodic_of(starts)
+    periodic.add("nightly", 0.25, name="fast")
+    boundary = ms(2026, 12, 3, 9, 0, 2) + 750  # 09:00:02.750, a multiple of 250 ms
+    for at in (boundary - 1, boundary, boundary + 1):
+        periodic.tick("fast", at)
+    assert [c[2] for c in starts.calls] == [
+        f"fast@{utc_stamp(boundary - 250)}", f"fast@{utc_stamp(boundary)}", f"fast@{utc_stamp(boundary)}"]
