@@ -16,7 +16,7 @@ from typing import Any
 
 from . import errors
 from ._approvals.gate import ApprovalGate, PendingApproval
-from ._celery import Saga, SagaHandle, Sagas
+from ._celery import Saga, SagaHandle, Sagas, SagaSchedule
 from ._context import SagaContext, StepContext
 from ._events import FindingEvent, LifecycleEvent, Phase, Stage
 from ._findings import FindingPage
@@ -64,6 +64,7 @@ __all__ = [
     "SagaContext",
     "SagaHandle",
     "SagaRecord",
+    "SagaSchedule",
     "SagaState",
     "Sagas",
     "Stage",

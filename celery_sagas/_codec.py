@@ -104,6 +104,7 @@ _SAGA: dict[str, _Field] = {
     "error_code": _maybe(str),
     "reason": _maybe(str),
     "rolling_back": _maybe(bool),
+    "trace_parent": _maybe(str, values.traceparent),
 }
 
 _APPROVAL: dict[str, _Field] = {

@@ -26,7 +26,7 @@ from ._engine import Engine
 from ._events import Phase, Stage
 from ._liveness import claim_tag, dead_effects
 from ._protocol import codes, moves
-from ._protocol.compensation import check_backoff
+from ._protocol.compensation import check_backoff, default_backoff_ms, full_jitter_ms
 from ._protocol.decide import judge_in_flight
 from ._protocol.decisions import Vanished
 from ._protocol.notes import ClaimNote
@@ -270,7 +270,7 @@ class Delivery:
             return lambda s: moves.fail_step(s, ref, code, now)
         delay = None
         if step.attempts < options.attempts_per_effect:
-            delay = check_backoff(_safe_backoff(options.backoff, step.attempts))
+            delay = self._retry_delay(options.backoff, step.attempts)
         if delay is None:
             return lambda s: moves.step_ambiguous(s, ref, code, now)
         retry_at = now + delay
@@ -320,7 +320,7 @@ class Delivery:
         if not error:
             return lambda s: moves.compensation_succeeded(s, ref, now)
         backoff: Backoff = self.engine.definition_of(saga).backoff
-        delay = check_backoff(_safe_backoff(backoff, step.compensation_attempts))
+        delay = self._retry_delay(backoff, step.compensation_attempts)
         if delay is None:
             reason = f"backoff of saga {saga.definition!r} returned an invalid delay"
 
@@ -331,6 +331,15 @@ class Delivery:
 
             return review
         return lambda s: moves.compensation_failed(s, ref, now + delay, now)
+
+    def _retry_delay(self, backoff: Backoff, attempt: int) -> int | None:
+        """The delay before the next attempt (None: the backoff returned nothing valid). The
+        default backoff gets full jitter, drawn once here: the move that stores the retry time
+        reuses it on every compare-and-set retry, and replays and sweeps read it back."""
+        delay = check_backoff(_safe_backoff(backoff, attempt))
+        if delay is not None and backoff is default_backoff_ms:
+            delay = full_jitter_ms(delay, self.engine.draw())
+        return delay
 
 
 def _error_code(exc: BaseException, default: str) -> str:

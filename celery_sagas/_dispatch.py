@@ -16,13 +16,17 @@ class Dispatcher(Protocol):
 
     ``version`` is the saga record's version once the intent of that work was written: the
     delivery claims on it without reading the record first (docs/design.md §3.2).
+    ``trace_parent`` is the saga's stored W3C traceparent (``SagaRecord.trace_parent``), for a
+    message sent where the saga's trace context is not current (a sweep, an operator).
     """
 
-    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_step(self, saga_id: str, step: StepRecord, version: int, *,
+                  trace_parent: str | None = None) -> None:
         """Send the step's task with task id = the step's effect id."""
         ...
 
-    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
+                          trace_parent: str | None = None) -> None:
         """Send the step's compensator with task id = its compensation effect id."""
         ...
 
@@ -46,11 +50,13 @@ class RecordingDispatcher:
         self._lock = threading.Lock()
         self.sent: list[Sent] = []
 
-    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_step(self, saga_id: str, step: StepRecord, version: int, *,
+                  trace_parent: str | None = None) -> None:
         """Record a step message."""
         self._add(Sent("step", saga_id, step.name, step.effect_id, version, step.task))
 
-    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
+                          trace_parent: str | None = None) -> None:
         """Record a compensation message."""
         self._add(Sent("compensation", saga_id, step.name, step.compensation_effect_id, version,
                        step.compensator))

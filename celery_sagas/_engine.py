@@ -11,6 +11,7 @@ between the two, the sweep finds the intent and sends it again under the same ef
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -48,7 +49,13 @@ from ._protocol.decisions import (
 from ._protocol.resolution import resolve as resolve_outcome
 from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
-from .errors import IllegalTransition, PayloadTooLarge, SagaConflictError, SagaResolutionError
+from .errors import (
+    IllegalTransition,
+    PayloadTooLarge,
+    SagaConflictError,
+    SagaResolutionError,
+    SagaValidationError,
+)
 from .stores.base import Fence
 
 __all__ = ["Engine", "EngineSettings", "GateOutcome", "Gates"]
@@ -106,6 +113,7 @@ class Engine:
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
         active: ActiveEffects = PROCESS_ACTIVE,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self.repository = repository
         self.registry = registry
@@ -116,6 +124,8 @@ class Engine:
         self.new_id = new_id
         self.settings = settings or EngineSettings()
         self.active = active
+        # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
+        self.draw = draw
 
     # ------------------------------------------------------------ records
 
@@ -147,15 +157,17 @@ class Engine:
 
     # ------------------------------------------------------------ start
 
-    def start(self, definition: str, input: Any, saga_id: str) -> SagaRecord:
+    def start(self, definition: str, input: Any, saga_id: str,
+              trace_parent: str | None = None) -> SagaRecord:
         """Create the saga with its first step's intent, then send that step (docs/design.md
-        §3.1); idempotent for the same definition and input."""
+        §3.1); idempotent for the same definition and input. ``trace_parent`` (a W3C
+        traceparent) is kept in the record; a malformed one is dropped, never an error."""
         values.saga_id(saga_id)
         self.registry.definition(definition)
         canonical = values.encode_json(input, field="saga input", limit=self.settings.payload_limit)
         now = self.now()
         fresh = SagaRecord(saga_id, definition, SagaState.RUNNING, values.decode_json(canonical),
-                           now, now, version=0)
+                           now, now, version=0, trace_parent=_valid_trace_parent(trace_parent))
         plan = self._first_write(fresh)
         if plan.before is not None:
             plan.before()
@@ -288,7 +300,7 @@ class Engine:
                 self.emit(written, step, Stage.EXECUTION, Phase.INTENT)
                 if step.state is StepState.EXECUTING:
                     self._send(partial(self.dispatcher.send_step, written.saga_id, step,
-                                       written.version))
+                                       written.version, trace_parent=written.trace_parent))
 
         reason = "the arguments of the next step would exceed the payload limit"
         return Plan(after=moves.append_steps(saga, decision.steps, now),
@@ -301,8 +313,8 @@ class Engine:
             begun = written.step(step.name)
             assert begun is not None
             self.emit(written, begun, Stage.COMPENSATION, Phase.INTENT)
-            self._send(lambda: self.dispatcher.send_compensation(written.saga_id, begun,
-                                                                 written.version))
+            self._send(lambda: self.dispatcher.send_compensation(
+                written.saga_id, begun, written.version, trace_parent=written.trace_parent))
 
         return Plan(after=moves.begin_compensation(saga, step.name, now), then=(announce,))
 
@@ -310,11 +322,9 @@ class Engine:
         def send(written: SagaRecord) -> None:
             step = written.step(name)
             assert step is not None
-            if compensation:
-                self._send(lambda: self.dispatcher.send_compensation(written.saga_id, step,
-                                                                     written.version))
-            else:
-                self._send(lambda: self.dispatcher.send_step(written.saga_id, step, written.version))
+            send_one = self.dispatcher.send_compensation if compensation else self.dispatcher.send_step
+            self._send(lambda: send_one(written.saga_id, step, written.version,
+                                        trace_parent=written.trace_parent))
 
         return send
 
@@ -490,6 +500,15 @@ class Engine:
             send()
         except Exception:
             logger.exception("dispatch failed; the sweep will send it again")
+
+
+def _valid_trace_parent(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return values.traceparent(value)
+    except SagaValidationError:
+        return None
 
 
 def _resolution_phase(outcome: str) -> Phase:

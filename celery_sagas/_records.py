@@ -195,6 +195,9 @@ class SagaRecord:
             or None.
         rolling_back: set with the first known failure (or a cancel) and never cleared: which
             way a saga in manual review goes once resumed.
+        trace_parent: the W3C ``traceparent`` of the span ``start()`` ran in, when it was
+            traced (docs/tracing.md): work started later without the saga's context (a sweep,
+            an operator) joins the saga's trace through it. Ids only, never a payload.
     """
 
     saga_id: str
@@ -208,6 +211,7 @@ class SagaRecord:
     error_code: str | None = None
     reason: str | None = None
     rolling_back: bool = False
+    trace_parent: str | None = None
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""

@@ -37,6 +37,7 @@ __all__ = [
     "tenant_id",
     "timestamp_ms",
     "token",
+    "traceparent",
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -49,6 +50,8 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 _ERROR_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+# W3C trace context: version, trace id, parent span id, flags (lowercase hex).
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def _shown(value: object) -> str:
@@ -136,6 +139,13 @@ def identifier(value: object, *, field: str) -> str:
         raise SagaValidationError(
             f"{field} must be letters, digits and underscores (max 32): {_shown(value)}"
         )
+    return value
+
+
+def traceparent(value: object) -> str:
+    """A W3C ``traceparent`` header value: ``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``."""
+    if not isinstance(value, str) or not _TRACEPARENT.fullmatch(value):
+        raise SagaValidationError(f"trace parent must be a W3C traceparent: {_shown(value)}")
     return value
 
 

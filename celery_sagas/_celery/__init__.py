@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from .facade import Saga, SagaHandle, Sagas
+from .periodic import SagaSchedule
 
-__all__ = ["Saga", "SagaHandle", "Sagas"]
+__all__ = ["Saga", "SagaHandle", "SagaSchedule", "Sagas"]

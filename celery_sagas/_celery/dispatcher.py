@@ -19,22 +19,26 @@ class CeleryDispatcher:
         self.app = app
         self.tracing = tracing or NoTracing()
 
-    def _send(self, task_name: str, task_id: str, saga_id: str, step: str, version: int) -> None:
+    def _send(self, task_name: str, task_id: str, saga_id: str, step: str, version: int,
+              trace_parent: str | None) -> None:
         kwargs = {SAGA_REF: saga_ref(saga_id, step, version)}
         task = self.app.tasks.get(task_name)
-        with self.tracing.sending(saga_id) as headers:
+        with self.tracing.sending(saga_id, trace_parent, step) as headers:
             options = {"headers": headers} if headers else {}
             if task is not None:
                 task.apply_async(args=(), kwargs=kwargs, task_id=task_id, **options)
             else:
                 self.app.send_task(task_name, args=(), kwargs=kwargs, task_id=task_id, **options)
 
-    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_step(self, saga_id: str, step: StepRecord, version: int, *,
+                  trace_parent: str | None = None) -> None:
         """Send the step's own task; its task id is the step's effect id."""
-        self._send(step.task, step.effect_id, saga_id, step.name, version)
+        self._send(step.task, step.effect_id, saga_id, step.name, version, trace_parent)
 
-    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
+                          trace_parent: str | None = None) -> None:
         """Send the step's compensator; its task id is the compensation effect id."""
         if step.compensator is None:
             raise LookupError(f"step {step.name!r} has no compensator")
-        self._send(step.compensator, step.compensation_effect_id, saga_id, step.name, version)
+        self._send(step.compensator, step.compensation_effect_id, saga_id, step.name, version,
+                   trace_parent)

@@ -12,9 +12,11 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
+from celery.schedules import crontab
 from celery.signals import worker_process_init
 
 from .. import _values as values
@@ -32,8 +34,10 @@ from .._scans import RecordPage
 from .._sweep import SweepReport
 from ..errors import NonDurableStoreError, SagaConfigurationError, SagaValidationError
 from ..stores.base import Store
+from .beat import keep_beat_entry
 from .dispatcher import CeleryDispatcher
 from .messages import SWEEP_TASK
+from .periodic import PeriodicSagas, SagaSchedule
 from .registration import (
     checked_secrets,
     refuse_pickle,
@@ -124,6 +128,11 @@ class Sagas:
         self._compensator_base = type("SagaCompensator", (TracedDelivery, CompensatorTask),
                                       {**task_attributes, "compensation": True})
         self._register_sweep()
+        self._periodic = PeriodicSagas(
+            app, lambda name, input, saga_id: self.start(name, input, saga_id=saga_id).record,
+            queue=self.settings.queue, payload_limit=self.settings.payload_limit,
+            now_ms=lambda: self.engine.now(),
+        )
         worker_process_init.connect(self._forget_runtime, weak=False)
         _BY_APP[app] = weakref.ref(self)
 
@@ -178,9 +187,35 @@ class Sagas:
         shards = self.settings.sweep_shards
         for shard in range(shards):
             name = SWEEP_TASK if shard == 0 else f"{SWEEP_TASK}:{shard}"
-            signature = self.app.signature(SWEEP_TASK, kwargs={"shard": shard, "shards": shards},
-                                           options=queue)
-            self.app.add_periodic_task(self.settings.sweep_interval_s, signature, name=name)
+            keep_beat_entry(self.app, name, {
+                "task": SWEEP_TASK, "schedule": self.settings.sweep_interval_s, "args": (),
+                "kwargs": {"shard": shard, "shards": shards}, "options": queue,
+            })
+
+    def periodic(self, definition: Saga | str, schedule: float | timedelta | crontab, *,
+                 input: Any = None, name: str | None = None) -> SagaSchedule:
+        """Start ``definition`` with ``input`` once per tick of ``schedule``, from celery beat.
+
+        Args:
+            definition: what ``@sagas.saga`` returned, or its name.
+            schedule: seconds, a ``timedelta`` (ticks at the multiples of the interval since the
+                epoch) or a ``celery.schedules.crontab`` (its due minutes, in the app's
+                timezone).
+            input: the input of every tick's saga: JSON values, at most
+                ``sagas_payload_limit`` bytes.
+            name: the schedule's name (default: the definition's name), at most 100
+                characters; each tick's saga id is ``<name>@<tick as UTC>``
+                (``nightly@20261203T000000Z``), so a tick sent twice (two beats, a restart)
+                starts one saga.
+
+        Returns:
+            The ``SagaSchedule`` (``saga_id(when)`` names the saga of a tick).
+
+        Raises:
+            SagaConfigurationError: a bad schedule, or a name used twice; nothing is added.
+            SagaValidationError: a bad name, or input that is not JSON or is too large.
+        """
+        return self._periodic.add(definition, schedule, input=input, name=name)
 
     # ------------------------------------------------------------ decorators
 
@@ -268,9 +303,12 @@ class Sagas:
                 same id to find out).
         """
         saga_id = saga_id or str(uuid.uuid4())
-        record = self._operation("saga.start", saga_id,
-                                 lambda: self.engine.start(definition, input, saga_id),
-                                 definition=definition)
+        record = self._operation(
+            "saga.start", saga_id,
+            lambda: self.engine.start(definition, input, saga_id,
+                                      trace_parent=self.tracing.traceparent()),
+            definition=definition,
+        )
         return SagaHandle(self, record)
 
     def get(self, saga_id: str) -> SagaRecord | None:
@@ -291,11 +329,13 @@ class Sagas:
 
     def cancel(self, saga_id: str) -> SagaRecord:
         """Stop forward progress and compensate what committed."""
-        return self._operation("saga.cancel", saga_id, lambda: self.engine.cancel(saga_id))
+        return self._operation("saga.cancel", saga_id, lambda: self.engine.cancel(saga_id),
+                               trace_parent=self._trace_parent_of(saga_id))
 
     def resume(self, saga_id: str) -> SagaRecord:
         """Lift manual review (nothing unresolved) and drive the saga on."""
-        return self._operation("saga.resume", saga_id, lambda: self.engine.resume(saga_id))
+        return self._operation("saga.resume", saga_id, lambda: self.engine.resume(saga_id),
+                               trace_parent=self._trace_parent_of(saga_id))
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
                 result: Any = None, error_code: str | None = None) -> SagaRecord:
@@ -305,12 +345,24 @@ class Sagas:
             lambda: self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
                                         error_code=error_code),
             step=step, effect_id=effect_id, outcome=outcome,
+            trace_parent=self._trace_parent_of(saga_id),
         )
 
-    def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord],
+    def _trace_parent_of(self, saga_id: str) -> Callable[[], str | None]:
+        """Reads the saga's stored traceparent (tracing calls it only when it records a span)."""
+
+        def read() -> str | None:
+            record = self.engine.get(saga_id)
+            return record.trace_parent if record is not None else None
+
+        return read
+
+    def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord], *,
+                   trace_parent: Callable[[], str | None] | None = None,
                    **attributes: Any) -> SagaRecord:
         """``call`` inside a span named ``name`` (docs/tracing.md); the span notes the state."""
-        with self.tracing.operation(name, saga_id, **attributes) as note:
+        with self.tracing.operation(name, saga_id, trace_parent=trace_parent,
+                                    **attributes) as note:
             record = call()
             note(state=record.state)
             return record

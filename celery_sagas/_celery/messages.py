@@ -14,10 +14,11 @@ from typing import Any
 
 from ..errors import SagaConfigurationError
 
-__all__ = ["SAGA_REF", "SWEEP_TASK", "SagaRef", "parse_ref", "saga_ref"]
+__all__ = ["PERIODIC_TASK", "SAGA_REF", "SWEEP_TASK", "SagaRef", "parse_ref", "saga_ref"]
 
 SAGA_REF = "_saga"
 SWEEP_TASK = "celery_sagas.sweep"
+PERIODIC_TASK = "celery_sagas.periodic"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,16 @@ other consumer read; that instrumentation replaces it with its publish span) and
 current (the instrumentation opened it), else of the message's context; the next messages it
 sends carry the saga's context again, so every step is a child of the start, not of the step
 before. Lifecycle events (``_events.py``) become span events and, for the delivery's own effect,
-its ``saga.outcome``, ``saga.attempt`` and ``saga.error_code``. Operator actions and sweeps run
-in spans of their own, in the caller's context.
+its ``saga.outcome``, ``saga.attempt`` and ``saga.error_code``. Sweeps run in spans of their own,
+in the caller's context.
+
+The start span's ``traceparent`` is stored in the saga record (``SagaRecord.trace_parent``), so
+work begun without the saga's context in scope still joins its trace: a message sent by a sweep
+or an approval expiry goes out in a ``saga.send <step>`` span, a child of the start linked to
+the span that was current (the sweep's), and the delivery it causes nests under it; an operator
+action (cancel, resume, resolve) is a child of the start when no span is current (a CLI), else a
+child of the current one (a web request) with a link to the start, and the messages it sends
+carry the saga's context.
 
 Nothing here costs more than a check when ``opentelemetry-api`` is not installed (``NoTracing``)
 or no tracer provider is set. Attributes and events carry ids, names, states, attempts and error
@@ -54,6 +62,9 @@ _OUTCOMES = (Phase.COMMITTED, Phase.FAILED, Phase.AMBIGUOUS)
 Note = Callable[..., None]
 """Sets attributes (``saga.<name>``) on the span of an operation once it knows them."""
 
+StoredParent = Callable[[], "str | None"]
+"""Reads a saga's stored traceparent (a store read: called only when a span is recorded)."""
+
 
 class Tracing(Protocol):
     """What the facade, the dispatcher and the task classes ask of tracing."""
@@ -62,12 +73,19 @@ class Tracing(Protocol):
         """Observe the lifecycle events of ``events``."""
         ...
 
-    def operation(self, name: str, saga_id: str | None = None,
+    def operation(self, name: str, saga_id: str | None = None, *,
+                  trace_parent: StoredParent | None = None,
                   **attributes: Any) -> contextlib.AbstractContextManager[Note]:
-        """A span around a facade call (``saga.start``, ``saga.cancel``, ...)."""
+        """A span around a facade call (``saga.start``, ``saga.cancel``, ...); ``trace_parent``
+        reads the saga's stored traceparent (only called when a span is recorded)."""
         ...
 
-    def sending(self, saga_id: str) -> contextlib.AbstractContextManager[dict[str, str]]:
+    def traceparent(self) -> str | None:
+        """The W3C traceparent of the current span (what ``start`` stores), or None."""
+        ...
+
+    def sending(self, saga_id: str, trace_parent: str | None = None,
+                step: str | None = None) -> contextlib.AbstractContextManager[dict[str, str]]:
         """Around one ``apply_async``: the headers that carry the saga's context."""
         ...
 
@@ -88,12 +106,18 @@ class NoTracing:
         """Nothing to observe."""
 
     @contextlib.contextmanager
-    def operation(self, name: str, saga_id: str | None = None, **attributes: Any) -> Iterator[Note]:
+    def operation(self, name: str, saga_id: str | None = None, *,
+                  trace_parent: StoredParent | None = None, **attributes: Any) -> Iterator[Note]:
         """No span."""
         yield _ignore
 
+    def traceparent(self) -> str | None:
+        """No trace."""
+        return None
+
     @contextlib.contextmanager
-    def sending(self, saga_id: str) -> Iterator[dict[str, str]]:
+    def sending(self, saga_id: str, trace_parent: str | None = None,
+                step: str | None = None) -> Iterator[dict[str, str]]:
         """No headers."""
         yield {}
 
@@ -154,12 +178,24 @@ class OtelTracing:
     # ------------------------------------------------------------ facade calls
 
     @contextlib.contextmanager
-    def operation(self, name: str, saga_id: str | None = None, **attributes: Any) -> Iterator[Note]:
-        """A span in the caller's context; within it, messages of ``saga_id`` carry its context."""
+    def operation(self, name: str, saga_id: str | None = None, *,
+                  trace_parent: StoredParent | None = None, **attributes: Any) -> Iterator[Note]:
+        """A span in the caller's context, or in the saga's when the caller has none (see the
+        module docstring); within it, messages of ``saga_id`` carry the saga's context (its
+        stored one, else this span's)."""
         if not self.live():
             yield _ignore
             return
-        span = self._tracer.start_span(name, attributes=_attributes(id=saga_id, **attributes))
+        stored = self._stored_context(trace_parent)
+        parent: Any = None
+        links: tuple[Any, ...] = ()
+        if stored is not None:
+            if trace.get_current_span().get_span_context().is_valid:
+                links = (trace.Link(trace.get_current_span(stored).get_span_context()),)
+            else:
+                parent = stored
+        span = self._tracer.start_span(name, context=parent, links=links,
+                                       attributes=_attributes(id=saga_id, **attributes))
 
         def note(**more: Any) -> None:
             span.set_attributes(_attributes(**more))
@@ -168,7 +204,8 @@ class OtelTracing:
                             set_status_on_exception=False):
             token = None
             if saga_id is not None:
-                token = _SCOPE.set(_Scope(saga_id, otel_context.get_current(), span))
+                context = stored if stored is not None else otel_context.get_current()
+                token = _SCOPE.set(_Scope(saga_id, context, span))
             try:
                 yield note
             except BaseException as exc:
@@ -180,20 +217,47 @@ class OtelTracing:
 
     # ------------------------------------------------------------ messages
 
+    def traceparent(self) -> str | None:
+        """The W3C traceparent of the current span, when one is recorded."""
+        if not self.live() or not trace.get_current_span().get_span_context().is_valid:
+            return None
+        carrier: dict[str, str] = {}
+        self._w3c.inject(carrier)
+        return carrier.get("traceparent")
+
     @contextlib.contextmanager
-    def sending(self, saga_id: str) -> Iterator[dict[str, str]]:
-        """Headers carrying the saga's context (the scope's, else the current one); that context
-        is current during the send, so a publish span of the instrumentation nests under it."""
+    def sending(self, saga_id: str, trace_parent: str | None = None,
+                step: str | None = None) -> Iterator[dict[str, str]]:
+        """Headers carrying the saga's context: the scope's when the saga's context is in scope
+        (a delivery, an operation), else the stored ``trace_parent`` (inside a ``saga.send``
+        span, for a sweep), else the current context. The context the headers name is current
+        during the send, so a publish span of the instrumentation nests under it."""
         if not self.live():
             yield {}
             return
         scope = _SCOPE.get()
-        saga_context = scope.context if scope is not None and scope.saga_id == saga_id else None
-        context = saga_context if saga_context is not None else otel_context.get_current()
+        if scope is not None and scope.saga_id == saga_id:
+            with self._publishing(scope.context, scope.context) as headers:
+                yield headers
+            return
+        stored = self._stored_context(lambda: trace_parent)
+        if stored is None:
+            current = otel_context.get_current()
+            with self._publishing(current, current) as headers:
+                yield headers
+            return
+        with self._send_span(stored, saga_id, step) as context, \
+                self._publishing(context, stored) as headers:
+            yield headers
+
+    @contextlib.contextmanager
+    def _publishing(self, context: Any, saga_context: Any) -> Iterator[dict[str, str]]:
+        """The propagator's headers for ``context`` and the saga's own for ``saga_context``;
+        ``context`` is current meanwhile."""
         headers: dict[str, str] = {}
         propagate.inject(headers, context=context)
         own: dict[str, str] = {}
-        self._w3c.inject(own, context=context)
+        self._w3c.inject(own, context=saga_context)
         if "traceparent" in own:
             headers[SAGA_TRACEPARENT] = own["traceparent"]
             if "tracestate" in own:
@@ -203,6 +267,32 @@ class OtelTracing:
             yield headers
         finally:
             otel_context.detach(token)
+
+    @contextlib.contextmanager
+    def _send_span(self, stored: Any, saga_id: str, step: str | None) -> Iterator[Any]:
+        """A ``saga.send`` span under the saga's start, linked to the current span (a sweep's);
+        yields its context."""
+        current = trace.get_current_span().get_span_context()
+        links = (trace.Link(current),) if current.is_valid else ()
+        span = self._tracer.start_span(f"saga.send {step}" if step else "saga.send",
+                                       context=stored, kind=trace.SpanKind.PRODUCER, links=links,
+                                       attributes=_attributes(id=saga_id, step=step))
+        with trace.use_span(span, end_on_exit=True, record_exception=False,
+                            set_status_on_exception=False):
+            yield otel_context.get_current()
+
+    def _stored_context(self, trace_parent: StoredParent | None) -> Any:
+        """The context a stored traceparent names, or None (absent, unreadable, invalid)."""
+        if trace_parent is None:
+            return None
+        try:
+            value = trace_parent()
+        except Exception:  # tracing never fails the operation it observes
+            return None
+        if not isinstance(value, str):
+            return None
+        context = self._w3c.extract({"traceparent": value})
+        return context if trace.get_current_span(context).get_span_context().is_valid else None
 
     @contextlib.contextmanager
     def delivery(self, request: Any, saga_id: str, step: str, effect_id: str,

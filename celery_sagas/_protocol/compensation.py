@@ -16,6 +16,7 @@ __all__ = [
     "check_backoff",
     "commit_order",
     "default_backoff_ms",
+    "full_jitter_ms",
     "plan_compensation",
 ]
 
@@ -24,8 +25,16 @@ MAX_BACKOFF_MS = 366 * 24 * 3600 * 1000
 
 
 def default_backoff_ms(attempt: int) -> int:
-    """The default compensation backoff: min(60 s, 100 ms * 2**(attempt - 1))."""
+    """The ceiling of the default backoff (steps and compensators): min(60 s, 100 ms *
+    2**(attempt - 1)); the engine waits a delay drawn from 0 to it (``full_jitter_ms``)."""
     return int(min(60_000, 100 * 2 ** min(attempt - 1, 20)))
+
+
+def full_jitter_ms(ceiling_ms: int, draw: float) -> int:
+    """Full jitter: a delay from 0 to ``ceiling_ms``, ``draw`` (from 0 to 1, drawn by the
+    caller: no randomness here) of the way up."""
+    fraction = min(max(draw, 0.0), 1.0) if draw == draw else 0.0  # NaN counts as 0
+    return min(ceiling_ms, int(ceiling_ms * fraction))
 
 
 def check_backoff(delay: object) -> int | None:

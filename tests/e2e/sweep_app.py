@@ -226,11 +226,11 @@ class TracingDispatcher:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
 
-    def send_step(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_step(self, saga_id: str, step: StepRecord, version: int, **_: Any) -> None:
         """Trace a step message."""
         self.trace.write("send", kind="step", saga_id=saga_id, effect_id=step.effect_id)
 
-    def send_compensation(self, saga_id: str, step: StepRecord, version: int) -> None:
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int, **_: Any) -> None:
         """Trace a compensation message."""
         self.trace.write("send", kind="compensation", saga_id=saga_id, effect_id=step.compensation_effect_id)
 

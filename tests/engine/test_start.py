@@ -150,3 +150,24 @@ def test_an_unknown_definition_is_refused_and_nothing_is_stored(shop: Shop, stor
         shop.sagas.start("no-such-saga", ORDER, saga_id="o-1")
     assert nothing_stored(store)
     assert kinds(shop.driver.take()) == []
+
+
+TRACE_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_trace_parent_given_to_start_is_kept_by_every_later_write(shop: Shop) -> None:
+    # given / when
+    shop.sagas.engine.start("place-order", ORDER, "tp-1", trace_parent=TRACE_PARENT)
+    shop.driver.run_until_idle()
+
+    # then
+    record = shop.record("tp-1")
+    assert record.state == SagaState.COMPLETED and record.version > 1
+    assert record.trace_parent == TRACE_PARENT
+
+
+@pytest.mark.parametrize("bad", ["garbage", TRACE_PARENT.upper(), ""])
+def test_a_malformed_trace_parent_is_dropped_and_the_saga_still_starts(shop: Shop, bad: str) -> None:
+    shop.sagas.engine.start("place-order", ORDER, "tp-2", trace_parent=bad)
+    assert shop.record("tp-2").trace_parent is None
+    assert shop.driver.take()  # the first step was sent

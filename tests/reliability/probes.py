@@ -126,15 +126,15 @@ class _CountingDispatcher:
         self.sent: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
-    def send_step(self, saga_id: str, step: Any, version: int) -> None:
+    def send_step(self, saga_id: str, step: Any, version: int, **options: Any) -> None:
         with self._lock:
             self.sent.append(("step", step.name))
-        self.inner.send_step(saga_id, step, version)
+        self.inner.send_step(saga_id, step, version, **options)
 
-    def send_compensation(self, saga_id: str, step: Any, version: int) -> None:
+    def send_compensation(self, saga_id: str, step: Any, version: int, **options: Any) -> None:
         with self._lock:
             self.sent.append(("compensation", step.name))
-        self.inner.send_compensation(saga_id, step, version)
+        self.inner.send_compensation(saga_id, step, version, **options)
 
     def count(self, kind: str, step: str) -> int:
         """Messages of ``kind`` sent for ``step`` so far."""

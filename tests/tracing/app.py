@@ -71,7 +71,8 @@ def build(config: Config) -> tuple[Celery, Sagas]:
                     worker_hijack_root_logger=False)
     prefix = {"key_prefix": config.prefix} if config.store.startswith("redis") else {
         "table_prefix": config.prefix + "_"}
-    sagas = Sagas(app, store=config.store, queue=config.queue, **prefix)
+    # A short staleness limit lets a test's sweep send a lost message again within seconds.
+    sagas = Sagas(app, store=config.store, queue=config.queue, stale_after=2.0, **prefix)
 
     @sagas.step(compensate="shop.release", name="shop.reserve")
     def reserve(sku: str, qty: int) -> dict[str, str]:

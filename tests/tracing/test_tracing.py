@@ -15,6 +15,7 @@ from celery.signals import before_task_publish
 from celery_sagas import Sagas
 from celery_sagas._celery import tracing
 from celery_sagas.errors import SagaConflictError
+from celery_sagas.testing import FrozenClock
 
 SECRET = "CARD-4242-SECRET"
 
@@ -141,3 +142,145 @@ def test_without_the_api_tracing_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> 
     with chosen.operation("saga.start", "s-6") as note, chosen.sending("s-6") as headers:
         note(state="running")
         assert headers == {}
+
+
+# ------------------------------------------------------------ the saga's stored trace context
+
+
+@pytest.fixture
+def clocked() -> tuple[Sagas, FrozenClock]:
+    """Like ``sagas``, on a frozen clock and with a one-second staleness limit."""
+    clock = FrozenClock()
+    app = Celery("tracing-stored", broker="memory://localhost/")
+    sagas = Sagas(app, store="memory://", allow_non_durable=True, clock=clock, stale_after=1.0)
+
+    @sagas.step(compensate="unit.refund", name="unit.pay")
+    def pay(card: str) -> str:
+        return "paid"
+
+    @sagas.compensator(name="unit.refund")
+    def refund(card: str, *, result: Any = None) -> None:
+        return None
+
+    @sagas.saga("checkout")
+    def checkout(ctx: Any, data: dict[str, Any]) -> None:
+        ctx.step(pay, data["card"])
+
+    return sagas, clock
+
+
+def _traceparent(span: Any) -> str:
+    context = span.context
+    return f"00-{_hex(context.trace_id, 32)}-{_hex(context.span_id, 16)}-{int(context.trace_flags):02x}"
+
+
+def _spans(exporter: Any, name: str) -> list[Any]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def _started(sagas: Sagas, exporter: Any, saga_id: str) -> Any:
+    """Start a checkout saga; its ``saga.start`` span."""
+    sagas.start("checkout", {"card": SECRET}, saga_id=saga_id)
+    [start] = _spans(exporter, "saga.start")
+    return start
+
+
+def test_start_stores_the_traceparent_of_its_span_in_the_saga_record(
+        sagas: Sagas, tracer_provider: Any) -> None:
+    # given
+    _, exporter = tracer_provider
+
+    # when
+    sagas.start("checkout", {"card": SECRET}, saga_id="t-1")
+
+    # then
+    [start] = _spans(exporter, "saga.start")
+    record = sagas.get("t-1")
+    assert record is not None and record.trace_parent == _traceparent(start)
+
+
+def test_without_a_tracer_provider_no_traceparent_is_stored(sagas: Sagas) -> None:
+    sagas.start("checkout", {"card": SECRET}, saga_id="t-2")
+    record = sagas.get("t-2")
+    assert record is not None and record.trace_parent is None
+
+
+def test_a_lost_step_message_sent_again_by_the_sweep_joins_the_saga_trace(
+        clocked: tuple[Sagas, FrozenClock], tracer_provider: Any,
+        published: list[dict[str, Any]]) -> None:
+    # given: a saga whose first step message nobody received, past the staleness limit
+    sagas, clock = clocked
+    _, exporter = tracer_provider
+    start = _started(sagas, exporter, "t-3")
+    clock.advance(5_000)
+
+    # when: a sweep (in a trace of its own) sends it again
+    report = sagas.sweep()
+
+    # then: the message is sent from a saga.send span under the start, linked to the sweep
+    assert report.acted == 1
+    [sweep] = _spans(exporter, "saga.sweep")
+    [send] = _spans(exporter, "saga.send unit.pay")
+    assert sweep.context.trace_id != start.context.trace_id
+    assert send.context.trace_id == start.context.trace_id
+    assert send.parent is not None and send.parent.span_id == start.context.span_id
+    assert [link.context.span_id for link in send.links] == [sweep.context.span_id]
+    assert dict(send.attributes or {}) == {"saga.id": "t-3", "saga.step": "unit.pay"}
+    first, again = published
+    assert again["saga_traceparent"] == first["saga_traceparent"] == _traceparent(start)
+    assert again["traceparent"] == _traceparent(send)
+    assert SECRET not in str(send.to_json()) + str(again)
+
+
+def test_an_operator_action_without_a_current_span_joins_the_saga_trace(
+        clocked: tuple[Sagas, FrozenClock], tracer_provider: Any,
+        published: list[dict[str, Any]]) -> None:
+    # given: a saga started in one trace; a CLI with no span of its own
+    sagas, _ = clocked
+    _, exporter = tracer_provider
+    start = _started(sagas, exporter, "t-4")
+
+    # when
+    sagas.cancel("t-4")
+
+    # then: the cancel span is a child of the start, and what it sends carries the saga's context
+    [cancel] = _spans(exporter, "saga.cancel")
+    assert cancel.context.trace_id == start.context.trace_id
+    assert cancel.parent is not None and cancel.parent.span_id == start.context.span_id
+    assert all(h["saga_traceparent"] == _traceparent(start) for h in published)
+
+
+def test_an_operator_action_inside_a_request_span_links_to_the_saga_trace(
+        clocked: tuple[Sagas, FrozenClock], tracer_provider: Any) -> None:
+    # given: a saga started in one trace; an operator acting from a traced web request
+    sagas, _ = clocked
+    provider, exporter = tracer_provider
+    start = _started(sagas, exporter, "t-5")
+
+    # when
+    with provider.get_tracer("web").start_as_current_span("POST /sagas/t-5/cancel") as request:
+        sagas.cancel("t-5")
+
+    # then: the cancel span is the request's child, linked to the saga's start
+    [cancel] = _spans(exporter, "saga.cancel")
+    assert cancel.parent is not None and cancel.parent.span_id == request.get_span_context().span_id
+    assert [link.context.span_id for link in cancel.links] == [start.context.span_id]
+
+
+def test_a_stored_traceparent_that_cannot_be_read_leaves_the_action_in_its_own_trace(
+        tracer_provider: Any) -> None:
+    # given
+    _, exporter = tracer_provider
+    traced = tracing.OtelTracing()
+
+    def broken() -> str | None:
+        raise ConnectionError("store down")
+
+    # when
+    for stored in (broken, lambda: "not-a-traceparent", lambda: None):
+        with traced.operation("saga.resume", "t-6", trace_parent=stored):
+            pass
+
+    # then: three root spans, nothing raised
+    spans = _spans(exporter, "saga.resume")
+    assert len(spans) == 3 and all(s.parent is None and not s.links for s in spans)

@@ -110,6 +110,73 @@ def test_each_saga_is_one_trace_under_its_start_without_payloads(traced: Any) ->
     _check_doc_tree(no, "instrumented" if config.instrument_celery else "plain")
 
 
+def test_a_step_message_lost_and_sent_again_by_the_sweep_stays_in_the_saga_trace(
+        traced: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: a saga whose first step message never reaches the broker
+    sagas, config, exporter = traced
+    saga_id = f"lost-{config.prefix}"
+    dropped: list[str] = []
+    send_step = sagas.dispatcher.send_step
+
+    def lose_first(saga: str, step: Any, version: int, **options: Any) -> None:
+        if not dropped:
+            dropped.append(step.name)
+            return
+        send_step(saga, step, version, **options)
+
+    monkeypatch.setattr(sagas.dispatcher, "send_step", lose_first)
+    sagas.start("order", {"order_id": "o", "sku": "SKU-SECRET-42", "qty": 1, "total": 5,
+                          "card": "4111-SECRET"}, saga_id=saga_id)
+    assert dropped == ["shop.reserve"]
+
+    # when: sweeps run (from this process, in traces of their own) until one sends it again
+    wait_until(lambda: sagas.sweep().acted >= 1, 30, "a sweep that sends the lost step again")
+    assert sagas.wait(saga_id, timeout=60).state == "completed"
+    spans = _all_spans(config, exporter, expected=3)
+
+    # then: one trace: the start, the sweep's send under it, every delivery under the start
+    saga_trace = _trace_of(spans, saga_id)
+    assert _saga_spans(saga_trace) == [
+        ("saga.start", None), ("saga.send shop.reserve", None),
+        ("saga.step shop.reserve", "committed"), ("saga.step shop.charge", "committed"),
+        ("saga.step shop.ship", "committed"),
+    ]
+    chains = _chains_to_start(saga_trace)
+    send = _named(saga_trace, "saga.send shop.reserve")
+    assert chains["saga.send shop.reserve"] == ["saga.send shop.reserve"]
+    reserve = chains["saga.step shop.reserve"]
+    assert reserve[0] == "saga.step shop.reserve" and reserve[-1] == "saga.send shop.reserve"
+    assert len(chains["saga.step shop.charge"]) == len(reserve) - 1
+    # and: the send links to the sweep that made it, in the sweep's own trace
+    sweeps = {s["context"]["span_id"]: s for s in spans if s["name"] == "saga.sweep"}
+    [link] = send["links"]
+    assert link["context"]["span_id"] in sweeps
+    assert sweeps[link["context"]["span_id"]]["context"]["trace_id"] != send["context"]["trace_id"]
+    text = json.dumps(saga_trace)
+    for secret in SECRETS:
+        assert secret not in text, secret
+    if not config.instrument_celery:
+        _check_doc_tree(saga_trace, "resent")
+
+
+def _chains_to_start(spans: list[Span]) -> dict[str, list[str]]:
+    """Each span's names up its parents to (not including) ``saga.start``; fails for a span
+    that does not descend from the start."""
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    start = _named(spans, "saga.start")
+    chains: dict[str, list[str]] = {}
+    for span in spans:
+        if span is start:
+            continue
+        chain, parent = [span["name"]], span["parent_id"]
+        while parent is not None and parent in by_id and by_id[parent] is not start:
+            chain.append(by_id[parent]["name"])
+            parent = by_id[parent]["parent_id"]
+        assert parent == start["context"]["span_id"], f"{chain} is not under saga.start"
+        chains[span["name"]] = chain
+    return chains
+
+
 def _all_spans(config: Config, exporter: Any, expected: int) -> list[Span]:
     """This process's finished spans and the workers', once ``expected`` saga deliveries and
     their task spans have ended (a delivery span ends just after its last write)."""

@@ -49,6 +49,26 @@ def test_a_saga_record_comes_back_equal() -> None:
     assert CODEC.saga(CODEC.saga_envelope(record), "order-42") == record
 
 
+TRACE_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_saga_trace_parent_is_kept_in_clear_and_comes_back_equal() -> None:
+    record = replace(saga(step(CM, "a")), trace_parent=TRACE_PARENT)
+    envelope = CODEC.saga_envelope(record)
+    assert json.loads(envelope.body)["trace_parent"] == TRACE_PARENT
+    assert CODEC.saga(envelope, "order-42") == record
+    assert "trace_parent" not in CODEC.saga_envelope(saga(step(CM, "a"))).body
+
+
+@pytest.mark.parametrize("bad", ["00-xyz", TRACE_PARENT.upper(), TRACE_PARENT + "-extra", 7])
+def test_a_malformed_trace_parent_makes_the_record_invalid(bad: Any) -> None:
+    body = json.loads(CODEC.saga_envelope(saga(step(CM, "a"))).body)
+    envelope = replace(CODEC.saga_envelope(saga(step(CM, "a"))),
+                       body=json.dumps({**body, "trace_parent": bad}))
+    with pytest.raises(InvalidRecordError):
+        CODEC.saga(envelope, "order-42")
+
+
 def test_the_envelope_carries_the_indexed_fields_and_the_body_the_rest() -> None:
     # given
     record = saga(step(XR, "a"), version=7)

@@ -31,6 +31,7 @@ EXPECTED = [
     "SagaContext",
     "SagaHandle",
     "SagaRecord",
+    "SagaSchedule",
     "SagaState",
     "Sagas",
     "Stage",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from celery_sagas._protocol import codes
 from celery_sagas._protocol.compensation import (
@@ -10,6 +12,7 @@ from celery_sagas._protocol.compensation import (
     check_backoff,
     commit_order,
     default_backoff_ms,
+    full_jitter_ms,
     plan_compensation,
 )
 from celery_sagas._protocol.decisions import BeginCompensation, FinishCompensation, Review, Wait
@@ -129,6 +132,30 @@ def test_planner_leaves_the_saga_alone() -> None:
 def test_default_backoff(attempt: int, expected: int) -> None:
     assert default_backoff_ms(attempt) == expected
     assert type(default_backoff_ms(attempt)) is int
+
+
+@given(attempt=st.integers(1, 10_000), draw=st.floats(0.0, 1.0))
+def test_full_jitter_stays_within_zero_and_the_default_ceiling(attempt: int, draw: float) -> None:
+    ceiling = default_backoff_ms(attempt)
+    delay = full_jitter_ms(ceiling, draw)
+    assert type(delay) is int
+    assert 0 <= delay <= ceiling <= 60_000
+
+
+@pytest.mark.parametrize(("draw", "expected"), [(0.0, 0), (0.25, 100), (0.5, 200), (0.9999, 399),
+                                                (1.0, 400)])
+def test_full_jitter_is_the_drawn_part_of_the_ceiling(draw: float, expected: int) -> None:
+    assert full_jitter_ms(400, draw) == expected
+
+
+@pytest.mark.parametrize(("draw", "expected"), [(-0.5, 0), (1.5, 400), (float("nan"), 0),
+                                                (float("inf"), 400), (float("-inf"), 0)])
+def test_a_draw_outside_zero_to_one_is_clamped(draw: float, expected: int) -> None:
+    assert full_jitter_ms(400, draw) == expected
+
+
+def test_full_jitter_draws_nothing_itself() -> None:
+    assert {full_jitter_ms(60_000, 0.3) for _ in range(50)} == {18_000}
 
 
 @pytest.mark.parametrize("delay", [0, 1, 100, 60_000, MAX_BACKOFF_MS])

@@ -1,0 +1,174 @@
+"""Scheduled sagas: ``sagas.periodic(...)`` (docs/concepts.md "Scheduled sagas").
+
+Each schedule is a beat entry that sends ``celery_sagas.periodic`` with the schedule's name
+only (the input stays in this process's registration, never in the broker). The process that
+publishes the tick stamps the message with the time it sent it (``saga_sent_at_ms``, a
+header set in ``before_task_publish``: in beat, right after the tick was due); the worker
+turns that time into the tick's slot (``schedules.py``) and starts the saga whose id is the
+schedule's name and the slot. Every beat that sends the same tick names the same saga, and
+``start`` with an existing id and the same input writes and sends nothing: a duplicate tick
+starts nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, tzinfo
+from typing import Any
+
+from celery import Celery
+from celery.signals import before_task_publish
+
+from .. import _values as values
+from .._records import SagaRecord
+from ..errors import SagaConfigurationError, SagaConflictError, SagaValidationError
+from .beat import keep_beat_entry
+from .messages import PERIODIC_TASK
+from .schedules import Slots, slots_of, utc_stamp
+
+__all__ = ["SENT_AT", "PeriodicSagas", "SagaSchedule"]
+
+logger = logging.getLogger("celery_sagas")
+
+SENT_AT = "saga_sent_at_ms"
+_NAME_LIMIT = 100  # the saga id adds "@" and up to 21 characters of slot
+
+
+class SagaSchedule:
+    """A saga started once per tick of a schedule (what ``Sagas.periodic`` returns).
+
+    Attributes:
+        name: the schedule's name: the beat entry is ``celery_sagas.periodic:<name>`` and each
+            tick's saga id is ``<name>@<slot>``.
+        definition: the saga definition each tick starts.
+        input: the input each tick's saga is started with.
+        slots: the ticks of the schedule (an interval or a crontab).
+    """
+
+    def __init__(self, name: str, definition: str, input: Any, slots: Slots,
+                 timezone: Callable[[], tzinfo]) -> None:
+        self.name = name
+        self.definition = definition
+        self.input = input
+        self.slots = slots
+        self._timezone = timezone
+
+    def slot_at(self, when: datetime | float) -> int:
+        """The tick at or before ``when`` (an aware datetime or epoch seconds), in ms since
+        the epoch."""
+        seconds = when.timestamp() if isinstance(when, datetime) else float(when)
+        return self.slot_at_ms(round(seconds * 1000))
+
+    def slot_at_ms(self, at_ms: int) -> int:
+        """The tick at or before ``at_ms`` (ms since the epoch), in ms since the epoch."""
+        return self.slots.slot_at(at_ms, self._timezone())
+
+    def saga_id(self, when: datetime | float) -> str:
+        """The id of the saga the tick at or before ``when`` starts:
+        ``<name>@<slot as UTC, 20261203T090000Z>``."""
+        return self.saga_id_of_slot(self.slot_at(when))
+
+    def saga_id_of_slot(self, slot_ms: int) -> str:
+        """The id of the saga of the tick ``slot_ms``."""
+        return f"{self.name}@{utc_stamp(slot_ms)}"
+
+    def __repr__(self) -> str:
+        return f"SagaSchedule({self.name!r}, {self.definition!r}, {self.slots!r})"
+
+
+Start = Callable[[str, Any, str], SagaRecord]
+
+
+class PeriodicSagas:
+    """The schedules of one ``Sagas``: their beat entries and the task that starts a tick."""
+
+    def __init__(self, app: Celery, start: Start, *, queue: str | None, payload_limit: int,
+                 now_ms: Callable[[], int]) -> None:
+        self.app = app
+        self._start = start
+        self._queue = queue
+        self._payload_limit = payload_limit
+        self._now_ms = now_ms
+        self.schedules: dict[str, SagaSchedule] = {}
+
+    def add(self, definition: object, schedule: object, input: Any = None,
+            name: str | None = None) -> SagaSchedule:
+        """Validate, register and put a beat entry for one schedule (nothing on error)."""
+        definition_name = _definition_name(definition)
+        slots = slots_of(schedule)
+        name = definition_name if name is None else name
+        _check_name(name)
+        canonical = values.encode_json(input, field="saga input", limit=self._payload_limit)
+        if name in self.schedules:
+            raise SagaConfigurationError(f"a schedule named {name!r} exists already")
+        if not self.schedules:
+            self._register_task()
+        found = SagaSchedule(name, definition_name, values.decode_json(canonical), slots,
+                             lambda: self.app.timezone)
+        self.schedules[name] = found
+        options = {"queue": self._queue} if self._queue else {}
+        keep_beat_entry(self.app, f"{PERIODIC_TASK}:{name}", {
+            "task": PERIODIC_TASK, "schedule": slots.beat_schedule(), "args": (),
+            "kwargs": {"name": name}, "options": options,
+        })
+        return found
+
+    def tick(self, name: str, sent_at_ms: int | None) -> SagaRecord | None:
+        """Start the saga of the tick sent at ``sent_at_ms`` (now if unknown); None when the
+        schedule is unknown here or the saga exists with another input."""
+        found = self.schedules.get(name)
+        if found is None:
+            logger.error("no saga schedule %r in this process; tick ignored", name)
+            return None
+        at_ms = sent_at_ms if sent_at_ms is not None else self._now_ms()
+        saga_id = found.saga_id_of_slot(found.slot_at_ms(at_ms))
+        try:
+            return self._start(found.definition, found.input, saga_id)
+        except SagaConflictError:
+            logger.warning("saga %s exists with another definition or input; tick of %r "
+                           "starts nothing", saga_id, name)
+            return None
+
+    def _register_task(self) -> None:
+        options = {"acks_late": True, "reject_on_worker_lost": True, "serializer": "json",
+                   "ignore_result": True, "shared": False, "bind": True}
+
+        @self.app.task(name=PERIODIC_TASK, **options)  # type: ignore[untyped-decorator]
+        def periodic_task(task: Any, name: str) -> None:
+            self.tick(name, _sent_at(task.request))
+
+        before_task_publish.connect(_stamp, weak=False, dispatch_uid="celery_sagas.periodic")
+
+
+def _stamp(sender: object = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Stamp a tick with the time it is published (beat: right after it was due)."""
+    if sender == PERIODIC_TASK and headers is not None and SENT_AT not in headers:
+        headers[SENT_AT] = int(time.time() * 1000)
+
+
+def _sent_at(request: Any) -> int | None:
+    value = getattr(request, SENT_AT, None)
+    if value is None and isinstance(getattr(request, "headers", None), Mapping):
+        value = request.headers.get(SENT_AT)
+    if type(value) is not int:
+        return None
+    try:
+        return values.timestamp_ms(value)
+    except SagaValidationError:
+        return None
+
+
+def _definition_name(definition: object) -> str:
+    name = getattr(definition, "name", definition)
+    if not isinstance(name, str):
+        raise SagaConfigurationError(
+            "definition must be what @sagas.saga returned or its name, "
+            f"got {type(definition).__name__}"
+        )
+    return values.definition_name(name)
+
+
+def _check_name(name: object) -> None:
+    values.token(name, field="schedule name", max_len=_NAME_LIMIT)
