@@ -1,1 +1,1 @@
-"""Engine behaviour tests: sagas driven in-process on the memory store (SPEC §3)."""
+"""Engine behaviour tests: sagas driven in-process on the memory store."""

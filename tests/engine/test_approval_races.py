@@ -1,4 +1,4 @@
-"""Approval gates racing the sweep (SPEC §4): the approval record decides, the saga follows.
+"""Approval gates racing the sweep: the approval record decides, the saga follows.
 
 A consume judges the approval (approved, unexpired) and then writes it with a compare-and-set.
 If the sweep finds the gate past its expiry in between, exactly one of them may win, and the

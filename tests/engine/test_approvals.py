@@ -1,4 +1,4 @@
-"""Approval gates in sagas (SPEC §4 "In a saga"), driven in-process on the memory store.
+"""Approval gates in sagas, driven in-process on the memory store.
 
 The gated order reserves stock, waits for a manager at ``ctx.approval("manager", ...)``, then
 charges and ships. The gate holds no worker: while it waits no message is in flight. The

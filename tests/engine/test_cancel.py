@@ -1,4 +1,4 @@
-"""Cancellation (SPEC §3 "Cancellation"): a running saga stops at the next step boundary and
+"""Cancellation: a running saga stops at the next step boundary and
 compensates what committed; a step in flight is waited for; a final saga is left as it is."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Compensation retries (SPEC §3 "Compensation"): a failed compensator is retried by the sweep
+"""Compensation retries: a failed compensator is retried by the sweep
 when its backoff is due, under the same compensation effect id, up to the definition's
 max_attempts; an exhausted budget or an invalid backoff stops for an operator."""
 

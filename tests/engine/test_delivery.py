@@ -1,4 +1,4 @@
-"""Delivery faults (SPEC §3, DESIGN §2): at-least-once delivery, lost messages and vanished
+"""Delivery faults: at-least-once delivery, lost messages and vanished
 workers. The start claim makes duplicates harmless; a claim whose process is gone, or that
 went silent past its time limit plus grace, is ambiguous (or retried when idempotent); an
 unclaimed step whose message was lost is re-sent by the sweep under the same effect id."""

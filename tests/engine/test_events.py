@@ -1,4 +1,4 @@
-"""Lifecycle events (SPEC §8): every effect transition is an event (ids, stage, phase, attempt,
+"""Lifecycle events: every effect transition is an event (ids, stage, phase, attempt,
 error code) sent to observers and logging, and none of them, nor any log record, carries the
 saga input, step arguments, results or exception messages."""
 

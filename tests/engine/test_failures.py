@@ -1,4 +1,4 @@
-"""Step failures (SPEC §3 "Forward" 4): a known failure compensates, an unknown one goes to
+"""Step failures: a known failure compensates, an unknown one goes to
 manual review without compensating, and an idempotent step is retried under its effect id."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Forward execution (SPEC §3 "Forward"): intent first, one claim per step, results recorded,
+"""Forward execution: intent first, one claim per step, results recorded,
 and the continuation to the next step costs no extra broker message."""
 
 from __future__ import annotations

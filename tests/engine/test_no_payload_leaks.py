@@ -1,4 +1,4 @@
-"""Nothing a saga was given ever leaves the saga store (SPEC §4, §6, §8): lifecycle events,
+"""Nothing a saga was given ever leaves the saga store: lifecycle events,
 finding events, every log record of every logger, the Prometheus exposition and the effect
 journal are captured while sagas run through every path (completion, compensation with a
 failing compensator, ambiguity and its resolution, idempotent retries, a crashing run(), an

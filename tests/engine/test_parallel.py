@@ -1,4 +1,4 @@
-"""Parallel branches (ctx.parallel, SPEC §3): branches are recorded with one write and sent
+"""Parallel branches (ctx.parallel, docs/design.md): branches are recorded with one write and sent
 together; results come back in call order; when one branch fails the others still in flight
 are waited for (unclaimed ones abandoned) before every committed branch is compensated in
 reverse commit order."""

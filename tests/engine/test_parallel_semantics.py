@@ -1,4 +1,4 @@
-"""Fan-out and fan-in semantics (ctx.parallel, SPEC §3), driven in-process.
+"""Fan-out and fan-in semantics (ctx.parallel, docs/design.md), driven in-process.
 
 The saga under test charges a card (an earlier step), reserves ``width`` skus in parallel
 (branches ``fan.reserve``, ``fan.reserve#2`` …, sku-1 … sku-n), then ships with every

@@ -1,4 +1,4 @@
-"""Replay (SPEC §3): run(ctx, input) is called from the top on every advance and must ask for
+"""Replay: run(ctx, input) is called from the top on every advance and must ask for
 the recorded steps again; anything else is non-determinism, sent to manual review. Errors in
 run() itself become decisions, never crashed workers."""
 

@@ -1,4 +1,4 @@
-"""Operator resolution (SPEC §3 "Operator resolution of ambiguity"): the operator's effect id
+"""Operator resolution: the operator's effect id
 must be the stored one; execution outcomes send the saga forward or back; compensation
 outcomes settle the compensator; anything else raises and changes nothing."""
 

@@ -1,4 +1,4 @@
-"""An idempotent step with a retry pending when its saga starts rolling back (SPEC §3).
+"""An idempotent step with a retry pending when its saga starts rolling back.
 
 Its last attempt began and raised, so its outcome is unknown; no retry is claimed while the
 saga rolls back, so the step is ambiguous and the saga goes to manual review once the others

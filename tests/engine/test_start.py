@@ -1,4 +1,4 @@
-"""Starting a saga (SPEC §1, §3 "Start"): idempotent per saga id, conflicts refused, and
+"""Starting a saga: idempotent per saga id, conflicts refused, and
 nothing stored or sent when the input is invalid."""
 
 from __future__ import annotations

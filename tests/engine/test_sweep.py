@@ -1,4 +1,4 @@
-"""The reconciliation sweep (SPEC §5, DESIGN §2): one sweeper at a time under a fenced lease;
+"""The reconciliation sweep: one sweeper at a time under a fenced lease;
 a corrupt record is reported and never stops the pass; manual-review sagas are reported."""
 
 from __future__ import annotations

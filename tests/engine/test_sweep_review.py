@@ -1,4 +1,4 @@
-"""The sweep (SPEC §5): each finding reported once and only for an operator, every corrupt
+"""The sweep: each finding reported once and only for an operator, every corrupt
 record reported, the lease freed whatever fails after it was granted, no endless walk."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CI subset of the reliability suite: every fault scenario at CI size (SPEC §3, §5).
+"""The CI subset of the reliability suite: every fault scenario at CI size.
 
 Each test runs real prefork workers (and beats) on a private redis-server, injects one kind of
 fault while sagas run, settles, and checks every invariant from the providers' ledger and the

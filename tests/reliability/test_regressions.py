@@ -58,7 +58,7 @@ def test_two_writers_of_the_same_move_from_the_same_version_are_not_both_told_th
     # Found by the 16-thread resume race: threads that computed the identical next record in
     # the same millisecond were all told their compare-and-set won (the store reports an
     # identical stored record as an "already applied" retry), so two of them dispatched the
-    # compensator and emitted its events. SPEC §2: exactly one writer of version N succeeds.
+    # compensator and emitted its events. docs/design.md: exactly one writer of version N succeeds.
     engine, clock = _engine()
     record = engine.start("regression", {"n": 1}, "same-move")
     after = moves.to_manual_review(record, "run_failed", "for the test", clock.now_ms())

@@ -1,4 +1,4 @@
-"""Security of human approvals (SPEC §4) on the memory, Redis and PostgreSQL stores.
+"""Security of human approvals on the memory, Redis and PostgreSQL stores.
 
 Every attack on a resume token gets its own documented error and changes nothing stored:
 forged or tampered tokens, truncated, oversized and garbage strings, a token of another

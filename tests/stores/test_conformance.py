@@ -1,4 +1,4 @@
-"""Runs the shipped store conformance suite on every built-in store (SPEC §6)."""
+"""Runs the shipped store conformance suite on every built-in store."""
 
 from __future__ import annotations
 

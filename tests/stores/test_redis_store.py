@@ -1,4 +1,4 @@
-"""RedisStore against a real Redis: atomicity, robustness, cost (SPEC §6, PITFALLS "Redis").
+"""RedisStore against a real Redis: atomicity, robustness, cost.
 
 The shared contract runs from test_conformance.py; this file proves what only Redis can get
 wrong: scripts reloaded after SCRIPT FLUSH and restarts, corrupt hashes, validation before any

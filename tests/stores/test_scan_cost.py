@@ -1,4 +1,4 @@
-"""A whole reconciliation pass costs the same with 20,000 final sagas kept as with none (SPEC §5).
+"""A whole reconciliation pass costs the same with 20,000 final sagas kept as with none.
 
 Counted, never timed: on Redis, every command the sweep sends (none may touch a final record
 or its index); on PostgreSQL, the rows every SELECT of the sweep examines, read back with

@@ -1,4 +1,4 @@
-"""The event bus (SPEC §5, §8): lifecycle events and findings reach their observers and
+"""The event bus: lifecycle events and findings reach their observers and
 ``logging``, with structured ``extra`` fields and a level that says how urgent they are."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The approval coordinator (SPEC §4): open, show the token again, decide, consume, expire.
+"""The approval coordinator: open, show the token again, decide, consume, expire.
 
 The ledger (tests/unit/test_ledger.py, ``gate.ledger``) and the token format (tests/unit/test_tokens.py) are
 tested on their own; these tests cover what ``ApprovalGate`` adds: a token minted for every

@@ -1,4 +1,4 @@
-"""Lease semantics over the store primitives (SPEC §5): grant, renew, checkpoint, release."""
+"""Lease semantics over the store primitives: grant, renew, checkpoint, release."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC §8, the ``metrics`` extra): effect counters by stage and phase, a
+"""Prometheus metrics: effect counters by stage and phase, a
 step-duration histogram, a findings counter and a per-state gauge refreshed by the sweep."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compensation planner and retry-policy checks (SPEC §3, "Compensation")."""
+"""The compensation planner and retry-policy checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Choosing the next action (SPEC §3): in-flight judgement and ``decide`` with stub replays."""
+"""Choosing the next action: in-flight judgement and ``decide`` with stub replays."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ from .protocol_builders import (
 
 E = EffectState
 
-# Written out from the SPEC diagram, not from the module's own table.
+# Written out from the effect diagram of docs/design.md §2.3, not from the module's own table.
 LEGAL = {
     (E.ADMISSION, E.EXECUTING),
     (E.ADMISSION, E.FAILED),

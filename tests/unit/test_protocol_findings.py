@@ -1,4 +1,4 @@
-"""Reconciliation findings (SPEC §5): every rule for effects and sagas."""
+"""Reconciliation findings: every rule for effects and sagas."""
 
 from __future__ import annotations
 

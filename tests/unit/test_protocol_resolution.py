@@ -1,4 +1,4 @@
-"""Operator resolution (SPEC §3): every outcome x step state x effect id x saga context."""
+"""Operator resolution: every outcome x step state x effect id x saga context."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ STEP_AFTER = {
 
 
 def legal(context: str, variant: str, outcome: Resolution, effect: str) -> bool:
-    """Whether the operator may settle this outcome here (SPEC §3)."""
+    """Whether the operator may settle this outcome here."""
     which, variants = SETTLES[outcome]
     return context in OPEN and effect == which and variant in variants
 

@@ -1,8 +1,8 @@
-"""Saga and step transitions (SPEC §2.2, §3) from tables: every move x saga context x step state.
+"""Saga and step transitions from tables: every move x saga context x step state.
 
 Each one-step saga is built in a context (running, compensating, in review going forward or
 back, completed, compensated) around a step in one of twelve variants. A legal pair gives the
-SPEC result with ``version + 1``; every other pair raises ``IllegalTransition`` and leaves the
+specified result with ``version + 1``; every other pair raises ``IllegalTransition`` and leaves the
 input as it was. Focused tests below cover fencing, attempts and the settle rules on sagas
 with several steps.
 """
@@ -224,7 +224,7 @@ def _is_ambiguous(st: StepRecord) -> bool:
 
 
 def expected_after_step_move(before: SagaRecord, moved: StepRecord, settles: bool) -> SagaRecord:
-    """The SPEC §3 saga around one moved step (an oracle written apart from the module)."""
+    """The saga of docs/design.md §2 around one moved step (an oracle written apart from the module)."""
     after = replace(before, steps=marked(replace(before, steps=(moved,)), NOW).steps,
                     version=before.version + 1, updated_at_ms=max(NOW, before.updated_at_ms))
     if not settles:

@@ -1,4 +1,4 @@
-"""Resume tokens for human approvals (SPEC §4): mint, verify, rotate, refuse everything else."""
+"""Resume tokens for human approvals: mint, verify, rotate, refuse everything else."""
 
 from __future__ import annotations
 
