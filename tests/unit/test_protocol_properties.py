@@ -5,7 +5,7 @@ whose arguments are drawn mostly from the record itself (its step names, effect 
 numbers) and sometimes from outside it, at random times that may even go backwards. Besides the
 raw transitions, a sequence may ask ``decide`` for the next action (with a replay stub that is
 consistent with the record) and carry it out, or settle an outcome as an operator would.
-After every accepted write the invariants of docs/design.md §2–3 are checked; a refused write must leave
+After every accepted write the invariants of docs/design.md §2 and §3 are checked; a refused write must leave
 the record exactly as it was. The effects are a view of the saga record (docs/design.md §2.3),
 so the same sequences check the effect state machine: along every accepted write, each effect
 ``effects_of`` derives either stays where it was or moves along ``EFFECT_TRANSITIONS``, a new
@@ -283,7 +283,7 @@ def decide_event(p: Picks, world: World) -> tuple[str, Event] | None:
 
 
 def check_record(record: SagaRecord, world: World) -> None:
-    """The docs/design.md §2–3 invariants of any saga a sequence reaches."""
+    """The docs/design.md §2 and §3 invariants of any saga a sequence reaches."""
     names = [s.name for s in record.steps]
     ids = [e for s in record.steps for e in (s.effect_id, s.compensation_effect_id)]
     assert len(set(names)) == len(names), "repeated step name"
