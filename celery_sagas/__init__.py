@@ -22,6 +22,7 @@ from ._events import FindingEvent, LifecycleEvent, Phase, Stage
 from ._findings import FindingPage
 from ._protocol.findings import Finding, FindingKind
 from ._records import (
+    ENCRYPTED,
     ApprovalRecord,
     ApprovalState,
     Binding,
@@ -45,6 +46,7 @@ __all__ = [
     "ApprovalState",
     "Binding",
     "CorruptRecord",
+    "ENCRYPTED",
     "EffectRecord",
     "EffectState",
     "Envelope",

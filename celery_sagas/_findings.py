@@ -97,8 +97,9 @@ def effect_findings(saga: SagaRecord, window: Window) -> list[Finding]:
 
 
 def corrupt_finding(corrupt: CorruptRecord) -> Finding:
-    """A record that failed read validation, as a finding."""
-    return Finding(FindingKind.CORRUPT, corrupt.kind, corrupt.id, reason=corrupt.reason)
+    """A record that failed read validation (or that no configured key decrypts), as a finding."""
+    kind = FindingKind.UNDECRYPTABLE if corrupt.undecryptable else FindingKind.CORRUPT
+    return Finding(kind, corrupt.kind, corrupt.id, reason=corrupt.reason)
 
 
 def finding_event(finding: Finding, fence: int | None = None) -> FindingEvent:

@@ -12,6 +12,7 @@ EXPECTED = [
     "ApprovalState",
     "Binding",
     "CorruptRecord",
+    "ENCRYPTED",
     "EffectRecord",
     "EffectState",
     "Envelope",
