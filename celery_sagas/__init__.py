@@ -41,12 +41,12 @@ from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "ENCRYPTED",
     "ApprovalGate",
     "ApprovalRecord",
     "ApprovalState",
     "Binding",
     "CorruptRecord",
-    "ENCRYPTED",
     "EffectRecord",
     "EffectState",
     "Envelope",
