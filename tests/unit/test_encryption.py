@@ -30,7 +30,6 @@ from celery_sagas.errors import (
     SagaConfigurationError,
     UndecryptableRecord,
 )
-from celery_sagas.stores.base import Envelope
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import Script, register_shop
