@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet
 from celery_sagas import ENCRYPTED
 from tests.conftest import REDIS_BROKER_URL
 from tests.e2e.app import build
-from tests.e2e.conftest import ROOT, Stack, _make_stack, wait_until
+from tests.e2e.conftest import ROOT, Stack, _make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
