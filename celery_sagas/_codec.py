@@ -131,14 +131,13 @@ _APPROVAL: dict[str, _Field] = {
     "nonce": _maybe(str, values.nonce),
 }
 
-# Payload fields (docs/design.md §7): what encryption seals. ``None`` names the saga body's own
-# fields; a list field of the body names the payload fields of each of its items. A new payload
-# field is one entry here.
-_PAYLOADS: dict[str | None, tuple[str, ...]] = {
-    None: ("input",),
-    "steps": ("args", "kwargs", "result"),
+# Payload fields (docs/design.md §7): what encryption seals. ``None`` is the saga body itself; a
+# list field of the body (``steps``) stands for each of its items. Each entry gives the table
+# its fields are read with and the payload fields; a new payload field is one entry here.
+_PAYLOADS: dict[str | None, tuple[Mapping[str, _Field], tuple[str, ...]]] = {
+    None: (_SAGA, ("input",)),
+    "steps": (_STEP, ("args", "kwargs", "result")),
 }
-_TABLES: dict[str | None, Mapping[str, _Field]] = {None: _SAGA, "steps": _STEP}
 _SEALED = "sealed"  # the body key of the token
 
 # A payload the keys could not open: (list field or None, item index, field name).
@@ -220,7 +219,7 @@ def _seal(body: dict[str, Any], sealer: Sealer) -> dict[str, Any]:
     """Move every payload of ``body`` into one token (a ``null`` keeps each one's place)."""
     payloads = []
     for list_name, _, holder in _holders(body):
-        for name in _PAYLOADS[list_name]:
+        for name in _PAYLOADS[list_name][1]:
             if name in holder:
                 payloads.append(holder[name])
                 holder[name] = None
@@ -235,7 +234,7 @@ def _unseal(raw: dict[str, Any], sealer: Sealer | None, fail: InvalidRecordError
     token = raw.pop(_SEALED)
     slots = [(list_name, index, name, holder)
              for list_name, index, holder in _holders(raw)
-             for name in _PAYLOADS[list_name] if name in holder and holder[name] is None]
+             for name in _PAYLOADS[list_name][1] if name in holder and holder[name] is None]
     if type(token) is not str:
         raise fail
     if not slots:
@@ -243,7 +242,7 @@ def _unseal(raw: dict[str, Any], sealer: Sealer | None, fail: InvalidRecordError
     text = None if sealer is None else sealer.open(token)
     if text is None:
         for list_name, _, name, holder in slots:
-            spec = _TABLES[list_name][name]
+            spec = _PAYLOADS[list_name][0][name]
             holder[name] = None if spec.optional or spec.kind is None else spec.kind()
         return [(list_name, index, name) for list_name, index, name, _ in slots]
     try:
@@ -408,6 +407,36 @@ class Codec:
         read = _read(raw, _STEP, fail)
         read["result"] = raw.get("result")
         return StepRecord(**read)
+
+    # ------------------------------------------------------------ payloads outside a body
+
+    def payload_out(self, payload: Any) -> dict[str, Any]:
+        """A payload stored outside a saga body (a signal note, docs/design.md §3.5), as the JSON
+        object to store: ``{"payload": value}`` in clear, ``{"sealed": token}`` with keys."""
+        if self._sealer is None:
+            return {"payload": payload}
+        return {_SEALED: self._sealer.seal(_ENCODER.encode(payload))}
+
+    def payload_in(self, stored: Any, *, kind: str, record_id: str, display: bool = False) -> Any:
+        """The payload ``payload_out`` stored. No listed key opens it: ``UndecryptableRecord``,
+        or ``ENCRYPTED`` with ``display``; malformed: ``InvalidRecordError``."""
+        fail = InvalidRecordError(kind=kind, record_id=record_id)
+        if type(stored) is not dict or len(stored) != 1:
+            raise fail
+        if "payload" in stored:
+            return stored["payload"]
+        token = stored.get(_SEALED)
+        if type(token) is not str:
+            raise fail
+        text = None if self._sealer is None else self._sealer.open(token)
+        if text is None:
+            if display:
+                return ENCRYPTED
+            raise UndecryptableRecord(kind=kind, record_id=record_id)
+        try:
+            return values.decode_json(text)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise fail from exc
 
     # ------------------------------------------------------------ approvals
 

@@ -193,6 +193,24 @@ def test_scans_report_an_undecryptable_saga_apart_or_show_it_for_display() -> No
     assert [r.input for r in shown.records] == [ENCRYPTED] and shown.corrupt == ()
 
 
+def test_a_payload_kept_outside_a_body_is_sealed_the_same_way() -> None:
+    # given: what a signal note would carry
+    sealed = Codec(encryption_keys=[KEY_A]).payload_out({"tracking": MARK})
+    plain = Codec().payload_out({"tracking": MARK})
+
+    # then
+    assert MARK not in json.dumps(sealed) and MARK in json.dumps(plain)
+    for codec in (Codec(encryption_keys=[KEY_B, KEY_A]), Codec(encryption_keys=[KEY_A])):
+        assert codec.payload_in(sealed, kind="saga", record_id="s") == {"tracking": MARK}
+    assert Codec(encryption_keys=[KEY_B]).payload_in(plain, kind="saga", record_id="s") == {
+        "tracking": MARK}
+    with pytest.raises(UndecryptableRecord):
+        Codec(encryption_keys=[KEY_B]).payload_in(sealed, kind="saga", record_id="s")
+    assert Codec().payload_in(sealed, kind="saga", record_id="s", display=True) is ENCRYPTED
+    with pytest.raises(InvalidRecordError):
+        Codec().payload_in({"sealed": 1}, kind="saga", record_id="s")
+
+
 # ---------------------------------------------------------------- keys
 
 
