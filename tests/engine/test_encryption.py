@@ -17,7 +17,7 @@ from celery_sagas._records import SagaState, StepState
 from celery_sagas.errors import UndecryptableRecord
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
-from tests.engine.conftest import Script, Shop, register_shop
+from tests.engine.conftest import SYNC_BACKOFF_MS, Script, Shop, register_shop
 
 MARK = "MARKER-7f3a"
 OLD_KEY = Fernet.generate_key()
@@ -197,3 +197,22 @@ def test_no_key_or_payload_reaches_a_log_line(shop: Shop, caplog: pytest.LogCapt
     assert MARK not in text and OLD_KEY.decode() not in text
     assert OLD_KEY.decode() not in repr(shop.sagas.settings)
     assert OLD_KEY.decode() not in repr(shop.sagas.engine.repository.codec)
+
+
+def test_an_undecryptable_saga_due_and_stale_is_reported_once_per_sweep(
+        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: a retry waiting for its time (due) in a saga nobody touched since (stale)
+    shop.script.then("sync", ConnectionError("reset"))
+    shop.sync_user.start({"user": MARK}, saga_id="u-1")
+    shop.driver.run_until_idle()
+    assert shop.sagas.engine.load("u-1").steps[0].next_attempt_at_ms is not None
+    new_only, new_shop = _other(store, clock, [NEW_KEY])
+    reported: list[object] = []
+    new_only.subscribe_findings(reported.append)
+
+    # when
+    clock.advance(SYNC_BACKOFF_MS)
+    new_shop.sweep_when_stale()
+
+    # then
+    assert [(e.kind, e.record_id) for e in reported] == [("undecryptable", "u-1")]  # type: ignore[attr-defined]
