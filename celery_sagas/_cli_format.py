@@ -225,6 +225,9 @@ def finding_hint(finding: Finding) -> str:
         return "began long ago and its outcome is unknown: ask the provider about this effect id"
     if finding.kind is FindingKind.INCOMPLETE:
         return "admitted but never began: see its saga (the sweep re-drives it)"
+    if finding.kind is FindingKind.UNDECRYPTABLE:
+        return ("encrypted with a key not in sagas_encryption_keys: list that key again and restart "
+                "(nothing acts on it meanwhile)")
     return f"{finding.record_kind} record failed read validation: inspect it in the store"
 
 

@@ -306,6 +306,23 @@ def test_show_prints_encrypted_for_payloads_no_key_opens(tmp_path: Path) -> None
     assert listed.exit_code == 0 and [s["saga_id"] for s in json.loads(listed.stdout)["sagas"]] == ["o-1"]
 
 
+def test_the_findings_report_tells_what_to_do_about_an_undecryptable_saga() -> None:
+    from celery_sagas._cli_format import finding_hint, findings_text
+    from celery_sagas._findings import corrupt_finding
+    from celery_sagas._scans import CorruptRecord
+
+    # given
+    finding = corrupt_finding(CorruptRecord("saga", "o-1", "encrypted with a key not in "
+                                            "encryption_keys", undecryptable=True))
+
+    # then
+    assert "list that key again" in finding_hint(finding)
+    assert "undecryptable" in findings_text([finding], [])
+    from celery_sagas.web._views import finding_forms, hint
+
+    assert "list that key again" in hint(finding) and finding_forms(finding) == ()
+
+
 APP_MODULE = '''
 from celery import Celery
 from celery_sagas import Sagas
