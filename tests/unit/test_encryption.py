@@ -211,6 +211,21 @@ def test_a_payload_kept_outside_a_body_is_sealed_the_same_way() -> None:
         Codec().payload_in({"sealed": 1}, kind="saga", record_id="s")
 
 
+def test_the_sentinel_and_the_error_survive_pickling_and_copying() -> None:
+    import copy
+    import pickle
+
+    # given
+    error = UndecryptableRecord(kind="saga", record_id="o-1")
+
+    # then
+    assert pickle.loads(pickle.dumps(ENCRYPTED)) is ENCRYPTED
+    assert copy.deepcopy({"x": [ENCRYPTED]})["x"][0] is ENCRYPTED
+    back = pickle.loads(pickle.dumps(error))
+    assert (type(back), back.kind, back.record_id, str(back)) == (
+        UndecryptableRecord, "saga", "o-1", "saga 'o-1' was encrypted with a key not in encryption_keys")
+
+
 # ---------------------------------------------------------------- keys
 
 
