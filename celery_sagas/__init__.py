@@ -33,6 +33,7 @@ from ._records import (
     StepRecord,
     StepState,
 )
+from ._reseal import ResealPage
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
 from .errors import StepNotCommitted
@@ -62,6 +63,7 @@ __all__ = [
     "PendingApproval",
     "Phase",
     "RecordPage",
+    "ResealPage",
     "Saga",
     "SagaContext",
     "SagaHandle",

@@ -408,6 +408,23 @@ class Codec:
         read["result"] = raw.get("result")
         return StepRecord(**read)
 
+    def sealed_with_newest(self, envelope: Envelope) -> bool:
+        """Whether a saga body's payloads are sealed with this codec's newest key (or it has
+        none to seal); False for payloads in clear or sealed with an older key."""
+        if self._sealer is None:
+            return False
+        try:
+            raw = values.decode_json(envelope.body)
+        except (ValueError, TypeError, RecursionError):
+            return False
+        if type(raw) is not dict:
+            return False
+        token = raw.get(_SEALED)
+        if type(token) is str:
+            return self._sealer.is_newest(token)
+        return not any(name in holder for list_name, _, holder in _holders(raw)
+                       for name in _PAYLOADS[list_name][1])
+
     # ------------------------------------------------------------ payloads outside a body
 
     def payload_out(self, payload: Any) -> dict[str, Any]:

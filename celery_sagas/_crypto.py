@@ -31,7 +31,7 @@ def _fernet_classes() -> tuple[Any, Any, type[Exception]]:
 class Sealer:
     """Encrypts text with the newest key and decrypts text sealed with any listed key."""
 
-    __slots__ = ("_invalid", "_multi", "key_count")
+    __slots__ = ("_invalid", "_multi", "_newest", "key_count")
 
     def __init__(self, keys: Sequence[str | bytes]) -> None:
         fernet, multi, invalid = _fernet_classes()
@@ -49,6 +49,7 @@ class Sealer:
                     f"sagas_encryption_keys[{index}] is not a Fernet key ({_HINT})"
                 ) from None
         self._multi = multi(opened)
+        self._newest = opened[0]
         self._invalid = invalid
         self.key_count = len(opened)
 
@@ -64,6 +65,14 @@ class Sealer:
         except (self._invalid, UnicodeError, ValueError, TypeError):
             return None
         return plain.decode("utf-8")
+
+    def is_newest(self, token: str) -> bool:
+        """Whether ``token`` was sealed with the newest key."""
+        try:
+            self._newest.decrypt(token.encode("ascii"))
+        except (self._invalid, UnicodeError, ValueError, TypeError):
+            return False
+        return True
 
     def __repr__(self) -> str:
         return f"Sealer(<{self.key_count} keys hidden>)"

@@ -28,6 +28,7 @@ from .._findings import FindingPage, window_of
 from .._metrics import SagaMetrics
 from .._protocol.findings import Finding
 from .._records import SAGA, SagaRecord, SagaState
+from .._reseal import ResealPage, reseal_page
 from .._scans import RecordPage
 from .._sweep import SweepReport
 from ..errors import (
@@ -331,6 +332,13 @@ class Sagas:
         scans = self._process.current.views
         return scans.sagas(list(states or SagaState), definition=definition, cursor=cursor,
                            limit=limit)
+
+    def reseal(self, *, states: Sequence[SagaState | str] | None = None,
+               cursor: str | None = None, limit: int = 100) -> ResealPage:
+        """Re-encrypt one page of sagas (every state unless ``states``) whose payloads are in
+        clear or sealed with an older key, under the newest of ``encryption_keys``: after a
+        key rotation, walk every page (pass ``cursor`` back) before removing the old key."""
+        return reseal_page(self.engine.repository, states=states, cursor=cursor, limit=limit)
 
     def counts(self, *, definition: str | None = None) -> dict[str, int]:
         """How many sagas are in each state (of one definition if given), from the indexes."""

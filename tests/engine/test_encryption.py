@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import replace
 
 import pytest
 from celery import Celery
@@ -14,7 +15,7 @@ from cryptography.fernet import Fernet
 from celery_sagas import ENCRYPTED, MemoryStore, Sagas, StepNotCommitted
 from celery_sagas._findings import corrupt_finding
 from celery_sagas._records import SagaState, StepState
-from celery_sagas.errors import UndecryptableRecord
+from celery_sagas.errors import SagaConfigurationError, UndecryptableRecord
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import SYNC_BACKOFF_MS, Script, Shop, register_shop
@@ -216,3 +217,75 @@ def test_an_undecryptable_saga_due_and_stale_is_reported_once_per_sweep(
 
     # then
     assert [(e.kind, e.record_id) for e in reported] == [("undecryptable", "u-1")]  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- resealing after a rotation
+
+
+def test_reseal_rewrites_old_seals_under_the_newest_key_keeping_the_age(
+        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: a finished saga sealed with the old key, read by a process that rotated
+    shop.start_order(card=MARK)
+    shop.driver.run_until_idle()
+    before = shop.record()
+    rotated, _ = _other(store, clock, [NEW_KEY, OLD_KEY])
+
+    # when
+    first = rotated.reseal()
+    again = rotated.reseal()
+
+    # then: rewritten once, one version up, same age; the new key alone reads it
+    assert (first.resealed, first.current, first.unreadable, first.cursor) == (1, 0, (), None)
+    assert (again.resealed, again.current) == (0, 1)
+    new_only, _ = _other(store, clock, [NEW_KEY])
+    after = new_only.engine.load("o-1")
+    assert after == replace(before, version=before.version + 1)
+    assert MARK not in _bodies(store)
+
+
+def test_reseal_encrypts_sagas_written_before_encryption_was_on(store: MemoryStore,
+                                                                clock: FrozenClock) -> None:
+    # given
+    _, plain_shop = _other(store, clock, [])
+    plain_shop.start_order(card=MARK)
+    assert MARK in _bodies(store)
+    sealed, _ = _other(store, clock, [OLD_KEY])
+
+    # when
+    page = sealed.reseal(states=["running"])
+
+    # then
+    assert page.resealed == 1 and MARK not in _bodies(store)
+
+
+def test_reseal_pages_through_every_state_and_names_what_it_cannot_read(
+        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: three sagas under the old key, one under a key nobody lists any more
+    for n in range(3):
+        shop.start_order(f"o-{n}", card=MARK)
+    shop.driver.run_until_idle()
+    _, lost_shop = _other(store, clock, [Fernet.generate_key()])
+    lost_shop.start_order("lost", card=MARK)
+    rotated, _ = _other(store, clock, [NEW_KEY, OLD_KEY])
+
+    # when
+    pages, cursor = [], None
+    while True:
+        page = rotated.reseal(cursor=cursor, limit=1)
+        pages.append(page)
+        cursor = page.cursor
+        if cursor is None:
+            break
+
+    # then
+    assert sum(p.resealed for p in pages) == 3
+    assert [i for p in pages for i in p.unreadable] == ["lost"]
+
+
+def test_reseal_needs_keys(sagas: Sagas, store: MemoryStore, clock: FrozenClock) -> None:
+    # given
+    keyless, _ = _other(store, clock, [])
+
+    # then
+    with pytest.raises(SagaConfigurationError):
+        keyless.reseal()

@@ -366,3 +366,38 @@ def test_celery_report_of_a_real_app_shows_no_key(tmp_path: Path) -> None:
     assert "sagas_encryption_keys" in result.stdout
     for key in (KEY_A, KEY_B):
         assert key.decode() not in result.stdout + result.stderr
+
+
+def test_the_reseal_command_walks_every_page_and_fails_on_what_it_cannot_read() -> None:
+    from celery.bin.base import CLIContext
+    from click.testing import CliRunner
+
+    from celery_sagas.cli import sagas as sagas_command
+
+    # given: three sagas sealed with KEY_A
+    store = MemoryStore()
+    writer = Sagas(Celery(f"w-{uuid.uuid4().hex[:6]}", set_as_current=False), store=store,
+                   allow_non_durable=True, encryption_keys=[KEY_A])
+    register_shop(writer, Script())
+    for n in range(3):
+        writer.start("place-order", {"id": f"o-{n}", "sku": MARK, "qty": 1, "card": MARK,
+                                     "total": 3}, saga_id=f"o-{n}")
+
+    def run(keys: list[bytes], *args: str) -> Any:
+        app = Celery(f"r-{uuid.uuid4().hex[:6]}", set_as_current=False)
+        Sagas(app, store=store, allow_non_durable=True, encryption_keys=keys)
+        return CliRunner().invoke(sagas_command, ["reseal", *args, "--json"],
+                                  obj=CLIContext(app=app, no_color=True, workdir=None))
+
+    # when
+    lost = run([KEY_B], "--limit", "1")
+    rotated = run([KEY_B, KEY_A], "--all", "--limit", "2")
+    after = run([KEY_B], "--all")
+
+    # then
+    assert lost.exit_code == 1 and json.loads(lost.stdout)["unreadable"] == ["o-0"]
+    assert json.loads(lost.stdout)["cursor"] is not None
+    assert rotated.exit_code == 0, rotated.output
+    assert json.loads(rotated.stdout) == {"resealed": 3, "current": 0, "unreadable": [],
+                                          "cursor": None}
+    assert after.exit_code == 0 and json.loads(after.stdout)["current"] == 3

@@ -28,6 +28,7 @@ EXPECTED = [
     "PendingApproval",
     "Phase",
     "RecordPage",
+    "ResealPage",
     "Saga",
     "SagaContext",
     "SagaHandle",
