@@ -2,7 +2,8 @@
 encryption keys"): with ``sagas_encryption_keys`` set, nothing a saga was given or returned is
 in clear in Redis or PostgreSQL, sagas complete and compensate, a new key listed first keeps
 old sagas readable across a worker restart, and once the old key is removed its records show
-``<encrypted>`` and are reported ``undecryptable``; keys never reach ``celery inspect conf``.
+``<encrypted>`` and are reported ``undecryptable`` until the key is listed again and
+``celery sagas reseal`` re-encrypts them; keys never reach ``celery inspect conf``.
 """
 
 from __future__ import annotations
@@ -167,6 +168,20 @@ def test_a_rotation_keeps_old_sagas_readable_and_removing_the_old_key_reports_th
     assert ("undecryptable", "rot-review") in kinds
     assert not any(kind == "corrupt" for kind, _ in kinds)
     assert MARK not in raw_store(stack)
+
+    # when: the old key is listed again (removed too early), and everything is resealed
+    rekey(stack, NEW, OLD)
+    assert stack.sagas.get("rot-old").input["sku"] == MARK
+    resealed = cli(stack, "sagas", "reseal", "--all", "--json")
+    assert resealed.returncode == 0, resealed.stderr
+    assert json.loads(resealed.stdout)["unreadable"] == []
+    rekey(stack, NEW)
+
+    # then: with the new key alone, every saga reads and nothing is undecryptable
+    for saga_id in ("rot-old", "rot-review", "rot-flight", "rot-new"):
+        assert stack.sagas.get(saga_id).input["sku"] == MARK, saga_id
+    found = cli(stack, "sagas", "findings", "--json")
+    assert not any(f["kind"] == "undecryptable" for f in json.loads(found.stdout)["findings"])
 
 
 def test_celery_inspect_conf_on_a_real_worker_shows_no_key(sealed_redis: Stack) -> None:
