@@ -22,6 +22,7 @@ from ._events import FindingEvent, LifecycleEvent, Phase, Stage
 from ._findings import FindingPage
 from ._protocol.findings import Finding, FindingKind
 from ._records import (
+    ENCRYPTED,
     ApprovalRecord,
     ApprovalState,
     Binding,
@@ -32,6 +33,7 @@ from ._records import (
     StepRecord,
     StepState,
 )
+from ._reseal import ResealPage
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
 from .errors import StepNotCommitted
@@ -40,6 +42,7 @@ from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "ENCRYPTED",
     "ApprovalGate",
     "ApprovalRecord",
     "ApprovalState",
@@ -60,6 +63,7 @@ __all__ = [
     "PendingApproval",
     "Phase",
     "RecordPage",
+    "ResealPage",
     "Saga",
     "SagaContext",
     "SagaHandle",

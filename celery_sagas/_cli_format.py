@@ -2,18 +2,19 @@
 
 JSON views carry ids, states, attempts, codes and times (``*_ms``, epoch milliseconds). They
 never carry the saga input or step arguments unless ``payload=True``; ``saga_view`` includes
-step results, which an operator needs to resolve what came after them.
+step results, which an operator needs to resolve what came after them. A payload no configured
+key decrypts (``ENCRYPTED``) prints as ``<encrypted>``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from ._protocol.findings import Finding, FindingKind
-from ._records import ApprovalRecord, SagaRecord, SagaState, StepRecord
+from ._records import ENCRYPTED, ApprovalRecord, SagaRecord, SagaState, StepRecord
 from ._scans import CorruptRecord
 from ._sweep import SweepReport
 
@@ -29,6 +30,7 @@ __all__ = [
     "saga_table",
     "saga_text",
     "saga_view",
+    "shown",
     "step_view",
     "sweep_text",
     "sweep_view",
@@ -39,6 +41,13 @@ __all__ = [
 def dumps(value: Any) -> str:
     """Stable, indented JSON for scripts."""
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+def shown(value: object, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A payload as printed (through ``convert``): ``<encrypted>`` where no key decrypted it."""
+    if value is ENCRYPTED:
+        return str(value)
+    return value if convert is None else convert(value)
 
 
 def iso(ms: int | None) -> str:
@@ -98,11 +107,11 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "claimed_by": step.claimed_by,
         "approval_id": step.approval_id,
         "group": step.group,
-        "result": step.result,
+        "result": shown(step.result),
     }
     if payload:
-        view["args"] = list(step.args)
-        view["kwargs"] = dict(step.kwargs)
+        view["args"] = shown(step.args, list)
+        view["kwargs"] = shown(step.kwargs, dict)
     return view
 
 
@@ -111,7 +120,7 @@ def saga_view(record: SagaRecord, *, payload: bool = False) -> dict[str, Any]:
     view = saga_summary(record)
     view["steps"] = [step_view(step, payload=payload) for step in record.steps]
     if payload:
-        view["input"] = record.input
+        view["input"] = shown(record.input)
     return view
 
 
@@ -124,8 +133,10 @@ def saga_table(records: Sequence[SagaRecord]) -> str:
     return table(("SAGA", "DEFINITION", "STATE", "STEPS", "ERROR", "UPDATED"), rows)
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+def _compact(value: object, convert: Callable[[Any], Any] | None = None) -> str:
+    if value is ENCRYPTED:
+        return str(value)
+    return json.dumps(shown(value, convert), sort_keys=True, separators=(",", ":"))
 
 
 def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
@@ -141,7 +152,7 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
     if step.approval_id is not None:
         lines.append(f"    approval      {step.approval_id}")
     if payload:
-        lines.append(f"    args {_compact(list(step.args))}  kwargs {_compact(dict(step.kwargs))}")
+        lines.append(f"    args {_compact(step.args, list)}  kwargs {_compact(step.kwargs, dict)}")
         lines.append(f"    result {_compact(step.result)}")
     return lines
 
@@ -214,6 +225,9 @@ def finding_hint(finding: Finding) -> str:
         return "began long ago and its outcome is unknown: ask the provider about this effect id"
     if finding.kind is FindingKind.INCOMPLETE:
         return "admitted but never began: see its saga (the sweep re-drives it)"
+    if finding.kind is FindingKind.UNDECRYPTABLE:
+        return ("encrypted with a key not in sagas_encryption_keys: list that key again and restart "
+                "(nothing acts on it meanwhile)")
     return f"{finding.record_kind} record failed read validation: inspect it in the store"
 
 

@@ -6,23 +6,32 @@ needs looking at again is its due time, and everything else is the JSON body. En
 every field that is set; decoding checks each against the table below and raises
 ``InvalidRecordError`` for anything off, so a corrupt record is never acted on. A saga record's
 notes (claims appended without a read) are applied to it on the way in.
+
+With encryption keys (docs/design.md §7) the payload fields (``_PAYLOADS``) of a saga body are
+sealed together into one Fernet token under ``sealed``; each keeps its key in the body with a
+``null`` in its place, so the record's shape (ids, states, names, times, codes) stays readable
+without keys. A sealed record no listed key opens raises ``UndecryptableRecord`` (never
+``InvalidRecordError``: it is intact), or, read for display, comes back with ``ENCRYPTED`` in
+each sealed field. A codec without keys reads plain records unchanged and costs nothing extra.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from functools import cache
 from typing import Any
 
 from . import _values as values
+from ._crypto import Sealer, sealer_of
 from ._protocol.due import due_at
 from ._protocol.notes import apply_notes, parse_note
 from ._records import (
     APPROVAL,
+    ENCRYPTED,
     SAGA,
     ApprovalRecord,
     ApprovalState,
@@ -33,7 +42,7 @@ from ._records import (
     StepRecord,
     StepState,
 )
-from .errors import InvalidRecordError, PayloadTooLarge, SagaValidationError
+from .errors import InvalidRecordError, PayloadTooLarge, SagaValidationError, UndecryptableRecord
 from .stores.base import Envelope
 
 __all__ = ["Codec", "stamped"]
@@ -123,6 +132,18 @@ _APPROVAL: dict[str, _Field] = {
     "nonce": _maybe(str, values.nonce),
 }
 
+# Payload fields (docs/design.md §7): what encryption seals. ``None`` is the saga body itself; a
+# list field of the body (``steps``) stands for each of its items. Each entry gives the table
+# its fields are read with and the payload fields; a new payload field is one entry here.
+_PAYLOADS: dict[str | None, tuple[Mapping[str, _Field], tuple[str, ...]]] = {
+    None: (_SAGA, ("input",)),
+    "steps": (_STEP, ("args", "kwargs", "result")),
+}
+_SEALED = "sealed"  # the body key of the token
+
+# A payload the keys could not open: (list field or None, item index, field name).
+Slot = tuple[str | None, int, str]
+
 # Fields the envelope carries, never the body.
 _ENVELOPED = frozenset({"state", "version", "updated_at_ms"})
 _SAGA_ENVELOPED = _ENVELOPED | {"saga_id"}
@@ -183,6 +204,69 @@ def _encoded(body: dict[str, Any], field: str, limit: int) -> str:
 
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"),
                             sort_keys=True)
+
+
+def _holders(body: dict[str, Any]) -> list[tuple[str | None, int, dict[str, Any]]]:
+    """The dicts of a body that hold payload fields: the body itself, then each list item."""
+    found: list[tuple[str | None, int, dict[str, Any]]] = [(None, 0, body)]
+    for list_name in _PAYLOADS:
+        items = body.get(list_name) if list_name is not None else None
+        if isinstance(items, list):
+            found.extend((list_name, i, item) for i, item in enumerate(items) if type(item) is dict)
+    return found
+
+
+def _seal(body: dict[str, Any], sealer: Sealer) -> dict[str, Any]:
+    """Move every payload of ``body`` into one token (a ``null`` keeps each one's place)."""
+    payloads = []
+    for list_name, _, holder in _holders(body):
+        for name in _PAYLOADS[list_name][1]:
+            if name in holder:
+                payloads.append(holder[name])
+                holder[name] = None
+    if payloads:
+        body[_SEALED] = sealer.seal(_ENCODER.encode(payloads))
+    return body
+
+
+def _unseal(raw: dict[str, Any], sealer: Sealer | None, fail: InvalidRecordError) -> list[Slot] | None:
+    """Put the sealed payloads back into ``raw``; None when done, else the slots no key opened
+    (each given a neutral value so the record still reads)."""
+    token = raw.pop(_SEALED)
+    slots = [(list_name, index, name, holder)
+             for list_name, index, holder in _holders(raw)
+             for name in _PAYLOADS[list_name][1] if name in holder and holder[name] is None]
+    if type(token) is not str:
+        raise fail
+    if not slots:
+        return None
+    text = None if sealer is None else sealer.open(token)
+    if text is None:
+        for list_name, _, name, holder in slots:
+            spec = _PAYLOADS[list_name][0][name]
+            holder[name] = None if spec.optional or spec.kind is None else spec.kind()
+        return [(list_name, index, name) for list_name, index, name, _ in slots]
+    try:
+        payloads = values.decode_json(text)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise fail from exc
+    if type(payloads) is not list or len(payloads) != len(slots):
+        raise fail
+    for (_, _, name, holder), payload in zip(slots, payloads, strict=True):
+        holder[name] = payload
+    return None
+
+
+def _mark_encrypted(record: SagaRecord, slots: list[Slot]) -> SagaRecord:
+    """``record`` with ``ENCRYPTED`` in every slot the keys could not open."""
+    changes: dict[str, Any] = {name: ENCRYPTED for list_name, _, name in slots if list_name is None}
+    for list_name in {list_name for list_name, _, _ in slots if list_name is not None}:
+        items = list(getattr(record, list_name))
+        for owner, index, name in slots:
+            if owner == list_name:
+                items[index] = replace(items[index], **{name: ENCRYPTED})
+        changes[list_name] = tuple(items)
+    return replace(record, **changes)
 
 
 def _read(raw: Any, table: Mapping[str, _Field], fail: InvalidRecordError) -> dict[str, Any]:
@@ -255,24 +339,48 @@ _WRITE_ID_ROOM = 64  # bytes the write id adds beyond the payload limit
 
 
 class Codec:
-    """Encodes and decodes saga and approval records for one payload limit (bytes)."""
+    """Encodes and decodes saga and approval records for one payload limit (bytes), sealing
+    payloads with ``encryption_keys`` (Fernet keys, newest first) when given."""
 
-    def __init__(self, payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT) -> None:
+    def __init__(self, payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT, *,
+                 encryption_keys: Sequence[str | bytes] = ()) -> None:
         self.payload_limit = payload_limit
+        self._sealer = sealer_of(encryption_keys)
+
+    @property
+    def encrypts(self) -> bool:
+        """True when this codec seals payloads."""
+        return self._sealer is not None
+
+    def __repr__(self) -> str:
+        return f"Codec(payload_limit={self.payload_limit}, encrypts={self.encrypts})"
 
     # ------------------------------------------------------------ sagas
 
     def saga_envelope(self, record: SagaRecord, *, stamp: bool = False) -> Envelope:
         """Encode a saga record; refuses non-JSON payloads and bodies over the limit."""
-        text = _encoded(_body(record, _SAGA_ENVELOPED), "saga record", self.payload_limit)
+        body = _body(record, _SAGA_ENVELOPED)
+        # The limit bounds the plain record; sealed, it is stored about a third larger.
+        text = _encoded(body, "saga record", self.payload_limit)
+        limit = self.payload_limit
+        if self._sealer is not None:
+            text = _ENCODER.encode(_seal(body, self._sealer))
+            limit = len(text)
         envelope = Envelope(SAGA, record.saga_id, record.version, str(record.state),
                             record.updated_at_ms, text, record.definition, due_at(record))
-        return stamped(envelope, limit=self.payload_limit + _WRITE_ID_ROOM) if stamp else envelope
+        return stamped(envelope, limit=limit + _WRITE_ID_ROOM) if stamp else envelope
 
-    def saga(self, envelope: Envelope | None, saga_id: str) -> SagaRecord:
-        """Decode and validate a saga record read for ``saga_id``, its notes applied."""
+    def saga(self, envelope: Envelope | None, saga_id: str, *, display: bool = False) -> SagaRecord:
+        """Decode and validate a saga record read for ``saga_id``, its notes applied.
+
+        A record sealed with a key not listed raises ``UndecryptableRecord``; with ``display``
+        it comes back with ``ENCRYPTED`` in each payload instead (to show, never to act on).
+        """
         raw, fail = _open(envelope, SAGA, saga_id)
         assert envelope is not None
+        opaque = _unseal(raw, self._sealer, fail) if _SEALED in raw else None
+        if opaque is not None and not display:
+            raise UndecryptableRecord(kind=SAGA, record_id=saga_id)
         read = _read(raw, _SAGA, fail)
         steps = raw.get("steps")
         if not isinstance(steps, list):
@@ -287,6 +395,8 @@ class Codec:
             **{k: v for k, v in read.items() if k != "input"},
         )
         _check_unique(record, fail)
+        if opaque:
+            record = _mark_encrypted(record, opaque)
         if not envelope.notes:
             return record
         try:
@@ -298,6 +408,53 @@ class Codec:
         read = _read(raw, _STEP, fail)
         read["result"] = raw.get("result")
         return StepRecord(**read)
+
+    def sealed_with_newest(self, envelope: Envelope) -> bool:
+        """Whether a saga body's payloads are sealed with this codec's newest key (or it has
+        none to seal); False for payloads in clear or sealed with an older key."""
+        if self._sealer is None:
+            return False
+        try:
+            raw = values.decode_json(envelope.body)
+        except (ValueError, TypeError, RecursionError):
+            return False
+        if type(raw) is not dict:
+            return False
+        token = raw.get(_SEALED)
+        if type(token) is str:
+            return self._sealer.is_newest(token)
+        return not any(name in holder for list_name, _, holder in _holders(raw)
+                       for name in _PAYLOADS[list_name][1])
+
+    # ------------------------------------------------------------ payloads outside a body
+
+    def payload_out(self, payload: Any) -> dict[str, Any]:
+        """A payload stored outside a saga body (a signal note, docs/design.md §3.5), as the JSON
+        object to store: ``{"payload": value}`` in clear, ``{"sealed": token}`` with keys."""
+        if self._sealer is None:
+            return {"payload": payload}
+        return {_SEALED: self._sealer.seal(_ENCODER.encode(payload))}
+
+    def payload_in(self, stored: Any, *, kind: str, record_id: str, display: bool = False) -> Any:
+        """The payload ``payload_out`` stored. No listed key opens it: ``UndecryptableRecord``,
+        or ``ENCRYPTED`` with ``display``; malformed: ``InvalidRecordError``."""
+        fail = InvalidRecordError(kind=kind, record_id=record_id)
+        if type(stored) is not dict or len(stored) != 1:
+            raise fail
+        if "payload" in stored:
+            return stored["payload"]
+        token = stored.get(_SEALED)
+        if type(token) is not str:
+            raise fail
+        text = None if self._sealer is None else self._sealer.open(token)
+        if text is None:
+            if display:
+                return ENCRYPTED
+            raise UndecryptableRecord(kind=kind, record_id=record_id)
+        try:
+            return values.decode_json(text)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise fail from exc
 
     # ------------------------------------------------------------ approvals
 

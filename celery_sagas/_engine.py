@@ -134,8 +134,9 @@ class Engine:
         return now_ms(self.clock)
 
     def get(self, saga_id: str) -> SagaRecord | None:
-        """The saga record, or None when absent."""
-        return self.repository.get(saga_id)
+        """The saga record, or None when absent; payloads no configured key decrypts read as
+        ``ENCRYPTED`` (to show, never to act on)."""
+        return self.repository.view(saga_id)
 
     def load(self, saga_id: str) -> SagaRecord:
         """The saga record; SagaNotFound when absent."""

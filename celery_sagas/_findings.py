@@ -97,8 +97,9 @@ def effect_findings(saga: SagaRecord, window: Window) -> list[Finding]:
 
 
 def corrupt_finding(corrupt: CorruptRecord) -> Finding:
-    """A record that failed read validation, as a finding."""
-    return Finding(FindingKind.CORRUPT, corrupt.kind, corrupt.id, reason=corrupt.reason)
+    """A record that failed read validation (or that no configured key decrypts), as a finding."""
+    kind = FindingKind.UNDECRYPTABLE if corrupt.undecryptable else FindingKind.CORRUPT
+    return Finding(kind, corrupt.kind, corrupt.id, reason=corrupt.reason)
 
 
 def finding_event(finding: Finding, fence: int | None = None) -> FindingEvent:
@@ -142,9 +143,10 @@ class _Pager:
     """One source bound to a window and the findings of the page being built."""
 
     def __init__(self, scans: Scans, source: _Source, window: Window, found: list[Finding],
-                 limit: int) -> None:
+                 limit: int, *, corrupt: bool = True) -> None:
         self._scans, self._source, self._window = scans, source, window
         self._found, self._limit = found, limit
+        self._corrupt = corrupt  # report unreadable records (once per walk: not in both reports)
 
     def _fetch(self, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
         before = self._window.stale_before_ms if self._source.stale_only else None
@@ -157,13 +159,14 @@ class _Pager:
         while True:
             page = self._fetch(cursor, limit)
             judged = [self._source.judge(record, self._window) for record in page.records]
-            used = len(page.corrupt) + sum(map(len, judged))
+            corrupt = page.corrupt if self._corrupt else ()
+            used = len(corrupt) + sum(map(len, judged))
             if used <= room or limit == 1:
                 break
             # One saga can report several effects: read the page again, as far as fits (and
             # the saga that overflows, so the walk always moves on).
-            limit = min(limit - 1, _leading(judged, room - len(page.corrupt)) + 1)
-        self._found.extend(corrupt_finding(c) for c in page.corrupt)
+            limit = min(limit - 1, _leading(judged, room - len(corrupt)) + 1)
+        self._found.extend(corrupt_finding(c) for c in corrupt)
         self._found.extend(f for findings in judged for f in findings)
         return page.cursor
 
@@ -194,7 +197,8 @@ class Findings:
         position, window = _start(report, window, cursor)
         sources = [s for s in _SOURCES if report in ("all", s.report)]
         found: list[Finding] = []
-        pagers = [_Pager(self.scans, s, window, found, limit) for s in sources]
+        pagers = [_Pager(self.scans, s, window, found, limit,
+                         corrupt=report != "all" or s.report == "sagas") for s in sources]
         resume = position
         for reached in walk(pagers, position):
             resume = reached

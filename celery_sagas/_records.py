@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "APPROVAL",
     "APPROVAL_TASK",
+    "ENCRYPTED",
     "SAGA",
     "ApprovalRecord",
     "ApprovalState",
@@ -22,6 +23,7 @@ __all__ = [
     "EffectMark",
     "EffectRecord",
     "EffectState",
+    "Encrypted",
     "SagaRecord",
     "SagaState",
     "StepRecord",
@@ -34,6 +36,38 @@ APPROVAL = "approval"
 
 # The task name recorded for approval gates: steps no task runs.
 APPROVAL_TASK = "celery_sagas.approval"
+
+
+class Encrypted:
+    """A payload no configured key could decrypt (``celery_sagas.ENCRYPTED``; its ``str`` is
+    ``<encrypted>``): what a record read for display holds in place of that payload."""
+
+    __slots__ = ()
+    _instance: Encrypted | None = None
+
+    def __new__(cls) -> Encrypted:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<encrypted>"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> str:
+        return "ENCRYPTED"  # pickles as the module's one instance
+
+    def __copy__(self) -> Encrypted:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Encrypted:
+        return self
+
+
+ENCRYPTED = Encrypted()
+"""What a record read for display holds in place of a payload no configured encryption key
+decrypts (docs/design.md §7); ``str(ENCRYPTED)`` is ``<encrypted>``."""
 
 
 class TextEnum(str, Enum):

@@ -20,7 +20,13 @@ from ._cas import MAX_RACES, until_written
 from ._codec import Codec
 from ._protocol.notes import apply_notes, parse_note
 from ._records import SAGA, SagaRecord
-from .errors import PayloadTooLarge, SagaConcurrencyError, SagaNotFound, StoreError
+from .errors import (
+    PayloadTooLarge,
+    SagaConcurrencyError,
+    SagaNotFound,
+    StoreError,
+    UndecryptableRecord,
+)
 from .stores.base import Fence, Store
 
 __all__ = ["Plan", "RecentSagas", "SagaRepository"]
@@ -114,6 +120,15 @@ class SagaRepository:
         record = self.codec.saga(envelope, saga_id)
         self.recent.remember(record, len(envelope.body))
         return record
+
+    def view(self, saga_id: str) -> SagaRecord | None:
+        """The saga record to show, or None: payloads no configured key decrypts read as
+        ``ENCRYPTED`` (docs/design.md §7), where ``get`` raises ``UndecryptableRecord``."""
+        try:
+            return self.get(saga_id)
+        except UndecryptableRecord:
+            envelope = self.store.get(SAGA, saga_id)
+            return None if envelope is None else self.codec.saga(envelope, saga_id, display=True)
 
     def load(self, saga_id: str) -> SagaRecord:
         """The saga record; SagaNotFound when absent."""

@@ -2,7 +2,9 @@
 
 A sweep must never crash in a loop on one bad record, so a record that fails read validation
 is not raised: it comes back beside the good ones as a ``CorruptRecord`` (kind, id, reason)
-for the sweep to report before it goes on.
+for the sweep to report before it goes on. A record sealed with a key no longer configured
+(docs/design.md §7) comes back the same way, marked ``undecryptable``: intact, but not to be
+acted on. Scans made for ``display`` return it as a record with ``ENCRYPTED`` payloads instead.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Generic, TypeVar
 
 from ._codec import Codec
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
-from .errors import InvalidRecordError, SagaValidationError
+from .errors import InvalidRecordError, SagaValidationError, UndecryptableRecord
 from .stores.base import Envelope, Page, Store
 
 __all__ = ["CorruptRecord", "RecordPage", "Scans"]
@@ -25,11 +27,13 @@ S = TypeVar("S", bound=Enum)
 
 @dataclass(frozen=True, slots=True)
 class CorruptRecord:
-    """A record the store returned that failed read validation; report it, do not act on it."""
+    """A record the store returned that failed read validation, or (``undecryptable``) whose
+    payloads no configured key decrypts; report it, do not act on it."""
 
     kind: str
     id: str
     reason: str
+    undecryptable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,9 @@ def _decoded(page: Page, kind: str, accept: Callable[[Envelope], bool],
             continue
         try:
             records.append(decode(envelope, envelope.id))
+        except UndecryptableRecord:
+            corrupt.append(CorruptRecord(kind, envelope.id, "encrypted with a key not in "
+                                         "encryption_keys", undecryptable=True))
         except InvalidRecordError as exc:
             cause = f": {type(exc.__cause__).__name__}" if exc.__cause__ is not None else ""
             corrupt.append(CorruptRecord(kind, envelope.id, f"failed read validation{cause}"))
@@ -74,11 +81,16 @@ def _decoded(page: Page, kind: str, accept: Callable[[Envelope], bool],
 
 
 class Scans:
-    """Decoded, paged scans of saga and approval records over one store."""
+    """Decoded, paged scans of saga and approval records over one store (with ``display``,
+    sagas no key decrypts come back with ``ENCRYPTED`` payloads: to show, never to act on)."""
 
-    def __init__(self, store: Store, codec: Codec) -> None:
+    def __init__(self, store: Store, codec: Codec, *, display: bool = False) -> None:
         self.store = store
         self.codec = codec
+        self.display = display
+
+    def _saga(self, envelope: Envelope, saga_id: str) -> SagaRecord:
+        return self.codec.saga(envelope, saga_id, display=self.display)
 
     def sagas(
         self, states: Sequence[SagaState | str], *, definition: str | None = None,
@@ -89,14 +101,14 @@ class Scans:
         names = _states(SagaState, states)
         page = self.store.scan(SAGA, names, label=definition, updated_before_ms=updated_before_ms,
                                bucket=bucket, cursor=cursor, limit=limit)
-        return _decoded(page, SAGA, lambda e: e.state in names, self.codec.saga)
+        return _decoded(page, SAGA, lambda e: e.state in names, self._saga)
 
     def due_sagas(self, due_before_ms: int, *, bucket: int | None = None,
                   cursor: str | None = None, limit: int = 100) -> RecordPage[SagaRecord]:
         """One page of sagas whose due time is before ``due_before_ms``; corrupt ones apart."""
         page = self.store.scan_due(SAGA, due_before_ms=due_before_ms, bucket=bucket, cursor=cursor,
                                    limit=limit)
-        return _decoded(page, SAGA, lambda e: True, self.codec.saga)
+        return _decoded(page, SAGA, lambda e: True, self._saga)
 
     def approvals(
         self, states: Sequence[ApprovalState | str], *, updated_before_ms: int | None = None,

@@ -143,7 +143,9 @@ class Sweeper:
         except (LeaseLost, FencedWriteRefused):
             report.lease_lost = True
         finally:
-            for finding in (*report.findings, *(corrupt_finding(c) for c in report.corrupt)):
+            # A record two passes read (due, and stale) is reported once.
+            unreadable = dict.fromkeys(report.corrupt)
+            for finding in (*report.findings, *(corrupt_finding(c) for c in unreadable)):
                 self.engine.events.report(finding_event(finding, report.fence))
         return report
 

@@ -361,6 +361,43 @@ def sweep(ctx: click.Context, as_json: bool) -> None:
         raise click.exceptions.Exit(EXIT_REFUSED)
 
 
+@click.command("reseal")
+@click.option("--state", type=click.Choice([str(s) for s in SagaState]),
+              help="Only sagas in this state (default: every state).")
+@_limit_option(100, "sagas per page")
+@cursor_option
+@click.option("--all", "every_page", is_flag=True, help="Walk every page, not just one.")
+@json_option
+@click.pass_context
+@_operation
+def reseal(ctx: click.Context, state: str | None, limit: int, cursor: str | None,
+           every_page: bool, as_json: bool) -> None:
+    """Re-encrypt sagas under the newest encryption key.
+
+    Rewrites every saga of a page whose payloads are in clear or sealed with an older key
+    (after a key rotation, before removing the old key). Exit 1 when some saga could not be
+    read (a key is already missing, or the record is corrupt).
+    """
+    sagas_ = _session(ctx).sagas
+    resealed = current = 0
+    unreadable: list[str] = []
+    while True:
+        page = sagas_.reseal(states=[state] if state else None, cursor=cursor, limit=limit)
+        resealed, current = resealed + page.resealed, current + page.current
+        unreadable.extend(page.unreadable)
+        cursor = page.cursor
+        if cursor is None or not every_page:
+            break
+    data = {"resealed": resealed, "current": current, "unreadable": unreadable, "cursor": cursor}
+    text = f"resealed {resealed}, already under the newest key {current}"
+    text += "".join(f"\nunreadable saga {saga_id!r}" for saga_id in unreadable)
+    if cursor is not None:
+        text += f"\nmore: --cursor {cursor}"
+    _emit(as_json, data, text)
+    if unreadable:
+        raise click.exceptions.Exit(EXIT_REFUSED)
+
+
 @click.command("web")
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8025, show_default=True,
@@ -383,7 +420,7 @@ def web(ctx: click.Context, host: str, port: int) -> None:
     serve(create_app(_session(ctx).sagas), host, port)
 
 
-COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, sweep)
+COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, sweep, reseal)
 
 
 # ---------------------------------------------------------------- the two entry points

@@ -4,6 +4,7 @@
     ├── SagaValidationError (ValueError)     bad input; nothing was written
     │   └── PayloadTooLarge                  a JSON payload over the size limit
     ├── InvalidRecordError                   the store returned a corrupt record
+    ├── UndecryptableRecord                  a record's payloads need a key not configured
     ├── IllegalTransition                    a protocol move the design forbids
     ├── StoreError                           a store driver failed (translated)
     │   ├── StoreUnavailable                 a store's extra is missing or the URL is unknown
@@ -66,6 +67,7 @@ __all__ = [
     "StepNotCommitted",
     "StoreError",
     "StoreUnavailable",
+    "UndecryptableRecord",
 ]
 
 
@@ -118,6 +120,21 @@ class InvalidRecordError(SagaError):
 
     def render(self) -> str:
         return f"store returned an invalid record ({self._fields['kind']} {self._fields['record_id']!r})"
+
+
+class UndecryptableRecord(SagaError):
+    """A record's payloads were encrypted with a key ``encryption_keys`` no longer lists (or
+    this process has none): it is intact, never treated as corrupt, and nothing acts on it."""
+
+    kind: str
+    record_id: str
+
+    def __init__(self, message: str = "", *, kind: str = "", record_id: str = "") -> None:
+        super().__init__(message, kind=kind, record_id=record_id)
+
+    def render(self) -> str:
+        return (f"{self._fields['kind']} {self._fields['record_id']!r} was encrypted with a key "
+                "not in encryption_keys")
 
 
 class IllegalTransition(SagaError):

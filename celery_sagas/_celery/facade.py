@@ -30,9 +30,15 @@ from .._findings import FindingPage, window_of
 from .._metrics import SagaMetrics
 from .._protocol.findings import Finding
 from .._records import SAGA, SagaRecord, SagaState
+from .._reseal import ResealPage, reseal_page
 from .._scans import RecordPage
 from .._sweep import SweepReport
-from ..errors import NonDurableStoreError, SagaConfigurationError, SagaValidationError
+from ..errors import (
+    NonDurableStoreError,
+    SagaConfigurationError,
+    SagaNotFound,
+    SagaValidationError,
+)
 from ..stores.base import Store
 from .beat import keep_beat_entry
 from .dispatcher import CeleryDispatcher
@@ -312,7 +318,8 @@ class Sagas:
         return SagaHandle(self, record)
 
     def get(self, saga_id: str) -> SagaRecord | None:
-        """The saga record, or None."""
+        """The saga record, or None; a payload no ``encryption_keys`` key decrypts reads as
+        ``celery_sagas.ENCRYPTED``."""
         return self.engine.get(saga_id)
 
     def wait(self, saga_id: str, timeout: float = 30.0, interval: float = 0.05) -> SagaRecord:
@@ -320,7 +327,9 @@ class Sagas:
         deadline = time.monotonic() + _seconds(timeout, "timeout", allow_zero=True)
         interval = _seconds(interval, "interval", allow_zero=False)
         while True:
-            record = self.engine.load(saga_id)
+            record = self.engine.get(saga_id)
+            if record is None:
+                raise SagaNotFound(saga_id=saga_id)
             if record.state in _SETTLED:
                 return record
             if time.monotonic() > deadline:
@@ -372,9 +381,16 @@ class Sagas:
                limit: int = 50) -> RecordPage[SagaRecord]:
         """One page of saga records, state by state (every state unless ``states``), of one
         definition if given; the store's indexes do the filtering (``limit`` 1..1000)."""
-        scans = self._process.current.scans
+        scans = self._process.current.views
         return scans.sagas(list(states or SagaState), definition=definition, cursor=cursor,
                            limit=limit)
+
+    def reseal(self, *, states: Sequence[SagaState | str] | None = None,
+               cursor: str | None = None, limit: int = 100) -> ResealPage:
+        """Re-encrypt one page of sagas (every state unless ``states``) whose payloads are in
+        clear or sealed with an older key, under the newest of ``encryption_keys``: after a
+        key rotation, walk every page (pass ``cursor`` back) before removing the old key."""
+        return reseal_page(self.engine.repository, states=states, cursor=cursor, limit=limit)
 
     def counts(self, *, definition: str | None = None) -> dict[str, int]:
         """How many sagas are in each state (of one definition if given), from the indexes."""

@@ -7,12 +7,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .. import _values as values
+from .._crypto import sealer_of
 from .._definitions import Timing
 from ..errors import SagaConfigurationError
 
 __all__ = ["SETTING_DOCS", "SagaSettings"]
 
 _DEFAULT_TIMING = Timing()
+_HIDDEN = frozenset({"approval_secrets", "encryption_keys"})  # never shown by repr
 
 # name: (default, one-line description); the docs' configuration reference is built from this.
 SETTING_DOCS: dict[str, tuple[Any, str]] = {
@@ -33,6 +35,7 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
     "sweep_shards": (1, "sweep tasks beat sends per interval; each takes the buckets it can lease"),
     "approval_secrets": ((), "HMAC secrets for approval tokens, newest first (32+ bytes each)"),
     "approval_ttl": (900.0, "seconds an approval stays decidable"),
+    "encryption_keys": ((), "Fernet keys that encrypt payloads at rest, newest first (extra 'crypto')"),
     "allow_non_durable": (False, "allow the memory store outside tests (loses everything on exit)"),
     "metrics": (False, "Prometheus metrics (extra 'metrics'): True for the default registry, or a "
                        "CollectorRegistry"),
@@ -83,6 +86,18 @@ def _registry(value: Any) -> Any:
     return value
 
 
+def _encryption_keys(value: Any) -> tuple[bytes | str, ...]:
+    """``sagas_encryption_keys``: a list of Fernet keys (None or empty: encryption off), each
+    checked now so a bad key fails ``Sagas(...)``, never a worker mid-saga."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise SagaConfigurationError("sagas_encryption_keys must be a list of Fernet keys, newest first")
+    keys = tuple(value)
+    sealer_of(keys)
+    return keys
+
+
 def _shards(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
         raise SagaConfigurationError("sagas_sweep_shards must be an int in 1..64")
@@ -108,6 +123,7 @@ class SagaSettings:
     sweep_shards: int = 1
     metrics: bool = False
     metrics_registry: Any = None
+    encryption_keys: tuple[bytes | str, ...] = ()
 
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
@@ -156,11 +172,12 @@ class SagaSettings:
             sweep_shards=_shards(raw["sweep_shards"]),
             metrics=raw["metrics"] is not False and raw["metrics"] is not None,
             metrics_registry=_registry(raw["metrics"]),
+            encryption_keys=_encryption_keys(raw["encryption_keys"]),
         )
 
     def __repr__(self) -> str:
         shown = ", ".join(
-            f"{f.name}=<hidden>" if f.name == "approval_secrets" else f"{f.name}={getattr(self, f.name)!r}"
+            f"{f.name}=<hidden>" if f.name in _HIDDEN else f"{f.name}={getattr(self, f.name)!r}"
             for f in fields(self)
         )
         return f"SagaSettings({shown})"

@@ -50,7 +50,8 @@ class Runtime:
 
     def __init__(self, store: Store, settings: SagaSettings, registry: Registry, events: EventBus,
                  dispatcher: Dispatcher, clock: Clock) -> None:
-        codec = Codec(settings.payload_limit)
+        codec = Codec(settings.payload_limit, encryption_keys=settings.encryption_keys)
+        self.codec = codec
         self.store = store
         self.repository = SagaRepository(store, codec)
         self.gate = _gate(store, clock, settings, codec)
@@ -61,6 +62,7 @@ class Runtime:
         )
         self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None
         self.scans = Scans(store, codec)
+        self.views = Scans(store, codec, display=True)
         self.findings = Findings(self.scans)
         self.sweeper = Sweeper(
             self.engine, self.scans, owner=claimer_id(), lease_ms=settings.sweep_lease_ms,

@@ -19,6 +19,7 @@ class FindingKind(TextEnum):
     MANUAL_REVIEW = "manual-review"
     STALE = "stale"
     CORRUPT = "corrupt"
+    UNDECRYPTABLE = "undecryptable"
 
 
 @dataclass(frozen=True, slots=True)

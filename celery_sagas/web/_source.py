@@ -235,10 +235,14 @@ class SagaSource:
 
     def __init__(self, sagas: Sagas, announce: Announce) -> None:
         self._sagas = sagas
-        self._codec = Codec()
         self.announce = announce
         self._settled: dict[tuple[str, int], int] = {}
         self._settled_lock = threading.Lock()  # requests are served by several threads
+
+    @property
+    def _codec(self) -> Codec:
+        """The codec of this process's engine (it holds the encryption keys, if any)."""
+        return self._sagas.engine.repository.codec
 
     def now_ms(self) -> int:
         """The facade's clock, in epoch milliseconds."""
@@ -366,7 +370,7 @@ class SagaSource:
     def _decode(self, envelope: Envelope, records: list[SagaRecord],
                 corrupt: list[CorruptRecord]) -> None:
         try:
-            records.append(self._codec.saga(envelope, envelope.id))
+            records.append(self._codec.saga(envelope, envelope.id, display=True))
         except InvalidRecordError:
             corrupt.append(CorruptRecord(SAGA, envelope.id, "failed read validation"))
 
@@ -399,9 +403,9 @@ class SagaSource:
 
     def payload(self, value: Any) -> str:
         """A payload as indented JSON; ``<encrypted>`` where no key could decrypt it
-        (``celery_sagas.ENCRYPTED``, once payload encryption exists)."""
-        marker = getattr(celery_sagas, "ENCRYPTED", None)
-        return json.dumps(_redact(value, marker), indent=2, sort_keys=True, ensure_ascii=False)
+        (``celery_sagas.ENCRYPTED``)."""
+        return json.dumps(_redact(value, celery_sagas.ENCRYPTED), indent=2, sort_keys=True,
+                          ensure_ascii=False)
 
     # ------------------------------------------------------------ findings and approvals
 
@@ -412,7 +416,7 @@ class SagaSource:
 
     def approvals_waiting(self, cursor: str | None = None, limit: int = 25) -> ApprovalPage:
         """One page of pending approvals, oldest first."""
-        scans = Scans(self._sagas.store, self._codec)
+        scans = Scans(self._sagas.store, self._codec, display=True)
         page = scans.approvals([ApprovalState.PENDING], cursor=cursor, limit=limit)
         return ApprovalPage(tuple(ApprovalView.of(r) for r in page.records), page.corrupt,
                             page.cursor)

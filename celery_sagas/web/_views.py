@@ -118,6 +118,9 @@ def hint(finding: Finding) -> str:
     if finding.kind is FindingKind.INCOMPLETE:
         return ("Admitted but never began: the sweep re-drives it; its saga's finding says "
                 "whether workers and beat are up.")
+    if finding.kind is FindingKind.UNDECRYPTABLE:
+        return ("Encrypted with a key not in sagas_encryption_keys: list that key again and "
+                "restart. Nothing acts on it meanwhile.")
     return f"The {finding.record_kind} record failed read validation: inspect it in the store."
 
 

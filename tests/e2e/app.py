@@ -2,8 +2,9 @@
 
 Configured from the environment by the test that starts the worker:
 E2E_BROKER, E2E_STORE, E2E_PREFIX (store key/table prefix), E2E_QUEUE (a queue per test),
-E2E_LEDGER (a file the fake provider appends one JSON line to per effect) and E2E_CONTROL
-(a directory where the test drops files that blocked steps wait for).
+E2E_LEDGER (a file the fake provider appends one JSON line to per effect), E2E_CONTROL
+(a directory where the test drops files that blocked steps wait for) and E2E_ENCRYPTION_KEYS
+(comma-separated Fernet keys, newest first, set as ``sagas_encryption_keys``; empty: off).
 
 The fake provider records every body run by its idempotency key (the effect id), so tests
 can count how often each side effect really happened.
@@ -35,6 +36,7 @@ class Config:
     control: Path
     sweep_interval: float = 1.0
     stale_after: float = 2.0
+    encryption_keys: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> Config:
@@ -51,6 +53,7 @@ class Config:
             control=Path(env.get("E2E_CONTROL", "/tmp/celery-sagas-e2e-control")),
             sweep_interval=float(env.get("E2E_SWEEP_INTERVAL", "1")),
             stale_after=float(env.get("E2E_STALE_AFTER", "2")),
+            encryption_keys=tuple(k for k in env.get("E2E_ENCRYPTION_KEYS", "").split(",") if k),
         )
 
     def environ(self) -> dict[str, str]:
@@ -64,6 +67,7 @@ class Config:
             "E2E_CONTROL": str(self.control),
             "E2E_SWEEP_INTERVAL": str(self.sweep_interval),
             "E2E_STALE_AFTER": str(self.stale_after),
+            "E2E_ENCRYPTION_KEYS": ",".join(self.encryption_keys),
         }
 
 
@@ -96,6 +100,8 @@ def build(config: Config) -> Shop:
     """Build the e2e app for ``config`` (tests build their own; workers use the env)."""
     app = worker_app("e2e", config.broker, config.queue, config.control, visibility_timeout=3600)
 
+    # In app.conf (not a Sagas keyword) so `celery inspect conf` and `celery report` see them.
+    app.conf.sagas_encryption_keys = list(config.encryption_keys)
     store_options: dict[str, Any] = {}
     if config.store.startswith(("redis", "rediss")):
         store_options["key_prefix"] = config.prefix
