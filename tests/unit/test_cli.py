@@ -409,6 +409,35 @@ def test_resolve_usage_errors_exit_2_and_change_nothing(shop: Shop, flags: list[
     assert shop.record() == before
 
 
+def test_resolve_committed_without_a_result_is_a_usage_error(shop: Shop) -> None:
+    # given: an ambiguous charge (storing null would run the saga on with a wrong result)
+    effect_id = ambiguous_charge(shop)
+    before = shop.record()
+
+    # when
+    result = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", effect_id,
+                    "--committed")
+
+    # then
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "--committed needs --result" in result.stderr
+    assert shop.record() == before
+
+
+def test_resolve_committed_with_result_null_stores_null(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+
+    # when
+    result = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", effect_id,
+                    "--committed", "--result", "null")
+
+    # then
+    assert result.exit_code == 0, result.output
+    charge = shop.step("shop.charge")
+    assert (charge.state, charge.result) == (StepState.COMMITTED, None)
+
+
 def test_resolve_an_unknown_saga_exits_3(shop: Shop) -> None:
     # when
     result = plugin(shop, "resolve", "nope", "--step", "s", "--effect-id", "e", "--compensated")
@@ -442,6 +471,40 @@ def test_cancel_compensates_what_committed(shop: Shop) -> None:
     assert data["saga_id"] == "o-1"
     assert shop.record().state == SagaState.COMPENSATED
     assert "release" in shop.script.names()
+
+
+@pytest.mark.parametrize("command", ["cancel", "resume"])
+def test_cancel_and_resume_of_a_completed_saga_are_refused(shop: Shop, command: str) -> None:
+    # given
+    completed(shop, "o-1")
+    before = shop.record()
+
+    # when
+    result = plugin(shop, command, "o-1")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert result.stdout == ""
+    assert result.stderr == f"error: saga 'o-1' is completed: nothing to {command} ({command} refused)\n"
+    assert shop.record() == before
+
+
+@pytest.mark.parametrize("command", ["cancel", "resume"])
+def test_cancel_and_resume_of_a_compensated_saga_are_refused_in_json_too(shop: Shop,
+                                                                           command: str) -> None:
+    # given
+    running(shop, "o-1")
+    shop.deliver_next()
+    shop.sagas.cancel("o-1")
+    shop.driver.run_until_idle()
+    assert shop.record().state == SagaState.COMPENSATED
+
+    # when
+    result = plugin(shop, command, "o-1", "--json")
+
+    # then
+    assert (result.exit_code, result.stdout) == (EXIT_REFUSED, "")
+    assert f"is compensated: nothing to {command}" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["cancel", "resume"])
