@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ._protocol.findings import Finding, FindingKind
-from ._records import ApprovalRecord, SagaRecord, SagaState, StepRecord
+from ._records import ApprovalRecord, SagaRecord, SagaState, StepRecord, StepState
 from ._scans import CorruptRecord
 from ._sweep import SweepReport
 
@@ -78,8 +78,35 @@ def saga_summary(record: SagaRecord) -> dict[str, Any]:
     }
 
 
+_COMPENSATION_PHASE = frozenset(
+    {StepState.COMPENSATING, StepState.COMPENSATION_FAILED, StepState.COMPENSATED}
+)
+
+
+def _phase_times(step: StepRecord) -> dict[str, int | None]:
+    """The step's times split by phase: the record keeps one ``started_at_ms`` (and one
+    ``dispatched_at_ms``, ``next_attempt_at_ms``) for whichever attempt is current, so a
+    compensated step's "started" is its compensator's, never its forward attempt's."""
+    current = (step.dispatched_at_ms, step.started_at_ms, step.next_attempt_at_ms)
+    none = (None, None, None)
+    forward, back = (none, current) if step.state in _COMPENSATION_PHASE else (current, none)
+    mark = step.compensation
+    compensated = step.state is StepState.COMPENSATED and mark is not None
+    return {
+        "dispatched_at_ms": forward[0],
+        "started_at_ms": forward[1],
+        "committed_at_ms": step.committed_at_ms,
+        "next_attempt_at_ms": forward[2],
+        "compensation_dispatched_at_ms": back[0],
+        "compensation_started_at_ms": back[1],
+        "compensated_at_ms": mark.at_ms if compensated and mark is not None else None,
+        "compensation_next_attempt_at_ms": back[2],
+    }
+
+
 def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
-    """One step: ids, state, attempts, codes, times and result (arguments only with payload)."""
+    """One step: ids, state, attempts, codes, forward and compensation times and result
+    (arguments only with payload)."""
     view: dict[str, Any] = {
         "name": step.name,
         "task": step.task,
@@ -90,10 +117,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "attempts": step.attempts,
         "compensation_attempts": step.compensation_attempts,
         "error_code": step.error_code,
-        "dispatched_at_ms": step.dispatched_at_ms,
-        "started_at_ms": step.started_at_ms,
-        "committed_at_ms": step.committed_at_ms,
-        "next_attempt_at_ms": step.next_attempt_at_ms,
+        **_phase_times(step),
         "time_limit_ms": step.time_limit_ms,
         "claimed_by": step.claimed_by,
         "approval_id": step.approval_id,
@@ -128,16 +152,28 @@ def _compact(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _times(times: dict[str, int | None], labels: Sequence[tuple[str, str]]) -> str:
+    return "".join(f"  {label} {iso(times[key])}" for key, label in labels
+                   if times[key] is not None)
+
+
+_FORWARD_TIMES = (("started_at_ms", "started"), ("committed_at_ms", "committed"),
+                  ("next_attempt_at_ms", "next attempt"))
+_COMPENSATION_TIMES = (("compensation_started_at_ms", "started"),
+                       ("compensated_at_ms", "compensated"),
+                       ("compensation_next_attempt_at_ms", "next attempt"))
+
+
 def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
     error = f"  error {step.error_code}" if step.error_code else ""
     lines = [f"{index:>2}. {step.name}  {step.state}{error}"]
-    started = f"  started {iso(step.started_at_ms)}" if step.started_at_ms is not None else ""
-    committed = f"  committed {iso(step.committed_at_ms)}" if step.committed_at_ms is not None else ""
-    lines.append(f"    effect        {step.effect_id}  attempts {step.attempts}{started}{committed}")
+    times = _phase_times(step)
+    lines.append(f"    effect        {step.effect_id}  attempts {step.attempts}"
+                 f"{_times(times, _FORWARD_TIMES)}")
     if step.compensator is not None:
-        due = f"  next attempt {iso(step.next_attempt_at_ms)}" if step.next_attempt_at_ms else ""
         lines.append(f"    compensation  {step.compensation_effect_id}  attempts "
-                     f"{step.compensation_attempts}  by {step.compensator}{due}")
+                     f"{step.compensation_attempts}  by {step.compensator}"
+                     f"{_times(times, _COMPENSATION_TIMES)}")
     if step.approval_id is not None:
         lines.append(f"    approval      {step.approval_id}")
     if payload:

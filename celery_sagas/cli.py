@@ -182,8 +182,9 @@ def list_sagas(ctx: click.Context, state: str | None, definition: str | None, li
 def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None:
     """Show a saga's steps as a timeline.
 
-    Each step shows its state, attempts, effect id, compensation effect id, error code and
-    start/commit times. --json includes each step's result (operators need them to
+    Each step shows its state, attempts, effect id, error code and forward times (started,
+    committed), then its compensation effect id and the compensator's own times (started,
+    compensated). --json includes each step's result (operators need them to
     resolve); the saga input and step arguments appear only with --payload.
     """
     record = _session(ctx).sagas.get(saga_id)

@@ -24,6 +24,7 @@ from click.testing import CliRunner, Result
 from celery_sagas import MemoryStore, Sagas, SagaState, StepState
 from celery_sagas._approvals.ledger import ApprovalLedger
 from celery_sagas._celery.facade import sagas_of
+from celery_sagas._cli_format import iso
 from celery_sagas._leases import Leases
 from celery_sagas._records import Binding
 from celery_sagas._sweep import SWEEP_LEASE
@@ -214,6 +215,43 @@ def test_show_prints_the_steps_as_a_timeline_with_effect_ids(shop: Shop) -> None
     assert effect_id in text
     assert shop.step("shop.reserve").compensation_effect_id in text
     assert ORDER["card"] not in text  # no payloads without --payload
+
+
+def compensated_reserve(shop: Shop) -> tuple[int, int, int]:
+    """o-1 cancelled after reserve committed: (commit, compensator claim, compensated) times."""
+    running(shop, "o-1")
+    committed_at = shop.clock.advance(1_000)
+    shop.deliver_next()  # reserve commits, charge is sent
+    shop.clock.advance(60_000)
+    shop.sagas.cancel("o-1")
+    claimed_at = shop.clock.advance(5_000)
+    shop.driver.run_until_idle()
+    assert shop.record().state == SagaState.COMPENSATED
+    reserve = shop.step("shop.reserve")
+    assert reserve.committed_at_ms == committed_at and reserve.compensation is not None
+    return committed_at, claimed_at, reserve.compensation.at_ms
+
+
+def test_show_keeps_forward_and_compensation_times_apart(shop: Shop) -> None:
+    # given: reserve committed, then was compensated a minute later
+    committed_at, claimed_at, compensated_at = compensated_reserve(shop)
+
+    # when
+    text = plugin(shop, "show", "o-1").stdout
+    data = as_json(plugin(shop, "show", "o-1", "--json"))
+
+    # then: the forward line reads forward; the compensator's start is on its own line
+    lines = text.splitlines()
+    effect = next(line for line in lines if shop.step("shop.reserve").effect_id in line)
+    compensation = lines[lines.index(effect) + 1]
+    assert "started" not in effect and f"committed {iso(committed_at)}" in effect
+    assert compensation.strip().startswith("compensation")
+    assert f"started {iso(claimed_at)}" in compensation
+    assert f"compensated {iso(compensated_at)}" in compensation
+    [reserve] = [s for s in data["steps"] if s["name"] == "shop.reserve"]
+    assert (reserve["started_at_ms"], reserve["committed_at_ms"]) == (None, committed_at)
+    assert reserve["compensation_started_at_ms"] == claimed_at
+    assert reserve["compensated_at_ms"] == compensated_at
 
 
 def test_show_payload_adds_the_input_and_arguments(shop: Shop) -> None:
