@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ._protocol.findings import Finding, FindingKind
+from ._protocol import codes
+from ._protocol.findings import Finding, FindingKind, review_advice
 from ._records import ApprovalRecord, SagaRecord, SagaState, StepRecord, StepState
 from ._scans import CorruptRecord
 from ._sweep import SweepReport
@@ -229,21 +230,26 @@ def corrupt_view(corrupt: CorruptRecord) -> dict[str, Any]:
 
 
 def finding_hint(finding: Finding) -> str:
-    """What an operator does next about a finding."""
+    """What an operator does next about a finding (true for its kind, state and error code)."""
     saga, step, effect = finding.record_id, finding.step, finding.effect_id
     waiting = finding.state != str(SagaState.MANUAL_REVIEW)
     if finding.kind is FindingKind.AMBIGUOUS_EXECUTION:
         if waiting:
-            return "in flight past stale_after: the sweep re-sends or judges it (are workers up?)"
+            return ("sent or running past stale_after: the sweep re-sends a step never started "
+                    "and judges a silent one past its time limit (are workers up?)")
         return (f"ask the provider about idempotency key {effect}, then: resolve {saga} "
                 f"--step {step} --effect-id {effect} --committed --result JSON | --not-committed")
     if finding.kind is FindingKind.AMBIGUOUS_COMPENSATION:
         if waiting:
-            return "compensator in flight past stale_after: the sweep judges it (are workers up?)"
+            return ("compensator sent or running past stale_after: the sweep re-sends or "
+                    "judges it (are workers up?)")
         return (f"ask the provider whether {effect} was undone, then: resolve {saga} "
                 f"--step {step} --effect-id {effect} --compensated | --not-compensated")
     if finding.kind is FindingKind.MANUAL_REVIEW:
-        return f"fix the cause ({finding.error_code or 'see reason'}), then: resume {saga}"
+        advice = review_advice(finding.error_code)
+        if finding.error_code == codes.COMPENSATION_EXHAUSTED and step is not None:
+            advice += f" (resolve {saga} --step {step} --effect-id {effect} --compensated)"
+        return f"{advice}: resume {saga} | cancel {saga}"
     if finding.kind is FindingKind.STALE:
         return "not updated for stale_after: is beat running the sweep?"
     if finding.kind is FindingKind.AMBIGUOUS:

@@ -24,8 +24,9 @@ from click.testing import CliRunner, Result
 from celery_sagas import MemoryStore, Sagas, SagaState, StepState
 from celery_sagas._approvals.ledger import ApprovalLedger
 from celery_sagas._celery.facade import sagas_of
-from celery_sagas._cli_format import iso
+from celery_sagas._cli_format import finding_hint, iso
 from celery_sagas._leases import Leases
+from celery_sagas._protocol.findings import Finding, FindingKind
 from celery_sagas._records import Binding
 from celery_sagas._sweep import SWEEP_LEASE
 from celery_sagas.cli import (
@@ -826,3 +827,53 @@ def test_help_lists_every_command() -> None:
                  "sweep"):
         assert f"  {name} " in result.stdout
     assert isinstance(sagas, click.Group)
+
+
+# ------------------------------------------------------------ hints true per code
+
+
+def review_finding(code: str, step: str | None = None, effect: str | None = None) -> Finding:
+    return Finding(FindingKind.MANUAL_REVIEW, "saga", "o-1", "manual-review", step, effect, code)
+
+
+def test_the_hint_of_a_nondeterministic_review_says_deploy_then_resume_or_cancel() -> None:
+    hint = finding_hint(review_finding("nondeterministic"))
+    assert "replays the recorded steps" in hint and hint.endswith("resume o-1 | cancel o-1")
+    assert "provider" not in hint
+
+
+def test_the_hint_of_an_exhausted_compensation_says_resume_gives_a_fresh_budget() -> None:
+    hint = finding_hint(review_finding("compensation_exhausted", "shop.reserve", "cx-1"))
+    assert "fresh budget" in hint
+    assert "resolve o-1 --step shop.reserve --effect-id cx-1 --compensated" in hint
+
+
+@pytest.mark.parametrize("code", ["run_failed", "invalid_step_call", "invalid_retry_policy",
+                                  "payload_too_large", "made_up_code"])
+def test_every_review_hint_ends_with_resume_or_cancel(code: str) -> None:
+    hint = finding_hint(review_finding(code))
+    assert hint.endswith("resume o-1 | cancel o-1") and "provider" not in hint
+
+
+def test_findings_of_an_exhausted_compensation_name_the_step(shop: Shop) -> None:
+    # given: a cancelled order whose release compensator fails every time
+    running(shop, "o-1")
+    shop.deliver_next()
+    for _ in range(10):
+        shop.script.then("release", RuntimeError("warehouse down"))
+    shop.sagas.cancel("o-1")
+    for _ in range(10):
+        shop.clock.advance(600_000)
+        shop.driver.run_until_idle()
+        shop.sagas.sweep()
+    assert shop.record().error_code == "compensation_exhausted"
+
+    # when
+    found = as_json(plugin(shop, "findings", "--json"))["findings"]
+    [finding] = [f for f in found if f["record_kind"] == "saga"]
+
+    # then
+    reserve = shop.step("shop.reserve")
+    assert (finding["step"], finding["effect_id"]) == ("shop.reserve",
+                                                       reserve.compensation_effect_id)
+    assert "fresh budget" in finding["hint"]
