@@ -17,6 +17,7 @@ from ._protocol.findings import Finding, FindingKind, review_advice
 from ._records import ApprovalRecord, SagaRecord, SagaState, StepRecord, StepState
 from ._scans import CorruptRecord
 from ._sweep import SweepReport
+from ._values import printable
 
 __all__ = [
     "approval_view",
@@ -26,6 +27,7 @@ __all__ = [
     "finding_view",
     "findings_text",
     "iso",
+    "printable",
     "saga_summary",
     "saga_table",
     "saga_text",
@@ -51,9 +53,10 @@ def iso(ms: int | None) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``."""
+    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``; control
+    characters in a cell are escaped, so no value can forge a row."""
     cells = [[str(h) for h in headers]]
-    cells += [["-" if c is None else str(c) for c in row] for row in rows]
+    cells += [["-" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -189,10 +192,10 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
     lines = [
         f"saga        {record.saga_id}",
         f"definition  {record.definition}",
-        f"state       {state}",
+        f"state       {printable(state)}",
     ]
     if record.reason:
-        lines.append(f"reason      {record.reason}")
+        lines.append(f"reason      {printable(record.reason)}")
     lines.append(f"created     {iso(record.created_at_ms)}")
     lines.append(f"updated     {iso(record.updated_at_ms)}  (version {record.version})")
     if payload:
@@ -271,9 +274,10 @@ def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord])
         ]
         lines.append(table(("KIND", "RECORD", "STATE", "STEP", "EFFECT ID", "ERROR", "UPDATED"), rows))
         lines.append("")
-        lines.extend(f"{f.record_kind} {f.record_id}: {finding_hint(f)}" for f in findings)
+        lines.extend(printable(f"{f.record_kind} {f.record_id}: {finding_hint(f)}")
+                     for f in findings)
     for bad in corrupt:
-        lines.append(f"corrupt {bad.kind} record {bad.id!r}: {bad.reason}")
+        lines.append(f"corrupt {bad.kind} record {bad.id!r}: {printable(bad.reason)}")
     return "\n".join(lines)
 
 

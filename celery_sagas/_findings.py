@@ -102,11 +102,14 @@ def corrupt_finding(corrupt: CorruptRecord) -> Finding:
 
 
 def finding_event(finding: Finding, fence: int | None = None) -> FindingEvent:
-    """The observer/log event of a finding: ids, states and codes, never its free-text reason."""
+    """The observer/log event of a finding: ids, states and codes, never a saga's free-text
+    reason (a corrupt record's cause is the library's own words, so it is kept)."""
+    corrupt = finding.kind is FindingKind.CORRUPT
     return FindingEvent(
         kind=str(finding.kind), record_kind=finding.record_kind, record_id=finding.record_id,
         state=finding.state, step=finding.step, effect_id=finding.effect_id,
         error_code=finding.error_code, updated_at_ms=finding.updated_at_ms, fence=fence,
+        cause=finding.reason if corrupt else None,
     )
 
 

@@ -32,8 +32,9 @@ from ._engine import Engine
 from ._findings import Window, corrupt_finding, effect_findings, finding_event, window_of
 from ._leases import Leases
 from ._protocol.findings import Finding, FindingKind, saga_finding
-from ._records import SAGA, SagaRecord, SagaState
+from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._scans import CorruptRecord, RecordPage, Scans
+from ._values import printable
 from ._walker import walk
 from .errors import FencedWriteRefused, LeaseLost, SagaError, SagaValidationError
 from .stores.base import Fence, Lease
@@ -100,11 +101,38 @@ class _BucketPager(Generic[R]):
                 raise
             except SagaError as exc:
                 self._report.errors += 1
-                logger.warning("sweep %s: %s", self._pass.name, type(exc).__name__)
+                logger.warning("sweep %s: %s: %s", self._pass.name, _named(record), _cause(exc),
+                               extra={"record_id": _record_id(record)})
             except Exception:
                 self._report.errors += 1
-                logger.exception("sweep %s: unexpected error", self._pass.name)
+                logger.exception("sweep %s: %s: unexpected error", self._pass.name,
+                                 _named(record), extra={"record_id": _record_id(record)})
         return page.cursor
+
+
+def _record_id(record: object) -> str | None:
+    if isinstance(record, SagaRecord):
+        return record.saga_id
+    if isinstance(record, ApprovalRecord):
+        return record.approval_id
+    return None
+
+
+def _named(record: object) -> str:
+    """``saga <id>`` / ``approval <id>`` for a log line, control characters escaped."""
+    record_id = _record_id(record)
+    kind = APPROVAL if isinstance(record, ApprovalRecord) else SAGA
+    return f"{kind} {printable(record_id)}" if record_id is not None else type(record).__name__
+
+
+def _cause(exc: BaseException) -> str:
+    """The error's type and first line (the library's own messages carry ids and codes, never
+    payloads), then its cause's type: enough to act on without the record."""
+    first = str(exc).splitlines()[0][:200] if str(exc) else "-"
+    text = f"{type(exc).__name__}: {printable(first)}"
+    if exc.__cause__ is not None:
+        text += f" (caused by {type(exc.__cause__).__name__})"
+    return text
 
 
 class Sweeper:
@@ -233,7 +261,24 @@ def default_passes(engine: Engine, scans: Scans, now: int) -> list[Pass[Any]]:
         _saga_pass(engine, scans, SagaState.RUNNING, now - timing.stale_ms, window),
         _saga_pass(engine, scans, SagaState.COMPENSATING, None, window),
         _saga_pass(engine, scans, SagaState.MANUAL_REVIEW, None, window, act=False),
+        *(_stray_pass(scans, kind, known) for kind, known in _KNOWN_STATES),
     ]
+
+
+_KNOWN_STATES = ((SAGA, [str(s) for s in SagaState]), (APPROVAL, [str(s) for s in ApprovalState]))
+
+
+def _stray_pass(scans: Scans, kind: str, known: list[str]) -> Pass[None]:
+    """Records in a state no other pass asks for (written by a newer version, or edited by
+    hand) are reported corrupt rather than never seen (docs/design.md §5)."""
+
+    def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[None]:
+        return scans.strays(kind, known, bucket=bucket, cursor=cursor, limit=limit)
+
+    def act(record: None, fence: Fence, report: SweepReport) -> None:
+        """Never called: a stray page holds corrupt records only."""
+
+    return Pass(f"{kind}s:unknown-states", fetch, act)
 
 
 def _saga_pass(engine: Engine, scans: Scans, state: SagaState, before: int | None, window: Window,

@@ -166,7 +166,7 @@ def list_sagas(ctx: click.Context, state: str | None, definition: str | None, li
     data = {"sagas": [fmt.saga_summary(r) for r in found], "cursor": cursor,
             "corrupt": [fmt.corrupt_view(c) for c in corrupt]}
     text = fmt.saga_table(found) if found else "no sagas"
-    text += "".join(f"\ncorrupt saga record {c.id!r}: {c.reason}" for c in corrupt)
+    text += "".join(f"\ncorrupt saga record {c.id!r}: {fmt.printable(c.reason)}" for c in corrupt)
     if cursor is not None:
         text += f"\nmore: --cursor {cursor}"
     _emit(as_json, data, text)

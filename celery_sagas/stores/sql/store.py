@@ -105,6 +105,7 @@ __all__ = ["SqlStore"]
 
 DEFAULT_PREFIX = "sagas_"
 _SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it creates
+_MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
 class SqlStore:
@@ -322,9 +323,9 @@ class SqlStore:
         stmt = self._scan_statement(kind, wanted[start:], label, at, updated_before_ms, limit + 1)
         with self._driver_errors("scan"), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
-        # Values are not judged here (a wrongly typed row still raises): the caller decodes
-        # each record and reports a corrupt one, so one bad row cannot stall every sweep.
-        items = tuple(_envelope(kind, row) for row in rows[:limit])
+        # A row of the wrong types comes back as a placeholder (as on Redis); the caller reports
+        # every bad record corrupt by id, so one bad row cannot stall every sweep.
+        items = tuple(_scanned(kind, row) for row in rows[:limit])
         if len(rows) <= limit:
             return Page(items, None)
         following = rows[limit]
@@ -355,7 +356,7 @@ class SqlStore:
         stmt = stmt.order_by(table.c.due_at_ms, table.c.id).limit(limit + 1)
         with self._driver_errors("scan_due"), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
-        items = tuple(_envelope(kind, row) for row in rows[:limit])
+        items = tuple(_scanned(kind, row) for row in rows[:limit])
         if len(rows) <= limit:
             return Page(items, None)
         following = rows[limit]
@@ -385,6 +386,22 @@ class SqlStore:
             stmt = stmt.where(table.c.updated_at_ms < updated_before_ms)
         with self._driver_errors("count"), self._engine.begin() as conn:
             return int(conn.execute(stmt).scalar_one())
+
+    def stored_states(self, kind: str) -> list[str]:
+        """The distinct ``state`` values of the records of ``kind``: one index seek per state
+        found (``MIN(state) WHERE state > previous``), never a scan of the records."""
+        check_kind(kind)
+        table = self._tables.envelopes
+        found: list[str] = []
+        with self._driver_errors("stored_states"), self._engine.begin() as conn:
+            while True:
+                stmt = select(func.min(table.c.state)).where(table.c.kind == kind)
+                if found:
+                    stmt = stmt.where(table.c.state > found[-1])
+                state = conn.execute(stmt).scalar()
+                if state is None or len(found) >= _MAX_STATES:
+                    return found
+                found.append(str(state))
 
     def _resume(
         self, cursor: str | None, states: Sequence[str], bucket: int | None
@@ -665,6 +682,18 @@ def _checked(kind: str, row: Row[Any]) -> Envelope:
     except SagaValidationError:
         raise InvalidRecordError(kind=kind, record_id=envelope.id) from None
     return envelope
+
+
+def _scanned(kind: str, row: Row[Any]) -> Envelope:
+    """The envelope of a scanned row; a placeholder with version 0 and no body (as on Redis)
+    when a column has the wrong type. Ranges (a version over 2**53-1) are judged by the
+    caller, which names the record and the cause."""
+    try:
+        return _envelope(kind, row)
+    except InvalidRecordError:
+        record_id, _, state, updated_at_ms, *_ = tuple(row)
+        at = updated_at_ms if type(updated_at_ms) is int else 0
+        return Envelope(kind, str(record_id), 0, str(state), at, "")
 
 
 def _from(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple[int, str]
