@@ -175,6 +175,38 @@ def test_list_filters_by_state_and_definition(shop: Shop) -> None:
     assert [s["saga_id"] for s in by_definition["sagas"]] == ["n-1"]
 
 
+def test_list_by_definition_filters_in_the_store_one_page_at_a_time(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: many orders, three notify-user sagas among them
+    for n in range(12):
+        completed(shop, f"o-{n}")
+    for n in range(3):
+        shop.notify_user.start({"user": f"u-{n}"}, saga_id=f"n-{n}")
+    shop.driver.run_until_idle()
+    store = shop.sagas.store
+    scans: list[dict[str, Any]] = []
+    inner = store.scan
+
+    def counted(kind: str, states: Any, **options: Any) -> Any:
+        page = inner(kind, states, **options)
+        scans.append({**options, "items": len(page.items)})
+        return page
+
+    monkeypatch.setattr(store, "scan", counted)
+
+    # when
+    first = as_json(plugin(shop, "list", "--definition", "notify-user", "--limit", "2", "--json"))
+    rest = as_json(plugin(shop, "list", "--definition", "notify-user", "--limit", "2",
+                          "--cursor", first["cursor"], "--json"))
+
+    # then: one label scan per page, reading only that definition's sagas
+    assert [s["saga_id"] for s in first["sagas"] + rest["sagas"]] == ["n-0", "n-1", "n-2"]
+    assert rest["cursor"] is None
+    assert [(s["label"], s["limit"], s["items"]) for s in scans] == [
+        ("notify-user", 2, 2), ("notify-user", 2, 1)]
+
+
 def test_list_pages_with_limit_and_cursor(shop: Shop) -> None:
     # given
     for n in range(5):
