@@ -66,6 +66,18 @@ def test_a_record_in_an_unknown_state_is_reported_corrupt_by_the_sweep(
     assert "saga o-future" in line and "unknown state 'paused'" in line
 
 
+def test_findings_list_a_record_in_an_unknown_state(shop: Shop, store: MemoryStore) -> None:
+    # given
+    store.create(Envelope("saga", "o-future", 1, "paused", shop.clock.now_ms(), "{}", "shop"))
+
+    # when
+    page = shop.sagas.findings()
+
+    # then
+    assert [(str(f.kind), f.record_id, f.reason) for f in page.findings] == [
+        ("corrupt", "o-future", "unknown state 'paused'")]
+
+
 def test_a_version_over_2_53_is_reported_corrupt_with_its_cause(
     shop: Shop, store: MemoryStore
 ) -> None:
