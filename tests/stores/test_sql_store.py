@@ -853,7 +853,9 @@ def test_a_version_over_2_53_fails_get_and_is_handed_on_by_a_scan(store: SqlStor
     with pytest.raises(InvalidRecordError):
         store.get("saga", "big")
     page = store.scan("saga", ["running"], limit=10)
-    assert [(item.id, item.version) for item in page.items] == [("big", 2**63 - 1), ("ok", 1)]
+    # the envelope check caps the version at 2**53-1 as on Redis: a placeholder without a body
+    assert [(item.id, item.version, item.body) for item in page.items] == [
+        ("big", 2**63 - 1, ""), ("ok", 1, "{}")]
 
 
 def test_stored_states_lists_each_state_once_from_the_index(store: SqlStore) -> None:

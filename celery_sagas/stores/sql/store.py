@@ -58,7 +58,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.sql.dml import Update
 
-from ..._values import duration_ms, identifier, timestamp_ms
+from ..._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms
 from ...errors import (
     FencedWriteRefused,
     InvalidRecordError,
@@ -662,6 +662,7 @@ def _envelope(kind: str, row: Row[Any]) -> Envelope:
     record_id, version, state, updated_at_ms, body, label, due_at_ms, notes = tuple(row)
     if not (
         type(version) is int
+        and 0 <= version <= MAX_SAFE_INTEGER  # as on Redis: a BIGINT holds up to 2**63-1
         and type(updated_at_ms) is int
         and isinstance(state, str)
         and isinstance(body, str)
@@ -685,15 +686,16 @@ def _checked(kind: str, row: Row[Any]) -> Envelope:
 
 
 def _scanned(kind: str, row: Row[Any]) -> Envelope:
-    """The envelope of a scanned row; a placeholder with version 0 and no body (as on Redis)
-    when a column has the wrong type. Ranges (a version over 2**53-1) are judged by the
-    caller, which names the record and the cause."""
+    """The envelope of a scanned row; a placeholder without a body (as on Redis) when a column
+    has the wrong type or is out of range. It keeps a version out of range, so the caller can
+    name the cause with the record."""
     try:
         return _envelope(kind, row)
     except InvalidRecordError:
-        record_id, _, state, updated_at_ms, *_ = tuple(row)
+        record_id, version, state, updated_at_ms, *_ = tuple(row)
         at = updated_at_ms if type(updated_at_ms) is int else 0
-        return Envelope(kind, str(record_id), 0, str(state), at, "")
+        return Envelope(kind, str(record_id), version if type(version) is int else 0, str(state),
+                        at, "")
 
 
 def _from(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple[int, str]
