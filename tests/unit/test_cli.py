@@ -651,6 +651,25 @@ def test_denying_a_saga_gate_compensates_what_came_before(shop: Shop) -> None:
     assert shop.script.names() == ["reserve", "release"]
 
 
+def test_approving_the_gate_of_a_cancelled_saga_is_refused(shop: Shop) -> None:
+    # given
+    shop.definitions["gated-order"].start(ORDER, saga_id="g-1")
+    shop.driver.run_until_idle()
+    gate = shop.step("manager-ok", "g-1")
+    assert gate.approval_id is not None
+    plugin(shop, "cancel", "g-1")
+    shop.driver.run_until_idle()
+
+    # when
+    result = plugin(shop, "approve", gate.approval_id, "--tenant", "t1", "--by", "carol")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert "its gate no longer waits" in result.stderr
+    approval = shop.sagas.approvals.get(gate.approval_id)
+    assert approval is not None and approval.state == "pending"
+
+
 def test_approving_an_unknown_approval_exits_3(shop: Shop) -> None:
     # when
     result = plugin(shop, "approve", "nope", "--tenant", "t1", "--by", "alice")
