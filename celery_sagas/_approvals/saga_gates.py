@@ -119,7 +119,10 @@ class SagaApprovals:
                decided_by: str) -> ApprovalRecord:
         """Approve or deny once, while its gate still waits; a denial rolls the saga back at once."""
         record = self.gate.get(approval_id)
-        if record is not None and record.tenant_id == tenant_id and record.saga_id and record.step:
+        # Only a pending approval of this tenant is judged here: any other gets the ledger's
+        # own refusal (already decided, another tenant's), which says no more than it should.
+        if record is not None and record.state is ApprovalState.PENDING and \
+                record.tenant_id == tenant_id and record.saga_id and record.step:
             self._refuse_closed_gate(record)
         record = self.gate.decide(approval_id, tenant_id=tenant_id, decision=decision,
                                   decided_by=decided_by)
