@@ -10,7 +10,9 @@ the end less than half a sweep interval ago (by another shard) is skipped. Passe
    attempts past their time limit, bring approval gates in line with their approvals;
 3. every ``compensating`` saga: run compensation retries that are due;
 4. every ``manual-review`` saga: report it;
-5. passes handed in by other features (approval expiry).
+5. passes handed in by other features (approval expiry);
+6. saga and approval records in a state no pass above asks for, on a store that lists its
+   states (``StateListing``): reported corrupt, never left invisible.
 
 At the end every finding (sagas, and the effects of the sagas it read, docs/design.md §2.3) and
 every corrupt record is reported as a ``FindingEvent``: logged on ``celery_sagas.findings``,
@@ -39,7 +41,7 @@ from ._walker import walk
 from .errors import FencedWriteRefused, LeaseLost, SagaError, SagaValidationError
 from .stores.base import Fence, Lease
 
-__all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "Sweeper"]
+__all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "Sweeper", "default_passes", "stray_passes"]
 
 logger = logging.getLogger("celery_sagas.sweep")
 
@@ -220,6 +222,7 @@ class Sweeper:
         now = self.engine.now()
         passes = default_passes(self.engine, self.scans, now)
         passes += [make(self.engine, self.scans, now) for make in self.extra_passes]
+        passes += stray_passes(self.scans)
         fence = Fence.of(lease)
         pagers = [_BucketPager(p, lease.bucket, fence, report, self.page_size) for p in passes]
         start = lease.cursor if lease.cursor and not lease.cursor.startswith(_DONE) else None
@@ -261,8 +264,13 @@ def default_passes(engine: Engine, scans: Scans, now: int) -> list[Pass[Any]]:
         _saga_pass(engine, scans, SagaState.RUNNING, now - timing.stale_ms, window),
         _saga_pass(engine, scans, SagaState.COMPENSATING, None, window),
         _saga_pass(engine, scans, SagaState.MANUAL_REVIEW, None, window, act=False),
-        *(_stray_pass(scans, kind, known) for kind, known in _KNOWN_STATES),
     ]
+
+
+def stray_passes(scans: Scans) -> list[Pass[None]]:
+    """The last passes of a sweep: saga and approval records in a state no other pass asks
+    for (after every other pass, so an older checkpoint keeps its positions)."""
+    return [_stray_pass(scans, kind, known) for kind, known in _KNOWN_STATES]
 
 
 _KNOWN_STATES = ((SAGA, [str(s) for s in SagaState]), (APPROVAL, [str(s) for s in ApprovalState]))

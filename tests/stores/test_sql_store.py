@@ -867,7 +867,7 @@ def test_stored_states_lists_each_state_once_from_the_index(store: SqlStore) -> 
         assert store.stored_states("saga") == ["completed", "running", "weird"]
     finally:
         counter.close()
-    assert len([s for s, _ in counter.statements if s.lstrip().upper().startswith("SELECT")]) == 4
+    assert len(counter.statements) == 1  # one statement: a loose index scan
     assert store.stored_states("approval") == ["pending"]
     assert store.stored_states("nothing") == []
 

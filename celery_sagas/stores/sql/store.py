@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     ColumnElement,
     Delete,
     Engine,
@@ -388,20 +389,13 @@ class SqlStore:
             return int(conn.execute(stmt).scalar_one())
 
     def stored_states(self, kind: str) -> list[str]:
-        """The distinct ``state`` values of the records of ``kind``: one index seek per state
-        found (``MIN(state) WHERE state > previous``), never a scan of the records."""
+        """The distinct ``state`` values of the records of ``kind``: one statement, a loose
+        index scan (a recursive ``MIN(state) WHERE state > previous``): one index seek per
+        state found, never a scan of the records."""
         check_kind(kind)
-        table = self._tables.envelopes
-        found: list[str] = []
         with self._driver_errors("stored_states"), self._engine.begin() as conn:
-            while True:
-                stmt = select(func.min(table.c.state)).where(table.c.kind == kind)
-                if found:
-                    stmt = stmt.where(table.c.state > found[-1])
-                state = conn.execute(stmt).scalar()
-                if state is None or len(found) >= _MAX_STATES:
-                    return found
-                found.append(str(state))
+            rows = conn.execute(self._statements.stored_states, {"p_kind": kind}).all()
+        return [str(state) for (state,) in rows][:_MAX_STATES]
 
     def _resume(
         self, cursor: str | None, states: Sequence[str], bucket: int | None
@@ -586,6 +580,7 @@ class _Statements:
         self.annotate_returning = self.annotate.returning(*columns)
         self.annotate_at_returning = self.annotate_at.returning(*columns)
         self.lease_fence: Select[Any] = select(leases.c.fence).where(leases.c.name == bindparam("p_lease"))
+        self.stored_states: Select[Any] = _stored_states(table)
 
 
 def _by_id(table: Table) -> tuple[ColumnElement[bool], ...]:
@@ -683,6 +678,17 @@ def _checked(kind: str, row: Row[Any]) -> Envelope:
     except SagaValidationError:
         raise InvalidRecordError(kind=kind, record_id=envelope.id) from None
     return envelope
+
+
+def _stored_states(table: Table) -> Select[Any]:
+    """The distinct states of one kind, by a loose index scan (docs/design.md §5)."""
+    kind: BindParameter[str] = bindparam("p_kind")
+    first = select(func.min(table.c.state).label("state")).where(table.c.kind == kind)
+    found = first.cte("found_states", recursive=True)
+    after = select(func.min(table.c.state)).where(
+        table.c.kind == kind, table.c.state > found.c.state).scalar_subquery()
+    found = found.union_all(select(after).where(found.c.state.is_not(None)))
+    return select(found.c.state).where(found.c.state.is_not(None))
 
 
 def _scanned(kind: str, row: Row[Any]) -> Envelope:
