@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ._protocol.findings import Finding, FindingKind
-from ._records import ENCRYPTED, ApprovalRecord, SagaRecord, SagaState, StepRecord
+from ._protocol import codes
+from ._protocol.findings import Finding, FindingKind, review_advice
+from ._records import ENCRYPTED, ApprovalRecord, SagaRecord, SagaState, StepRecord, StepState
 from ._scans import CorruptRecord
 from ._sweep import SweepReport
+from ._values import printable
 
 __all__ = [
     "approval_view",
@@ -26,6 +28,7 @@ __all__ = [
     "finding_view",
     "findings_text",
     "iso",
+    "printable",
     "saga_summary",
     "saga_table",
     "saga_text",
@@ -59,9 +62,10 @@ def iso(ms: int | None) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``."""
+    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``; control
+    characters in a cell are escaped, so no value can forge a row."""
     cells = [[str(h) for h in headers]]
-    cells += [["-" if c is None else str(c) for c in row] for row in rows]
+    cells += [["-" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -87,8 +91,35 @@ def saga_summary(record: SagaRecord) -> dict[str, Any]:
     }
 
 
+_COMPENSATION_PHASE = frozenset(
+    {StepState.COMPENSATING, StepState.COMPENSATION_FAILED, StepState.COMPENSATED}
+)
+
+
+def _phase_times(step: StepRecord) -> dict[str, int | None]:
+    """The step's times split by phase: the record keeps one ``started_at_ms`` (and one
+    ``dispatched_at_ms``, ``next_attempt_at_ms``) for whichever attempt is current, so a
+    compensated step's "started" is its compensator's, never its forward attempt's."""
+    current = (step.dispatched_at_ms, step.started_at_ms, step.next_attempt_at_ms)
+    none = (None, None, None)
+    forward, back = (none, current) if step.state in _COMPENSATION_PHASE else (current, none)
+    mark = step.compensation
+    compensated = step.state is StepState.COMPENSATED and mark is not None
+    return {
+        "dispatched_at_ms": forward[0],
+        "started_at_ms": forward[1],
+        "committed_at_ms": step.committed_at_ms,
+        "next_attempt_at_ms": forward[2],
+        "compensation_dispatched_at_ms": back[0],
+        "compensation_started_at_ms": back[1],
+        "compensated_at_ms": mark.at_ms if compensated and mark is not None else None,
+        "compensation_next_attempt_at_ms": back[2],
+    }
+
+
 def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
-    """One step: ids, state, attempts, codes, times and result (arguments only with payload)."""
+    """One step: ids, state, attempts, codes, forward and compensation times and result
+    (arguments only with payload)."""
     view: dict[str, Any] = {
         "name": step.name,
         "task": step.task,
@@ -99,10 +130,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "attempts": step.attempts,
         "compensation_attempts": step.compensation_attempts,
         "error_code": step.error_code,
-        "dispatched_at_ms": step.dispatched_at_ms,
-        "started_at_ms": step.started_at_ms,
-        "committed_at_ms": step.committed_at_ms,
-        "next_attempt_at_ms": step.next_attempt_at_ms,
+        **_phase_times(step),
         "time_limit_ms": step.time_limit_ms,
         "claimed_by": step.claimed_by,
         "approval_id": step.approval_id,
@@ -139,16 +167,28 @@ def _compact(value: object, convert: Callable[[Any], Any] | None = None) -> str:
     return json.dumps(shown(value, convert), sort_keys=True, separators=(",", ":"))
 
 
+def _times(times: dict[str, int | None], labels: Sequence[tuple[str, str]]) -> str:
+    return "".join(f"  {label} {iso(times[key])}" for key, label in labels
+                   if times[key] is not None)
+
+
+_FORWARD_TIMES = (("started_at_ms", "started"), ("committed_at_ms", "committed"),
+                  ("next_attempt_at_ms", "next attempt"))
+_COMPENSATION_TIMES = (("compensation_started_at_ms", "started"),
+                       ("compensated_at_ms", "compensated"),
+                       ("compensation_next_attempt_at_ms", "next attempt"))
+
+
 def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
     error = f"  error {step.error_code}" if step.error_code else ""
     lines = [f"{index:>2}. {step.name}  {step.state}{error}"]
-    started = f"  started {iso(step.started_at_ms)}" if step.started_at_ms is not None else ""
-    committed = f"  committed {iso(step.committed_at_ms)}" if step.committed_at_ms is not None else ""
-    lines.append(f"    effect        {step.effect_id}  attempts {step.attempts}{started}{committed}")
+    times = _phase_times(step)
+    lines.append(f"    effect        {step.effect_id}  attempts {step.attempts}"
+                 f"{_times(times, _FORWARD_TIMES)}")
     if step.compensator is not None:
-        due = f"  next attempt {iso(step.next_attempt_at_ms)}" if step.next_attempt_at_ms else ""
         lines.append(f"    compensation  {step.compensation_effect_id}  attempts "
-                     f"{step.compensation_attempts}  by {step.compensator}{due}")
+                     f"{step.compensation_attempts}  by {step.compensator}"
+                     f"{_times(times, _COMPENSATION_TIMES)}")
     if step.approval_id is not None:
         lines.append(f"    approval      {step.approval_id}")
     if payload:
@@ -163,10 +203,10 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
     lines = [
         f"saga        {record.saga_id}",
         f"definition  {record.definition}",
-        f"state       {state}",
+        f"state       {printable(state)}",
     ]
     if record.reason:
-        lines.append(f"reason      {record.reason}")
+        lines.append(f"reason      {printable(record.reason)}")
     lines.append(f"created     {iso(record.created_at_ms)}")
     lines.append(f"updated     {iso(record.updated_at_ms)}  (version {record.version})")
     if payload:
@@ -204,21 +244,26 @@ def corrupt_view(corrupt: CorruptRecord) -> dict[str, Any]:
 
 
 def finding_hint(finding: Finding) -> str:
-    """What an operator does next about a finding."""
+    """What an operator does next about a finding (true for its kind, state and error code)."""
     saga, step, effect = finding.record_id, finding.step, finding.effect_id
     waiting = finding.state != str(SagaState.MANUAL_REVIEW)
     if finding.kind is FindingKind.AMBIGUOUS_EXECUTION:
         if waiting:
-            return "in flight past stale_after: the sweep re-sends or judges it (are workers up?)"
+            return ("sent or running past stale_after: the sweep re-sends a step never started "
+                    "and judges a silent one past its time limit (are workers up?)")
         return (f"ask the provider about idempotency key {effect}, then: resolve {saga} "
                 f"--step {step} --effect-id {effect} --committed --result JSON | --not-committed")
     if finding.kind is FindingKind.AMBIGUOUS_COMPENSATION:
         if waiting:
-            return "compensator in flight past stale_after: the sweep judges it (are workers up?)"
+            return ("compensator sent or running past stale_after: the sweep re-sends or "
+                    "judges it (are workers up?)")
         return (f"ask the provider whether {effect} was undone, then: resolve {saga} "
                 f"--step {step} --effect-id {effect} --compensated | --not-compensated")
     if finding.kind is FindingKind.MANUAL_REVIEW:
-        return f"fix the cause ({finding.error_code or 'see reason'}), then: resume {saga}"
+        advice = review_advice(finding.error_code)
+        if finding.error_code == codes.COMPENSATION_EXHAUSTED and step is not None:
+            advice += f" (resolve {saga} --step {step} --effect-id {effect} --compensated)"
+        return f"{advice}: resume {saga} | cancel {saga}"
     if finding.kind is FindingKind.STALE:
         return "not updated for stale_after: is beat running the sweep?"
     if finding.kind is FindingKind.AMBIGUOUS:
@@ -243,9 +288,10 @@ def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord])
         ]
         lines.append(table(("KIND", "RECORD", "STATE", "STEP", "EFFECT ID", "ERROR", "UPDATED"), rows))
         lines.append("")
-        lines.extend(f"{f.record_kind} {f.record_id}: {finding_hint(f)}" for f in findings)
+        lines.extend(printable(f"{f.record_kind} {f.record_id}: {finding_hint(f)}")
+                     for f in findings)
     for bad in corrupt:
-        lines.append(f"corrupt {bad.kind} record {bad.id!r}: {bad.reason}")
+        lines.append(f"corrupt {bad.kind} record {bad.id!r}: {printable(bad.reason)}")
     return "\n".join(lines)
 
 

@@ -169,7 +169,7 @@ class Delivery:
         step = self._ours(saga)
         if step is None:
             logger.warning("saga %s step %s: message for another effect or saga dropped",
-                           self.saga_id, self.step)
+                           self.saga_id, values.printable(self.step))
             return None
         if self._live(saga, step) and step.started_at_ms is not None:
             return self._vanished(saga, step)

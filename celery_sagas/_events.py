@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._records import StepState, TextEnum
+from ._values import printable
 
 __all__ = [
     "EventBus",
@@ -113,10 +114,12 @@ class FindingEvent:
     error_code: str | None = None
     updated_at_ms: int | None = None
     fence: int | None = None
+    cause: str | None = None  # a corrupt record's: the library's words, never record content
 
     def log_fields(self) -> dict[str, Any]:
         """The structured ``extra`` fields of this finding's log record."""
         return {
+            "corrupt_cause": self.cause,
             "finding_kind": self.kind,
             "record_kind": self.record_kind,
             "record_id": self.record_id,
@@ -231,9 +234,10 @@ class EventBus:
         """Deliver a finding to the log and every finding observer."""
         findings_logger.log(
             _finding_level(event),
-            "finding %s: %s %s (%s; step %s, effect %s, code %s)",
-            event.kind, event.record_kind, event.record_id, event.state or "-",
+            "finding %s: %s %s (%s; step %s, effect %s, code %s)%s",
+            event.kind, event.record_kind, printable(event.record_id), event.state or "-",
             event.step or "-", event.effect_id or "-", event.error_code or "-",
+            f": {printable(event.cause)}" if event.cause else "",
             extra=event.log_fields(),
         )
         self._findings.deliver(event)

@@ -9,7 +9,9 @@ records, so its cost follows the matching records and never every record kept:
    with its effect id) or ``stale``;
 3. and 4. the effects of those same sagas (docs/design.md §2.3): ``admission`` since before
    ``stale_before`` is ``incomplete``; ``executing`` or ``unknown`` since before
-   ``in_flight_before`` is ``ambiguous``.
+   ``in_flight_before`` is ``ambiguous``;
+5. sagas in a state this release does not know (on a store that lists its states), each
+   ``corrupt``: no other scan would ever show them.
 
 A page holds up to ``limit`` findings (1..1000; a few more when the last saga on it has several
 effects to report) and the opaque cursor resumes the walk where the page
@@ -31,7 +33,7 @@ from ._engine import Engine
 from ._events import FindingEvent
 from ._protocol.effects import effects_of
 from ._protocol.findings import Finding, FindingKind, effect_finding, saga_finding
-from ._records import EffectState, SagaRecord, SagaState
+from ._records import SAGA, EffectState, SagaRecord, SagaState
 from ._scans import CorruptRecord, RecordPage, Scans
 from ._walker import walk
 from .errors import SagaValidationError
@@ -103,11 +105,14 @@ def corrupt_finding(corrupt: CorruptRecord) -> Finding:
 
 
 def finding_event(finding: Finding, fence: int | None = None) -> FindingEvent:
-    """The observer/log event of a finding: ids, states and codes, never its free-text reason."""
+    """The observer/log event of a finding: ids, states and codes, never a saga's free-text
+    reason (a corrupt record's cause is the library's own words, so it is kept)."""
+    corrupt = finding.kind is FindingKind.CORRUPT
     return FindingEvent(
         kind=str(finding.kind), record_kind=finding.record_kind, record_id=finding.record_id,
         state=finding.state, step=finding.step, effect_id=finding.effect_id,
         error_code=finding.error_code, updated_at_ms=finding.updated_at_ms, fence=fence,
+        cause=finding.reason if corrupt else None,
     )
 
 
@@ -129,6 +134,7 @@ class _Source:
     states: tuple[SagaState, ...]
     stale_only: bool
     judge: Judge
+    strays: bool = False  # sagas in a state none of these scans asks for, reported corrupt
 
 
 _SOURCES = (
@@ -136,6 +142,7 @@ _SOURCES = (
     _Source("sagas", (SagaState.RUNNING, SagaState.COMPENSATING), True, _saga_judge),
     _Source("effects", (SagaState.MANUAL_REVIEW,), False, effect_findings),
     _Source("effects", (SagaState.RUNNING, SagaState.COMPENSATING), True, effect_findings),
+    _Source("sagas", tuple(SagaState), False, _saga_judge, strays=True),
 )
 
 
@@ -149,6 +156,10 @@ class _Pager:
         self._corrupt = corrupt  # report unreadable records (once per walk: not in both reports)
 
     def _fetch(self, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
+        if self._source.strays:
+            known = [str(state) for state in self._source.states]
+            found = self._scans.strays(SAGA, known, cursor=cursor, limit=limit)
+            return RecordPage((), found.corrupt, found.cursor)
         before = self._window.stale_before_ms if self._source.stale_only else None
         return self._scans.sagas(self._source.states, updated_before_ms=before, cursor=cursor,
                                  limit=limit)

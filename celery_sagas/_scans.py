@@ -16,8 +16,9 @@ from typing import Generic, TypeVar
 
 from ._codec import Codec
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
+from ._values import MAX_SAFE_INTEGER, printable
 from .errors import InvalidRecordError, SagaValidationError, UndecryptableRecord
-from .stores.base import Envelope, Page, Store
+from .stores.base import Envelope, Page, StateListing, Store, check_state
 
 __all__ = ["CorruptRecord", "RecordPage", "Scans"]
 
@@ -60,24 +61,46 @@ def _states(enum: type[S], states: Sequence[S | str]) -> list[str]:
     return names
 
 
+def _unreadable(envelope: Envelope) -> str | None:
+    """Why the store's routing fields of ``envelope`` cannot be trusted, or None."""
+    if envelope.version == 0 and envelope.body == "":
+        return "unreadable in the store (a field missing, malformed or out of range)"
+    if not 1 <= envelope.version <= MAX_SAFE_INTEGER:
+        return f"version {envelope.version} is outside 1..2**53-1"
+    return None
+
+
 def _decoded(page: Page, kind: str, accept: Callable[[Envelope], bool],
              decode: Callable[[Envelope, str], R]) -> RecordPage[R]:
     records: list[R] = []
     corrupt: list[CorruptRecord] = []
     for envelope in page.items:
+        record_id = printable(envelope.id)
         if envelope.kind != kind or not accept(envelope):
-            found = f"{envelope.kind}/{envelope.state}"
-            corrupt.append(CorruptRecord(kind, envelope.id, f"scan returned a {found} record"))
+            found = printable(f"{envelope.kind}/{envelope.state}")
+            corrupt.append(CorruptRecord(kind, record_id, f"scan returned a {found} record"))
+            continue
+        unreadable = _unreadable(envelope)
+        if unreadable is not None:
+            corrupt.append(CorruptRecord(kind, record_id, unreadable))
             continue
         try:
             records.append(decode(envelope, envelope.id))
         except UndecryptableRecord:
-            corrupt.append(CorruptRecord(kind, envelope.id, "encrypted with a key not in "
+            corrupt.append(CorruptRecord(kind, record_id, "encrypted with a key not in "
                                          "encryption_keys", undecryptable=True))
         except InvalidRecordError as exc:
             cause = f": {type(exc.__cause__).__name__}" if exc.__cause__ is not None else ""
-            corrupt.append(CorruptRecord(kind, envelope.id, f"failed read validation{cause}"))
+            corrupt.append(CorruptRecord(kind, record_id, f"failed read validation{cause}"))
     return RecordPage(tuple(records), tuple(corrupt), page.cursor)
+
+
+def _valid_state(state: str) -> bool:
+    try:
+        check_state(state)
+    except SagaValidationError:
+        return False
+    return True
 
 
 class Scans:
@@ -109,6 +132,28 @@ class Scans:
         page = self.store.scan_due(SAGA, due_before_ms=due_before_ms, bucket=bucket, cursor=cursor,
                                    limit=limit)
         return _decoded(page, SAGA, lambda e: True, self._saga)
+
+    def strays(self, kind: str, known: Sequence[str], *, bucket: int | None = None,
+               cursor: str | None = None, limit: int = 100) -> RecordPage[None]:
+        """One page of the records of ``kind`` whose state is none of ``known`` (invisible to
+        every other scan), each reported corrupt; nothing on a store without
+        ``StateListing``."""
+        if not isinstance(self.store, StateListing):
+            return RecordPage((), (), None)
+        others = [s for s in self.store.stored_states(kind) if s not in known]
+        scannable = [s for s in others if _valid_state(s)]
+        unscannable = tuple(
+            CorruptRecord(kind, "-", f"records in the invalid state {printable(s)!r}")
+            for s in others if s not in scannable and cursor is None)
+        if not scannable:
+            return RecordPage((), unscannable, None)
+        try:
+            page = self.store.scan(kind, scannable, bucket=bucket, cursor=cursor, limit=limit)
+        except SagaValidationError:
+            return RecordPage((), (), None)  # the states changed under the cursor: next sweep
+        found = tuple(CorruptRecord(kind, printable(e.id), f"unknown state {printable(e.state)!r}")
+                      for e in page.items)
+        return RecordPage((), unscannable + found, page.cursor)
 
     def approvals(
         self, states: Sequence[ApprovalState | str], *, updated_before_ms: int | None = None,

@@ -10,7 +10,9 @@ the end less than half a sweep interval ago (by another shard) is skipped. Passe
    attempts past their time limit, bring approval gates in line with their approvals;
 3. every ``compensating`` saga: run compensation retries that are due;
 4. every ``manual-review`` saga: report it;
-5. passes handed in by other features (approval expiry).
+5. passes handed in by other features (approval expiry);
+6. saga and approval records in a state no pass above asks for, on a store that lists its
+   states (``StateListing``): reported corrupt, never left invisible.
 
 At the end every finding (sagas, and the effects of the sagas it read, docs/design.md §2.3) and
 every corrupt record is reported as a ``FindingEvent``: logged on ``celery_sagas.findings``,
@@ -32,13 +34,14 @@ from ._engine import Engine
 from ._findings import Window, corrupt_finding, effect_findings, finding_event, window_of
 from ._leases import Leases
 from ._protocol.findings import Finding, FindingKind, saga_finding
-from ._records import SAGA, SagaRecord, SagaState
+from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._scans import CorruptRecord, RecordPage, Scans
+from ._values import printable
 from ._walker import walk
 from .errors import FencedWriteRefused, LeaseLost, SagaError, SagaValidationError
 from .stores.base import Fence, Lease
 
-__all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "Sweeper"]
+__all__ = ["SWEEP_LEASE", "Pass", "SweepReport", "Sweeper", "default_passes", "stray_passes"]
 
 logger = logging.getLogger("celery_sagas.sweep")
 
@@ -100,11 +103,38 @@ class _BucketPager(Generic[R]):
                 raise
             except SagaError as exc:
                 self._report.errors += 1
-                logger.warning("sweep %s: %s", self._pass.name, type(exc).__name__)
+                logger.warning("sweep %s: %s: %s", self._pass.name, _named(record), _cause(exc),
+                               extra={"record_id": _record_id(record)})
             except Exception:
                 self._report.errors += 1
-                logger.exception("sweep %s: unexpected error", self._pass.name)
+                logger.exception("sweep %s: %s: unexpected error", self._pass.name,
+                                 _named(record), extra={"record_id": _record_id(record)})
         return page.cursor
+
+
+def _record_id(record: object) -> str | None:
+    if isinstance(record, SagaRecord):
+        return record.saga_id
+    if isinstance(record, ApprovalRecord):
+        return record.approval_id
+    return None
+
+
+def _named(record: object) -> str:
+    """``saga <id>`` / ``approval <id>`` for a log line, control characters escaped."""
+    record_id = _record_id(record)
+    kind = APPROVAL if isinstance(record, ApprovalRecord) else SAGA
+    return f"{kind} {printable(record_id)}" if record_id is not None else type(record).__name__
+
+
+def _cause(exc: BaseException) -> str:
+    """The error's type and first line (the library's own messages carry ids and codes, never
+    payloads), then its cause's type: enough to act on without the record."""
+    first = str(exc).splitlines()[0][:200] if str(exc) else "-"
+    text = f"{type(exc).__name__}: {printable(first)}"
+    if exc.__cause__ is not None:
+        text += f" (caused by {type(exc.__cause__).__name__})"
+    return text
 
 
 class Sweeper:
@@ -194,6 +224,7 @@ class Sweeper:
         now = self.engine.now()
         passes = default_passes(self.engine, self.scans, now)
         passes += [make(self.engine, self.scans, now) for make in self.extra_passes]
+        passes += stray_passes(self.scans)
         fence = Fence.of(lease)
         pagers = [_BucketPager(p, lease.bucket, fence, report, self.page_size) for p in passes]
         start = lease.cursor if lease.cursor and not lease.cursor.startswith(_DONE) else None
@@ -236,6 +267,28 @@ def default_passes(engine: Engine, scans: Scans, now: int) -> list[Pass[Any]]:
         _saga_pass(engine, scans, SagaState.COMPENSATING, None, window),
         _saga_pass(engine, scans, SagaState.MANUAL_REVIEW, None, window, act=False),
     ]
+
+
+def stray_passes(scans: Scans) -> list[Pass[None]]:
+    """The last passes of a sweep: saga and approval records in a state no other pass asks
+    for (after every other pass, so an older checkpoint keeps its positions)."""
+    return [_stray_pass(scans, kind, known) for kind, known in _KNOWN_STATES]
+
+
+_KNOWN_STATES = ((SAGA, [str(s) for s in SagaState]), (APPROVAL, [str(s) for s in ApprovalState]))
+
+
+def _stray_pass(scans: Scans, kind: str, known: list[str]) -> Pass[None]:
+    """Records in a state no other pass asks for (written by a newer version, or edited by
+    hand) are reported corrupt rather than never seen (docs/design.md §5)."""
+
+    def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[None]:
+        return scans.strays(kind, known, bucket=bucket, cursor=cursor, limit=limit)
+
+    def act(record: None, fence: Fence, report: SweepReport) -> None:
+        """Never called: a stray page holds corrupt records only."""
+
+    return Pass(f"{kind}s:unknown-states", fetch, act)
 
 
 def _saga_pass(engine: Engine, scans: Scans, state: SagaState, before: int | None, window: Window,

@@ -31,6 +31,7 @@ __all__ = [
     "json_value",
     "nonce",
     "principal_id",
+    "printable",
     "saga_id",
     "step_name",
     "target",
@@ -52,6 +53,17 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 # W3C trace context: version, trace id, parent span id, flags (lowercase hex).
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control, format or other unprintable character escaped (``\\n``,
+    ``\\x1b``, ``\\u202e``), for a log line or a table: an id or reason read from a store
+    can then never forge another line or hide text. Printable text is returned as is."""
+    value = str(text)
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in value)
 
 
 def _shown(value: object) -> str:

@@ -166,7 +166,7 @@ def list_sagas(ctx: click.Context, state: str | None, definition: str | None, li
     data = {"sagas": [fmt.saga_summary(r) for r in found], "cursor": cursor,
             "corrupt": [fmt.corrupt_view(c) for c in corrupt]}
     text = fmt.saga_table(found) if found else "no sagas"
-    text += "".join(f"\ncorrupt saga record {c.id!r}: {c.reason}" for c in corrupt)
+    text += "".join(f"\ncorrupt saga record {c.id!r}: {fmt.printable(c.reason)}" for c in corrupt)
     if cursor is not None:
         text += f"\nmore: --cursor {cursor}"
     _emit(as_json, data, text)
@@ -182,8 +182,9 @@ def list_sagas(ctx: click.Context, state: str | None, definition: str | None, li
 def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None:
     """Show a saga's steps as a timeline.
 
-    Each step shows its state, attempts, effect id, compensation effect id, error code and
-    start/commit times. --json includes each step's result (operators need them to
+    Each step shows its state, attempts, effect id, error code and forward times (started,
+    committed), then its compensation effect id and the compensator's own times (started,
+    compensated). --json includes each step's result (operators need them to
     resolve); the saga input and step arguments appear only with --payload.
     """
     record = _session(ctx).sagas.get(saga_id)
@@ -252,12 +253,14 @@ def _changed(as_json: bool, record: SagaRecord, did: str) -> None:
 @click.option("--effect-id", required=True,
               help="The effect id you checked with the provider (compensation effect id for "
                    "--compensated/--not-compensated).")
-@click.option("--committed", is_flag=True, help="The step's effect happened (give --result).")
+@click.option("--committed", is_flag=True,
+              help="The step's effect happened (needs --result; --result null for null).")
 @click.option("--not-committed", is_flag=True, help="The step's effect provably did not happen.")
 @click.option("--compensated", is_flag=True, help="The compensator's effect happened.")
 @click.option("--not-compensated", is_flag=True, help="The compensator's effect did not happen.")
 @click.option("--result", "result_json", metavar="JSON",
-              help="With --committed: the step's result as the provider confirmed it.")
+              help="With --committed (required there): the step's result as the provider "
+                   "confirmed it.")
 @click.option("--error-code", help="With --not-committed: why (default not_committed).")
 @json_option
 @click.pass_context
@@ -273,6 +276,9 @@ def resolve(ctx: click.Context, saga_id: str, step: str, effect_id: str, committ
     outcome = _outcome(committed, not_committed, compensated, not_compensated)
     if result_json is not None and outcome != "committed":
         raise click.UsageError("--result goes with --committed only")
+    if result_json is None and outcome == "committed":
+        raise click.UsageError("--committed needs --result JSON: the step's result as the provider "
+                               "confirmed it (--result null when null is meant)")
     if error_code is not None and outcome != "not-committed":
         raise click.UsageError("--error-code goes with --not-committed only")
     if outcome == "not-committed" and error_code is None:
@@ -319,6 +325,17 @@ deny = _approval_command(
 )
 
 
+def _refuse_final(sagas_: Sagas, saga_id: str, verb: str) -> None:
+    """Exit 1 ("refused") for a final saga: ``verb`` would do nothing to it (the library call
+    is a no-op that returns the record; the CLI says so instead of reporting success)."""
+    record = sagas_.get(saga_id)
+    if record is None:
+        raise SagaNotFound(saga_id=saga_id)
+    if record.state.final:
+        _fail(f"saga {saga_id!r} is {record.state}: nothing to {verb} ({verb} refused)",
+              EXIT_REFUSED)
+
+
 @click.command("cancel")
 @click.argument("saga_id")
 @json_option
@@ -327,9 +344,12 @@ deny = _approval_command(
 def cancel(ctx: click.Context, saga_id: str, as_json: bool) -> None:
     """Stop a saga and compensate what committed.
 
-    Forward progress stops at the next step boundary; a final saga is left as it is.
+    Forward progress stops at the next step boundary. A final saga is left as it is and the
+    command is refused (exit 1).
     """
-    _changed(as_json, _session(ctx).sagas.cancel(saga_id), "cancelled")
+    sagas_ = _session(ctx).sagas
+    _refuse_final(sagas_, saga_id, "cancel")
+    _changed(as_json, sagas_.cancel(saga_id), "cancelled")
 
 
 @click.command("resume")
@@ -340,9 +360,12 @@ def cancel(ctx: click.Context, saga_id: str, as_json: bool) -> None:
 def resume(ctx: click.Context, saga_id: str, as_json: bool) -> None:
     """Resume a saga after manual review.
 
-    Refused (exit 1) while a step's outcome is still unknown: resolve it first.
+    A running or compensating saga is driven on now (what the sweep would do). Refused (exit 1)
+    while a step's outcome is still unknown (resolve it first) and for a final saga.
     """
-    _changed(as_json, _session(ctx).sagas.resume(saga_id), "resumed")
+    sagas_ = _session(ctx).sagas
+    _refuse_final(sagas_, saga_id, "resume")
+    _changed(as_json, sagas_.resume(saga_id), "resumed")
 
 
 @click.command("sweep")

@@ -31,9 +31,12 @@ from ..stores.base import MAX_SCAN_LIMIT, Store
 from .ledger import ApprovalLedger
 from .tokens import TokenSigner, token_hash
 
-__all__ = ["DEFAULT_TTL_MS", "ApprovalGate", "PendingApproval"]
+__all__ = ["DEFAULT_TTL_MS", "OPEN_STATES", "ApprovalGate", "PendingApproval"]
 
 DEFAULT_TTL_MS = 15 * 60_000
+# The states an approval past its expiry leaves for ``expired``: nobody decided it, or its
+# token was never used (docs/design.md §3.8).
+OPEN_STATES = (ApprovalState.PENDING, ApprovalState.APPROVED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +144,24 @@ class ApprovalGate:
         binding = Binding(capability, tenant_id, principal_id, target, digest)
         return self.ledger.consume(claims.approval_id, token_hash=token_hash(token), binding=binding)
 
+    def check_holder(self, token: object, *, tenant_id: str, principal_id: str,
+                     capability: str, target: str | None = None,
+                     digest: str | None = None) -> ApprovalRecord:
+        """Verify the token (signature, expiry), its stored hash and the binding, in that
+        order, without judging the approval's state; returns the approval."""
+        claims = self.signer.verify(token, now_ms=now_ms(self.clock))
+        assert isinstance(token, str)
+        binding = Binding(capability, tenant_id, principal_id, target, digest)
+        return self.ledger.check_holder(claims.approval_id, token_hash=token_hash(token),
+                                        binding=binding)
+
     def approval_of(self, token: object) -> str:
         """The approval id an authentic, unexpired token names."""
         return self.signer.verify(token, now_ms=now_ms(self.clock)).approval_id
 
     def expire_due(self, limit: int = 100) -> list[ApprovalRecord]:
-        """Mark up to ``limit`` pending approvals past their expiry as expired; returns them."""
+        """Mark up to ``limit`` pending or approved (unused) approvals past their expiry as
+        expired; returns them."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
             raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
         now = now_ms(self.clock)
@@ -154,9 +169,8 @@ class ApprovalGate:
         expired: list[ApprovalRecord] = []
         cursor: str | None = None
         while len(expired) < limit:
-            # A pending approval is never updated, and a positive TTL puts expiry after creation.
-            page = scans.approvals([ApprovalState.PENDING], updated_before_ms=now, cursor=cursor,
-                                   limit=limit)
+            # An open approval is updated at most once (its decision), before its expiry.
+            page = scans.approvals(OPEN_STATES, updated_before_ms=now, cursor=cursor, limit=limit)
             for record in page.records:
                 if now >= record.expires_at_ms and len(expired) < limit:
                     done = self.ledger.expire(record.approval_id)

@@ -165,18 +165,26 @@ class ApprovalLedger:
         now = now_ms(self.clock)
 
         def judge(record: ApprovalRecord | None) -> ApprovalRecord:
-            if record is None or not hmac.compare_digest(record.token_hash, token_hash):
-                raise ApprovalTokenInvalid("resume token does not match an approval")
-            if record.binding != wanted:
-                raise ApprovalBindingError(
-                    f"approval {approval_id!r} was granted for another request", approval_id=approval_id
-                )
+            _check_holder(record, approval_id, token_hash, wanted)
+            assert record is not None
             _refuse_unusable(record, now)
             return _moved(record, ApprovalState.CONSUMED, now)
 
         consumed = self._update(approval_id, judge)
         assert consumed is not None
         return consumed
+
+    def check_holder(self, approval_id: str, *, token_hash: str, binding: Binding) -> ApprovalRecord:
+        """The approval, once the token's hash matches the stored one (``ApprovalTokenInvalid``
+        otherwise) and the caller's binding is the approval's (``ApprovalBindingError``); its
+        state is not judged, so a refusal tells nothing about it to one who is not its holder."""
+        values.approval_id(approval_id)
+        values.digest(token_hash)
+        wanted = check_binding(binding)
+        record = self.get(approval_id)
+        _check_holder(record, approval_id, token_hash, wanted)
+        assert record is not None
+        return record
 
     def expire(self, approval_id: str, *, fence: Fence | None = None) -> ApprovalRecord | None:
         """Mark one pending or approved (unused) approval past its expiry as expired; else None.
@@ -199,6 +207,17 @@ class ApprovalLedger:
 
 def _request(record: ApprovalRecord) -> tuple[object, ...]:
     return (record.effect_id, record.binding, record.token_hash, record.saga_id, record.step)
+
+
+def _check_holder(record: ApprovalRecord | None, approval_id: str, token_hash: str,
+                  wanted: Binding) -> None:
+    """Raise unless the stored hash matches the token's, then unless the binding is the same."""
+    if record is None or not hmac.compare_digest(record.token_hash, token_hash):
+        raise ApprovalTokenInvalid("resume token does not match an approval")
+    if record.binding != wanted:
+        raise ApprovalBindingError(
+            f"approval {approval_id!r} was granted for another request", approval_id=approval_id
+        )
 
 
 def _refuse_unusable(record: ApprovalRecord, now: int) -> None:

@@ -27,13 +27,15 @@ from .._records import ApprovalRecord, ApprovalState, Binding, SagaRecord, StepR
 from .._scans import RecordPage, Scans
 from .._sweep import Pass, PassFactory, SweepReport
 from ..errors import (
+    ApprovalDecisionError,
     ApprovalDenied,
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
+    SagaNotFound,
     SagaResolutionError,
 )
 from ..stores.base import Fence
-from .gate import ApprovalGate, PendingApproval
+from .gate import OPEN_STATES, ApprovalGate, PendingApproval
 
 __all__ = ["SagaApprovals", "SagaGates", "expiry_pass"]
 
@@ -115,7 +117,13 @@ class SagaApprovals:
 
     def decide(self, approval_id: str, *, tenant_id: str, decision: str,
                decided_by: str) -> ApprovalRecord:
-        """Approve or deny once; a denial rolls the saga back at once."""
+        """Approve or deny once, while its gate still waits; a denial rolls the saga back at once."""
+        record = self.gate.get(approval_id)
+        # Only a pending approval of this tenant is judged here: any other gets the ledger's
+        # own refusal (already decided, another tenant's), which says no more than it should.
+        if record is not None and record.state is ApprovalState.PENDING and \
+                record.tenant_id == tenant_id and record.saga_id and record.step:
+            self._refuse_closed_gate(record)
         record = self.gate.decide(approval_id, tenant_id=tenant_id, decision=decision,
                                   decided_by=decided_by)
         if record.state is ApprovalState.DENIED and record.saga_id and record.step:
@@ -123,11 +131,33 @@ class SagaApprovals:
                                     GateOutcome(failure=APPROVAL_DENIED))
         return record
 
+    def _refuse_closed_gate(self, record: ApprovalRecord) -> None:
+        """ApprovalDecisionError when the approval's gate no longer waits (the saga was
+        cancelled, or is gone): a decision there would change nothing but the record."""
+        assert record.saga_id is not None
+        saga = self.engine.get(record.saga_id)
+        gate = None if saga is None else saga.step(record.step or "")
+        if gate is None or gate.approval_id != record.approval_id or \
+                gate.state is not StepState.AWAITING_APPROVAL:
+            why = "is gone" if saga is None else f"is {saga.state}"
+            raise ApprovalDecisionError(
+                f"approval {record.approval_id!r} cannot be decided: its gate no longer waits "
+                f"(saga {record.saga_id!r} {why})", approval_id=record.approval_id)
+
     def resume(self, saga_id: str, token: object, *, tenant_id: str,
                principal_id: str) -> SagaRecord:
-        """Consume an approved token for this saga's gate and let the saga go on."""
+        """Consume an approved token for this saga's gate and let the saga go on.
+
+        Checks in the order docs/approvals.md gives: the token's signature and expiry, the
+        stored hash (``ApprovalTokenInvalid``), the binding (``ApprovalBindingError``), and only
+        then the gate's and the approval's state, so none of them is told to a non-holder.
+        """
         approval_id = self.gate.approval_of(token)
         step = self._gate_step(saga_id, approval_id)
+        binding = Binding.of(step.kwargs)
+        self.gate.check_holder(token, tenant_id=tenant_id, principal_id=principal_id,
+                               capability=binding.capability, target=binding.target,
+                               digest=binding.digest)
         if step.state is StepState.COMMITTED:
             raise ApprovalTokenReplay(f"approval {approval_id!r} was already used",
                                       approval_id=approval_id)
@@ -137,7 +167,6 @@ class SagaApprovals:
                 f"saga {saga_id!r} no longer waits at gate {step.name!r} ({step.error_code})",
                 approval_id=approval_id,
             )
-        binding = Binding.of(step.kwargs)
         consumed = self.gate.consume(
             token, tenant_id=tenant_id, principal_id=principal_id,
             capability=binding.capability, target=binding.target, digest=binding.digest,
@@ -168,9 +197,9 @@ class SagaApprovals:
         try:
             self.engine.finish_gate(current.saga_id, current.step, current.approval_id, outcome,
                                     fence)
-        except SagaResolutionError:
+        except (SagaResolutionError, SagaNotFound):
             # No gate holds it: the write that recorded its step lost a race and the retry
-            # opened another approval. Nothing waits on this one; expiring it was all.
+            # opened another approval, or its saga is gone. Expiring it was all.
             return
 
     def _gate_step(self, saga_id: str, approval_id: str) -> StepRecord:
@@ -181,11 +210,13 @@ class SagaApprovals:
 
 
 def expiry_pass(approvals: SagaApprovals) -> PassFactory:
-    """A sweep pass factory: pending approvals past their expiry are expired, their gates failed."""
+    """A sweep pass factory: pending or approved (unused) approvals past their expiry are
+    expired, and the gates still waiting on them failed; an approval no live gate holds (its
+    saga cancelled or gone) ends ``expired`` too."""
 
     def make(engine: Engine, scans: Scans, now: int) -> Pass[ApprovalRecord]:
         def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[ApprovalRecord]:
-            return scans.approvals([ApprovalState.PENDING], bucket=bucket, cursor=cursor, limit=limit)
+            return scans.approvals(OPEN_STATES, bucket=bucket, cursor=cursor, limit=limit)
 
         def act(record: ApprovalRecord, fence: Fence, report: SweepReport) -> None:
             if now >= record.expires_at_ms:

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._records import EffectRecord, EffectState, SagaRecord, SagaState, StepState, TextEnum
+from .._records import (
+    EffectRecord,
+    EffectState,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
+    TextEnum,
+)
+from . import codes
+from .compensation import commit_order
 
-__all__ = ["Finding", "FindingKind", "effect_finding", "saga_finding"]
+__all__ = ["Finding", "FindingKind", "effect_finding", "review_advice", "saga_finding"]
 
 
 class FindingKind(TextEnum):
@@ -53,6 +63,57 @@ def effect_finding(effect: EffectRecord, stale_before_ms: int) -> Finding | None
 
 _OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 
+_FIX_AND_RESUME = "deploy the fix, then resume; or cancel to compensate what committed"
+
+# What an operator does about a saga in manual review, by its error code (docs/errors.md).
+_REVIEW_ADVICE = {
+    codes.COMPENSATION_EXHAUSTED: (
+        "fix what makes the compensator fail, then resume: it gets a fresh budget under the "
+        "same compensation effect id; or undo the step by hand, resolve it --compensated, "
+        "then resume"),
+    codes.NONDETERMINISTIC: (
+        "run() asked for other steps than recorded: deploy a run() that replays the recorded "
+        "steps the same way, then resume; or cancel to compensate what committed"),
+    codes.RUN_FAILED: "run() raised: " + _FIX_AND_RESUME,
+    codes.INVALID_STEP_CALL: "run() made a step call that cannot be recorded: " + _FIX_AND_RESUME,
+    codes.INVALID_RETRY_POLICY: "a backoff returned an invalid delay: " + _FIX_AND_RESUME,
+    codes.PAYLOAD_TOO_LARGE: (
+        "a value is over sagas_payload_limit: change the code or the limit, then resume; or "
+        "cancel to compensate what committed"),
+}
+
+
+def review_advice(error_code: str | None) -> str:
+    """What to do about a saga in manual review with ``error_code`` (true for each code)."""
+    if error_code in _REVIEW_ADVICE:
+        return _REVIEW_ADVICE[error_code]
+    return f"fix the cause ({error_code or 'see the reason'}), then resume; or cancel to " \
+           "compensate what committed"
+
+
+def _unknown(step: StepRecord, review: bool) -> bool | None:
+    """Whether ``step`` is an outcome to report: True (compensation), False (execution) or
+    None. In review only an outcome nobody knows counts (one ``resolve`` settles): a step sent
+    but never claimed, released for a retry or still running has none to ask a provider about
+    (a running one that goes silent turns ambiguous by itself)."""
+    if step.state is StepState.AMBIGUOUS:
+        return False
+    if step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION:
+        return True
+    if review:
+        return None
+    if step.state is StepState.EXECUTING:
+        return False
+    return True if step.state is StepState.COMPENSATING else None
+
+
+def _exhausted(saga: SagaRecord) -> StepRecord | None:
+    """The step whose compensation budget ran out (the one the planner stopped at)."""
+    if saga.error_code != codes.COMPENSATION_EXHAUSTED:
+        return None
+    failed = [s for s in commit_order(saga) if s.state is StepState.COMPENSATION_FAILED]
+    return failed[0] if failed else None
+
 
 def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:
     """The finding (docs/design.md §6) for an open saga, or None."""
@@ -63,12 +124,18 @@ def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:
         return Finding(kind, "saga", saga.saga_id, str(saga.state), step, effect,
                        saga.error_code, saga.reason, saga.updated_at_ms)
 
+    review = saga.state is SagaState.MANUAL_REVIEW
     for step in saga.steps:
-        if step.state in (StepState.EXECUTING, StepState.AMBIGUOUS):
-            return found(FindingKind.AMBIGUOUS_EXECUTION, step.name, step.effect_id)
-        if step.state is StepState.COMPENSATING:
+        compensation = _unknown(step, review)
+        if compensation is True:
             return found(FindingKind.AMBIGUOUS_COMPENSATION, step.name, step.compensation_effect_id)
-    if saga.state is SagaState.MANUAL_REVIEW:
+        if compensation is False:
+            return found(FindingKind.AMBIGUOUS_EXECUTION, step.name, step.effect_id)
+    if review:
+        exhausted = _exhausted(saga)
+        if exhausted is not None:
+            return found(FindingKind.MANUAL_REVIEW, exhausted.name,
+                         exhausted.compensation_effect_id)
         return found(FindingKind.MANUAL_REVIEW)
     if saga.updated_at_ms < stale_before_ms:
         return found(FindingKind.STALE)

@@ -7,10 +7,10 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import StoreUnavailable
-from .base import Envelope, Fence, Lease, Page, Store
+from .base import Envelope, Fence, Lease, Page, StateListing, Store
 from .memory import MemoryStore
 
-__all__ = ["Envelope", "Fence", "Lease", "MemoryStore", "Page", "Store", "open_store"]
+__all__ = ["Envelope", "Fence", "Lease", "MemoryStore", "Page", "StateListing", "Store", "open_store"]
 
 ENTRY_POINT_GROUP = "celery_sagas.stores"
 

@@ -45,6 +45,7 @@ __all__ = [
     "Fence",
     "Lease",
     "Page",
+    "StateListing",
     "Store",
     "check_bucket",
     "check_count_args",
@@ -226,6 +227,17 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class StateListing(Protocol):
+    """An optional store capability: list the states records of a kind are in, so the sweep
+    can report records whose state no scan asks for (docs/design.md §5). The SQL and memory
+    stores have it; on Redis a state edited by hand is found through its index entry."""
+
+    def stored_states(self, kind: str) -> list[str]:
+        """The distinct states of the records of ``kind``, from an index (never every record)."""
         ...
 
 

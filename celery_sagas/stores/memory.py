@@ -213,6 +213,13 @@ class MemoryStore:
                     total += max(0, end - start)
         return total
 
+    def stored_states(self, kind: str) -> list[str]:
+        """The distinct states of the records of ``kind``, sorted (from the state indexes)."""
+        check_kind(kind)
+        with self._lock:
+            return sorted({str(key[2]) for key, positions in self._index.items()
+                           if key[:2] == ("s", kind) and positions})
+
     # ------------------------------------------------------------------ leases
 
     def acquire_lease(

@@ -53,7 +53,7 @@ from ..errors import (
     InvalidRecordError,
     SagaValidationError,
 )
-from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, Store
+from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, StateListing, Store
 from .clock import FrozenClock
 from .racing import ReadTogether, race
 
@@ -450,6 +450,19 @@ class StoreConformance:
         self._created(_envelope(_fresh("r"), other, T0))
         self._created(_envelope(_fresh("r"), wanted, T0, kind="effect"))
         assert self._store().scan("saga", [wanted]).items == (mine,)
+
+    def test_stored_states_lists_each_state_of_a_kind_once(self) -> None:
+        store = self._store()
+        if not isinstance(store, StateListing):
+            pytest.skip("this store does not list its states (StateListing is optional)")
+        kind = f"k{uuid.uuid4().hex[:12]}"
+        states = sorted(_fresh("st") for _ in range(3))
+        for state in [*states, states[0]]:
+            self._created(_envelope(_fresh("r"), state, T0, kind=kind))
+        moved = self._created(_envelope(_fresh("r"), _fresh("gone"), T0, kind=kind))
+        assert store.compare_and_set(replace(moved, version=2, state=states[1]), 1) is True
+        assert sorted(store.stored_states(kind)) == states
+        assert store.stored_states(f"k{uuid.uuid4().hex[:12]}") == []
 
     def test_scan_of_a_state_without_records_is_empty(self) -> None:
         page = self._store().scan("saga", [_fresh("empty")])

@@ -19,6 +19,7 @@ from celery_sagas import (
 )
 
 from .._cli_format import iso
+from .._protocol.findings import review_advice
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
@@ -97,18 +98,20 @@ def hint(finding: Finding) -> str:
     waiting = finding.state != str(SagaState.MANUAL_REVIEW)
     if finding.kind is FindingKind.AMBIGUOUS_EXECUTION:
         if waiting:
-            return "In flight past stale_after: the sweep re-sends or judges it. Are workers and beat up?"
+            return ("Sent or running past stale_after: the sweep re-sends a step never started "
+                    "and judges a silent one past its time limit. Are workers and beat up?")
         return (f"Ask the provider whether the request with idempotency key {effect} went "
                 "through. Record the answer (committed with its result, or not committed), "
                 "then resume.")
     if finding.kind is FindingKind.AMBIGUOUS_COMPENSATION:
         if waiting:
-            return "Compensator in flight past stale_after: the sweep judges it. Are workers up?"
+            return ("Compensator sent or running past stale_after: the sweep re-sends or judges "
+                    "it. Are workers up?")
         return (f"Ask the provider whether {effect} was undone. Record compensated or not "
                 "compensated, then resume.")
     if finding.kind is FindingKind.MANUAL_REVIEW:
-        return (f"Fix the cause ({finding.error_code or 'see the reason'}), then resume; or "
-                "cancel to compensate what committed.")
+        advice = review_advice(finding.error_code)
+        return advice[0].upper() + advice[1:] + "."
     if finding.kind is FindingKind.STALE:
         return "Not updated for stale_after: is beat running the sweep?"
     if finding.kind is FindingKind.AMBIGUOUS:

@@ -56,6 +56,10 @@ def test_an_operator_lists_shows_and_resolves_a_saga_from_the_shell(redis_stack:
     shown = console(redis_stack, "show", "cli-review")
     missing = console(redis_stack, "show", "no-such-saga")
     found = celery_sagas(redis_stack, "findings", "--json")
+    no_result = console(redis_stack, "resolve", "cli-review", "--step", charge.name,
+                        "--effect-id", charge.effect_id, "--committed")
+    cancelled = celery_sagas(redis_stack, "cancel", "cli-ok")
+    resumed_final = console(redis_stack, "resume", "cli-ok", "--json")
     resolved = console(redis_stack, "resolve", "cli-review", "--step", charge.name,
                        "--effect-id", charge.effect_id, "--committed", "--result",
                        '{"charged": 5}')
@@ -74,6 +78,11 @@ def test_an_operator_lists_shows_and_resolves_a_saga_from_the_shell(redis_stack:
     assert found.returncode == 0, found.stderr
     [finding] = json.loads(found.stdout)["findings"]
     assert (finding["record_id"], finding["effect_id"]) == ("cli-review", charge.effect_id)
+
+    assert no_result.returncode == 2 and "--committed needs --result" in no_result.stderr
+    assert (cancelled.returncode, cancelled.stdout) == (1, "")
+    assert "is completed: nothing to cancel" in cancelled.stderr
+    assert (resumed_final.returncode, resumed_final.stdout) == (1, "")
 
     assert resolved.returncode == 0, resolved.stderr
     assert resumed.returncode == 0, resumed.stderr

@@ -15,6 +15,7 @@ from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
 from celery_sagas._approvals.gate import PendingApproval
+from celery_sagas._approvals.tokens import TokenSigner
 from celery_sagas._events import LifecycleEvent
 from celery_sagas._records import ApprovalState, SagaState, StepState
 from celery_sagas._sweep import SWEEP_LEASE
@@ -459,12 +460,69 @@ def test_cancel_while_awaiting_approval_compensates(shop: Shop, gated: Any) -> N
     assert (shop.step(GATE).state, shop.step(GATE).error_code) == (StepState.FAILED, "not_started")
     assert shop.script.names() == ["reserve", "release"]
     assert shop.sagas.approvals.pending("o-1") == []
-    decide(shop, pending)
     with pytest.raises(ApprovalDenied, match="no longer waits"):
         resume(shop, pending.token)
     assert shop.record().state == SagaState.COMPENSATED
-    approval = shop.sagas.approvals.get(pending.approval_id)
-    assert approval is not None and approval.state == "approved"  # not consumed
+
+
+def test_a_decision_after_cancel_is_refused_and_changes_nothing(shop: Shop, gated: Any) -> None:
+    # given: a saga cancelled while its gate waited
+    pending = parked(shop, gated)
+    shop.sagas.cancel("o-1")
+    shop.driver.run_until_idle()
+
+    # when / then
+    for decision in ("approved", "denied"):
+        with pytest.raises(ApprovalDecisionError, match="its gate no longer waits"):
+            decide(shop, pending, decision)
+    assert approval_state(shop, pending) is ApprovalState.PENDING
+
+
+@pytest.mark.parametrize("decided", [False, True], ids=["pending", "approved-then-cancelled"])
+def test_an_approval_whose_gate_was_cancelled_ends_expired(shop: Shop, gated: Any,
+                                                          decided: bool) -> None:
+    # given: approved (or not) a moment before the saga was cancelled
+    pending = parked(shop, gated)
+    if decided:
+        decide(shop, pending)
+    shop.sagas.cancel("o-1")
+    shop.driver.run_until_idle()
+
+    # when: its expiry passes and the sweep runs
+    shop.clock.advance(TTL_MS)
+    shop.sagas.sweep()
+
+    # then
+    assert approval_state(shop, pending) is ApprovalState.EXPIRED
+    assert shop.record().state == SagaState.COMPENSATED
+
+
+def forged(pending: PendingApproval) -> str:
+    """A token signed with the right secret for the right approval, with another nonce."""
+    return TokenSigner([SECRET]).mint(approval_id=pending.approval_id, nonce="not-the-stored-nonce-at-all",
+                                      expires_at_ms=pending.expires_at_ms)
+
+
+@pytest.mark.parametrize("closed_by", ["resume", "deny", "cancel"])
+def test_a_forged_token_is_invalid_whatever_the_gate_became(shop: Shop, gated: Any,
+                                                            closed_by: str) -> None:
+    # given: a gate passed, denied or cancelled
+    pending = parked(shop, gated)
+    if closed_by == "resume":
+        decide(shop, pending)
+        resume(shop, pending.token)
+    elif closed_by == "deny":
+        decide(shop, pending, "denied")
+    else:
+        shop.sagas.cancel("o-1")
+    before = shop.record()
+
+    # when / then: its state is told to no one but the token's holder
+    with pytest.raises(ApprovalTokenInvalid):
+        resume(shop, forged(pending))
+    with pytest.raises(ApprovalBindingError):
+        resume(shop, pending.token, principal_id="mallory")
+    assert shop.record() == before
 
 
 # ---------------------------------------------------------------- configuration and misuse

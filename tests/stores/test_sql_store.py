@@ -839,3 +839,74 @@ def test_open_store_builds_a_sql_store_and_close_leaves_a_callers_engine(tmp_pat
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM shop_envelopes").scalar() == 1
     engine.dispose()
+
+
+# ------------------------------------------------------------------ corrupt rows (issue 16)
+
+
+def test_a_version_over_2_53_fails_get_and_is_handed_on_by_a_scan(store: SqlStore) -> None:
+    store.create(envelope("big"))
+    store.create(envelope("ok", at=T0 + 1))
+    table = tables_of(store).envelopes
+    with store.engine.begin() as conn:
+        conn.execute(update(table).where(table.c.id == "big").values(version=2**63 - 1))
+    with pytest.raises(InvalidRecordError):
+        store.get("saga", "big")
+    page = store.scan("saga", ["running"], limit=10)
+    # the envelope check caps the version at 2**53-1 as on Redis: a placeholder without a body
+    assert [(item.id, item.version, item.body) for item in page.items] == [
+        ("big", 2**63 - 1, ""), ("ok", 1, "{}")]
+
+
+def test_stored_states_lists_each_state_once_from_the_index(store: SqlStore) -> None:
+    for i, state in enumerate(["running", "completed", "running", "weird", "completed"]):
+        store.create(envelope(f"s{i}", state=state))
+    store.create(envelope("a1", kind="approval", state="pending"))
+    counter = StatementCounter(store.engine)
+    try:
+        assert store.stored_states("saga") == ["completed", "running", "weird"]
+    finally:
+        counter.close()
+    assert len(counter.statements) == 1  # one statement: a loose index scan
+    assert store.stored_states("approval") == ["pending"]
+    assert store.stored_states("nothing") == []
+
+
+def test_a_saga_row_of_an_unknown_state_or_version_is_reported_by_the_sweep(
+    store: SqlStore,
+) -> None:
+    from celery import Celery
+
+    from celery_sagas import Sagas
+    from celery_sagas.testing import FrozenClock
+
+    # given: two sagas recorded, then one row set to an unknown state and one to a huge version
+    clock = FrozenClock()
+    app = Celery("corrupt-rows", set_as_current=False, broker="memory://")
+    sagas = Sagas(app, store=store, clock=clock)
+
+    @sagas.step(compensate=None)
+    def noop() -> None:
+        """A step with nothing to undo."""
+
+    @sagas.saga("corrupt-rows")
+    def run(ctx: Any, _: Any) -> None:
+        ctx.step(noop)
+
+    run.start({}, saga_id="state-row")
+    run.start({}, saga_id="version-row")
+    table = tables_of(store).envelopes
+    with store.engine.begin() as conn:
+        conn.execute(update(table).where(table.c.id == "state-row").values(state="paused"))
+        conn.execute(update(table).where(table.c.id == "version-row").values(version=2**63 - 1))
+    clock.advance(10 * 60_000)
+
+    # when
+    report = sagas.sweep()
+
+    # then
+    assert report.errors == 0
+    assert sorted((c.id, c.reason) for c in report.corrupt) == [
+        ("state-row", "unknown state 'paused'"),
+        ("version-row", "version 9223372036854775807 is outside 1..2**53-1"),
+    ]

@@ -24,7 +24,9 @@ from click.testing import CliRunner, Result
 from celery_sagas import MemoryStore, Sagas, SagaState, StepState
 from celery_sagas._approvals.ledger import ApprovalLedger
 from celery_sagas._celery.facade import sagas_of
+from celery_sagas._cli_format import finding_hint, iso
 from celery_sagas._leases import Leases
+from celery_sagas._protocol.findings import Finding, FindingKind
 from celery_sagas._records import Binding
 from celery_sagas._sweep import SWEEP_LEASE
 from celery_sagas.cli import (
@@ -173,6 +175,38 @@ def test_list_filters_by_state_and_definition(shop: Shop) -> None:
     assert [s["saga_id"] for s in by_definition["sagas"]] == ["n-1"]
 
 
+def test_list_by_definition_filters_in_the_store_one_page_at_a_time(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: many orders, three notify-user sagas among them
+    for n in range(12):
+        completed(shop, f"o-{n}")
+    for n in range(3):
+        shop.notify_user.start({"user": f"u-{n}"}, saga_id=f"n-{n}")
+    shop.driver.run_until_idle()
+    store = shop.sagas.store
+    scans: list[dict[str, Any]] = []
+    inner = store.scan
+
+    def counted(kind: str, states: Any, **options: Any) -> Any:
+        page = inner(kind, states, **options)
+        scans.append({**options, "items": len(page.items)})
+        return page
+
+    monkeypatch.setattr(store, "scan", counted)
+
+    # when
+    first = as_json(plugin(shop, "list", "--definition", "notify-user", "--limit", "2", "--json"))
+    rest = as_json(plugin(shop, "list", "--definition", "notify-user", "--limit", "2",
+                          "--cursor", first["cursor"], "--json"))
+
+    # then: one label scan per page, reading only that definition's sagas
+    assert [s["saga_id"] for s in first["sagas"] + rest["sagas"]] == ["n-0", "n-1", "n-2"]
+    assert rest["cursor"] is None
+    assert [(s["label"], s["limit"], s["items"]) for s in scans] == [
+        ("notify-user", 2, 2), ("notify-user", 2, 1)]
+
+
 def test_list_pages_with_limit_and_cursor(shop: Shop) -> None:
     # given
     for n in range(5):
@@ -214,6 +248,43 @@ def test_show_prints_the_steps_as_a_timeline_with_effect_ids(shop: Shop) -> None
     assert effect_id in text
     assert shop.step("shop.reserve").compensation_effect_id in text
     assert ORDER["card"] not in text  # no payloads without --payload
+
+
+def compensated_reserve(shop: Shop) -> tuple[int, int, int]:
+    """o-1 cancelled after reserve committed: (commit, compensator claim, compensated) times."""
+    running(shop, "o-1")
+    committed_at = shop.clock.advance(1_000)
+    shop.deliver_next()  # reserve commits, charge is sent
+    shop.clock.advance(60_000)
+    shop.sagas.cancel("o-1")
+    claimed_at = shop.clock.advance(5_000)
+    shop.driver.run_until_idle()
+    assert shop.record().state == SagaState.COMPENSATED
+    reserve = shop.step("shop.reserve")
+    assert reserve.committed_at_ms == committed_at and reserve.compensation is not None
+    return committed_at, claimed_at, reserve.compensation.at_ms
+
+
+def test_show_keeps_forward_and_compensation_times_apart(shop: Shop) -> None:
+    # given: reserve committed, then was compensated a minute later
+    committed_at, claimed_at, compensated_at = compensated_reserve(shop)
+
+    # when
+    text = plugin(shop, "show", "o-1").stdout
+    data = as_json(plugin(shop, "show", "o-1", "--json"))
+
+    # then: the forward line reads forward; the compensator's start is on its own line
+    lines = text.splitlines()
+    effect = next(line for line in lines if shop.step("shop.reserve").effect_id in line)
+    compensation = lines[lines.index(effect) + 1]
+    assert "started" not in effect and f"committed {iso(committed_at)}" in effect
+    assert compensation.strip().startswith("compensation")
+    assert f"started {iso(claimed_at)}" in compensation
+    assert f"compensated {iso(compensated_at)}" in compensation
+    [reserve] = [s for s in data["steps"] if s["name"] == "shop.reserve"]
+    assert (reserve["started_at_ms"], reserve["committed_at_ms"]) == (None, committed_at)
+    assert reserve["compensation_started_at_ms"] == claimed_at
+    assert reserve["compensated_at_ms"] == compensated_at
 
 
 def test_show_payload_adds_the_input_and_arguments(shop: Shop) -> None:
@@ -409,6 +480,35 @@ def test_resolve_usage_errors_exit_2_and_change_nothing(shop: Shop, flags: list[
     assert shop.record() == before
 
 
+def test_resolve_committed_without_a_result_is_a_usage_error(shop: Shop) -> None:
+    # given: an ambiguous charge (storing null would run the saga on with a wrong result)
+    effect_id = ambiguous_charge(shop)
+    before = shop.record()
+
+    # when
+    result = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", effect_id,
+                    "--committed")
+
+    # then
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "--committed needs --result" in result.stderr
+    assert shop.record() == before
+
+
+def test_resolve_committed_with_result_null_stores_null(shop: Shop) -> None:
+    # given
+    effect_id = ambiguous_charge(shop)
+
+    # when
+    result = plugin(shop, "resolve", "o-1", "--step", "shop.charge", "--effect-id", effect_id,
+                    "--committed", "--result", "null")
+
+    # then
+    assert result.exit_code == 0, result.output
+    charge = shop.step("shop.charge")
+    assert (charge.state, charge.result) == (StepState.COMMITTED, None)
+
+
 def test_resolve_an_unknown_saga_exits_3(shop: Shop) -> None:
     # when
     result = plugin(shop, "resolve", "nope", "--step", "s", "--effect-id", "e", "--compensated")
@@ -442,6 +542,40 @@ def test_cancel_compensates_what_committed(shop: Shop) -> None:
     assert data["saga_id"] == "o-1"
     assert shop.record().state == SagaState.COMPENSATED
     assert "release" in shop.script.names()
+
+
+@pytest.mark.parametrize("command", ["cancel", "resume"])
+def test_cancel_and_resume_of_a_completed_saga_are_refused(shop: Shop, command: str) -> None:
+    # given
+    completed(shop, "o-1")
+    before = shop.record()
+
+    # when
+    result = plugin(shop, command, "o-1")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert result.stdout == ""
+    assert result.stderr == f"error: saga 'o-1' is completed: nothing to {command} ({command} refused)\n"
+    assert shop.record() == before
+
+
+@pytest.mark.parametrize("command", ["cancel", "resume"])
+def test_cancel_and_resume_of_a_compensated_saga_are_refused_in_json_too(shop: Shop,
+                                                                           command: str) -> None:
+    # given
+    running(shop, "o-1")
+    shop.deliver_next()
+    shop.sagas.cancel("o-1")
+    shop.driver.run_until_idle()
+    assert shop.record().state == SagaState.COMPENSATED
+
+    # when
+    result = plugin(shop, command, "o-1", "--json")
+
+    # then
+    assert (result.exit_code, result.stdout) == (EXIT_REFUSED, "")
+    assert f"is compensated: nothing to {command}" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["cancel", "resume"])
@@ -515,6 +649,25 @@ def test_denying_a_saga_gate_compensates_what_came_before(shop: Shop) -> None:
     assert result.stdout == f"approval {gate.approval_id} denied by carol\n"
     assert shop.record("g-1").state == SagaState.COMPENSATED
     assert shop.script.names() == ["reserve", "release"]
+
+
+def test_approving_the_gate_of_a_cancelled_saga_is_refused(shop: Shop) -> None:
+    # given
+    shop.definitions["gated-order"].start(ORDER, saga_id="g-1")
+    shop.driver.run_until_idle()
+    gate = shop.step("manager-ok", "g-1")
+    assert gate.approval_id is not None
+    plugin(shop, "cancel", "g-1")
+    shop.driver.run_until_idle()
+
+    # when
+    result = plugin(shop, "approve", gate.approval_id, "--tenant", "t1", "--by", "carol")
+
+    # then
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert "its gate no longer waits" in result.stderr
+    approval = shop.sagas.approvals.get(gate.approval_id)
+    assert approval is not None and approval.state == "pending"
 
 
 def test_approving_an_unknown_approval_exits_3(shop: Shop) -> None:
@@ -725,3 +878,53 @@ def test_help_lists_every_command() -> None:
                  "sweep"):
         assert f"  {name} " in result.stdout
     assert isinstance(sagas, click.Group)
+
+
+# ------------------------------------------------------------ hints true per code
+
+
+def review_finding(code: str, step: str | None = None, effect: str | None = None) -> Finding:
+    return Finding(FindingKind.MANUAL_REVIEW, "saga", "o-1", "manual-review", step, effect, code)
+
+
+def test_the_hint_of_a_nondeterministic_review_says_deploy_then_resume_or_cancel() -> None:
+    hint = finding_hint(review_finding("nondeterministic"))
+    assert "replays the recorded steps" in hint and hint.endswith("resume o-1 | cancel o-1")
+    assert "provider" not in hint
+
+
+def test_the_hint_of_an_exhausted_compensation_says_resume_gives_a_fresh_budget() -> None:
+    hint = finding_hint(review_finding("compensation_exhausted", "shop.reserve", "cx-1"))
+    assert "fresh budget" in hint
+    assert "resolve o-1 --step shop.reserve --effect-id cx-1 --compensated" in hint
+
+
+@pytest.mark.parametrize("code", ["run_failed", "invalid_step_call", "invalid_retry_policy",
+                                  "payload_too_large", "made_up_code"])
+def test_every_review_hint_ends_with_resume_or_cancel(code: str) -> None:
+    hint = finding_hint(review_finding(code))
+    assert hint.endswith("resume o-1 | cancel o-1") and "provider" not in hint
+
+
+def test_findings_of_an_exhausted_compensation_name_the_step(shop: Shop) -> None:
+    # given: a cancelled order whose release compensator fails every time
+    running(shop, "o-1")
+    shop.deliver_next()
+    for _ in range(10):
+        shop.script.then("release", RuntimeError("warehouse down"))
+    shop.sagas.cancel("o-1")
+    for _ in range(10):
+        shop.clock.advance(600_000)
+        shop.driver.run_until_idle()
+        shop.sagas.sweep()
+    assert shop.record().error_code == "compensation_exhausted"
+
+    # when
+    found = as_json(plugin(shop, "findings", "--json"))["findings"]
+    [finding] = [f for f in found if f["record_kind"] == "saga"]
+
+    # then
+    reserve = shop.step("shop.reserve")
+    assert (finding["step"], finding["effect_id"]) == ("shop.reserve",
+                                                       reserve.compensation_effect_id)
+    assert "fresh budget" in finding["hint"]

@@ -8,9 +8,13 @@ console scripts with those subcommands, and the services' URLs name services of 
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import importlib.metadata
+import os
+import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,8 @@ COMPOSE = ROOT / "compose" / "docker-compose.yml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 SERVICES = {"redis", "postgres", "worker", "beat", "web"}
 SHOP_SERVICES = ("worker", "beat", "web")
+SECRET_CHECK = "approval-secret"
+DOCKERIGNORE = ROOT / ".dockerignore"
 # Executables that come with each service's image (shell builtins need no image).
 IMAGE_TOOLS = {"redis": {"redis-server", "redis-cli"}, "postgres": {"pg_isready"}}
 SHOP_TOOLS = {"celery", "flask", "python"}
@@ -62,7 +68,7 @@ def healthcheck_argv(test: Any) -> list[str]:
 
 def commands(service: dict[str, Any]) -> list[list[str]]:
     """Every argument vector a service runs: its command and its health check."""
-    found = [healthcheck_argv(service["healthcheck"]["test"])]
+    found = [healthcheck_argv(service["healthcheck"]["test"])] if "healthcheck" in service else []
     if "command" in service:
         found.append(argv(service["command"]))
     return found
@@ -195,7 +201,9 @@ def test_the_shop_services_point_at_services_of_this_file(compose: dict[str, Any
         assert (store.scheme, store.hostname) == ("postgresql+psycopg", "postgres"), name
         for dependency, condition in service["depends_on"].items():
             assert dependency in compose["services"], dependency
-            assert condition == {"condition": "service_healthy"}
+            wanted = "service_completed_successfully" if dependency == SECRET_CHECK else \
+                "service_healthy"
+            assert condition == {"condition": wanted}
 
 
 def test_the_shop_image_is_built_from_the_repository(compose: dict[str, Any]) -> None:
@@ -220,3 +228,114 @@ def test_the_dockerfile_installs_the_package_with_its_extras() -> None:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
+
+
+# ---------------------------------------------------------------- no secret needed but by `up`
+
+# What compose interpolates: $$ (a literal $), $NAME, ${NAME}, ${NAME:-default}, ${NAME-default},
+# ${NAME:?error}, ${NAME?error}; anything else after a $ is an invalid template.
+_DOLLAR = re.compile(r"\$(\$|[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*(?:(:?[-?])[^}]*)?\}|)")
+
+
+def strings(value: Any) -> list[str]:
+    """Every string of the parsed file (keys and values: compose interpolates both)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings(k) + strings(v)]
+    if isinstance(value, list):
+        return [s for item in value for s in strings(item)]
+    return []
+
+
+def test_every_dollar_in_the_file_is_a_valid_interpolation(compose: dict[str, Any]) -> None:
+    # then: `docker compose config` (and every other command) can parse the file
+    for text in strings(compose):
+        for match in _DOLLAR.finditer(text):
+            assert match.group(1), f"invalid interpolation in {text!r}"
+
+
+def test_no_variable_is_mandatory_so_logs_exec_and_down_work_without_the_secret(
+    compose: dict[str, Any],
+) -> None:
+    # then: a ${VAR:?} or ${VAR?} would fail every compose command in a shell without VAR
+    for text in strings(compose):
+        for match in _DOLLAR.finditer(text):
+            assert "?" not in match.group(0), f"mandatory variable: {match.group(0)}"
+
+
+def test_up_waits_for_the_approval_secret_check(compose: dict[str, Any]) -> None:
+    # then
+    check = compose["services"][SECRET_CHECK]
+    assert check["environment"]["SHOP_APPROVAL_SECRET"] == "${SHOP_APPROVAL_SECRET:-}"
+    assert check["restart"] == "no"
+    for name in SHOP_SERVICES:
+        condition = compose["services"][name]["depends_on"][SECRET_CHECK]
+        assert condition == {"condition": "service_completed_successfully"}
+
+
+@pytest.mark.parametrize(("secret", "code"), [(None, 1), ("", 1), ("x" * 31, 1), ("x" * 32, 0)],
+                         ids=["unset", "empty", "short", "enough"])
+def test_the_secret_check_fails_unless_the_secret_has_32_bytes(
+    compose: dict[str, Any], secret: str | None, code: int
+) -> None:
+    # given
+    words = argv(compose["services"][SECRET_CHECK]["command"])
+    env = {k: v for k, v in os.environ.items() if k != "SHOP_APPROVAL_SECRET"}
+    if secret is not None:
+        env["SHOP_APPROVAL_SECRET"] = secret
+
+    # when
+    done = subprocess.run([sys.executable, *words[1:]], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+    # then
+    assert words[0] == "python"
+    assert done.returncode == code
+    if code:
+        assert "export it (32+ random bytes) before docker compose up" in done.stderr
+
+
+# ---------------------------------------------------------------- the build context
+
+
+def ignored(path: str) -> bool:
+    """Whether .dockerignore keeps ``path`` (relative, ``/``-separated) out of the context:
+    the last pattern matching the path or one of its parent folders wins."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    verdict = False
+    for line in DOCKERIGNORE.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        pattern = line.lstrip("!").rstrip("/")
+        globbed = pattern.replace("**/", "")
+        for candidate in candidates:
+            name = candidate.rsplit("/", 1)[-1]
+            deep = pattern.startswith("**/") and fnmatch.fnmatch(name, globbed)
+            if fnmatch.fnmatch(candidate, pattern) or deep:
+                verdict = not negated
+                break
+    return verdict
+
+
+@pytest.mark.parametrize("path", [".git/HEAD", ".venv/bin/python", "tests/unit/test_cli.py",
+                                  "bench/results/x.json", "site/index.html", ".mypy_cache/x",
+                                  "celery_sagas/__pycache__/cli.cpython-311.pyc",
+                                  "examples/shop/provider.db"])
+def test_the_build_context_leaves_out(path: str) -> None:
+    assert ignored(path), path
+
+
+def test_the_build_context_keeps_everything_the_dockerfile_copies() -> None:
+    # given
+    copied = [word for line in DOCKERFILE.read_text().splitlines() if line.startswith("COPY ")
+              for word in line.split()[1:-1]]
+
+    # then
+    assert copied == ["pyproject.toml", "README.md", "celery_sagas", "examples"]
+    for source in copied:
+        for path in [source] + [str(p.relative_to(ROOT)) for p in (ROOT / source).rglob("*.py")]:
+            assert not ignored(path), path

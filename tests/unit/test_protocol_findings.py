@@ -68,10 +68,10 @@ def test_an_effect_not_older_than_stale_before_is_not_reported(state: EffectStat
 OPEN_STATES = [SS.RUNNING, SS.COMPENSATING, SS.MANUAL_REVIEW]
 
 
-@pytest.mark.parametrize("state", OPEN_STATES, ids=str)
+@pytest.mark.parametrize("state", [SS.RUNNING, SS.COMPENSATING], ids=str)
 @pytest.mark.parametrize("variant", [X0, X1, XR, AM])
 @pytest.mark.parametrize("stale_before", [OLD, FRESH])
-def test_an_executing_or_ambiguous_step_is_ambiguous_execution(
+def test_an_executing_or_ambiguous_step_of_a_live_saga_is_ambiguous_execution(
     state: SagaState, variant: str, stale_before: int
 ) -> None:
     record = saga(step(CM, "a"), step(variant, "b"), state=state)
@@ -83,7 +83,36 @@ def test_an_executing_or_ambiguous_step_is_ambiguous_execution(
         record.error_code, record.reason, UPDATED)
 
 
+@pytest.mark.parametrize("stale_before", [OLD, FRESH])
+def test_in_review_only_an_ambiguous_step_is_ambiguous_execution(stale_before: int) -> None:
+    record = saga(step(CM, "a"), step(AM, "b"), state=SS.MANUAL_REVIEW,
+                  error_code=codes.AMBIGUOUS_STEP)
+    found = saga_finding(record, stale_before)
+    assert found is not None and found.kind is K.AMBIGUOUS_EXECUTION
+    assert (found.step, found.effect_id) == ("b", fx("b"))
+
+
+@pytest.mark.parametrize("variant", [X0, X1, XR, P0, P1])
+def test_in_review_a_step_with_no_unknown_outcome_is_no_ambiguity(variant: str) -> None:
+    # A nondeterministic run() stopped while steps were sent, never claimed or still running:
+    # no provider has anything to say about them; the finding is the review's own code.
+    record = saga(step(CM, "a"), step(variant, "b"), state=SS.MANUAL_REVIEW,
+                  error_code=codes.NONDETERMINISTIC, reason="replay differs")
+    assert saga_finding(record, OLD) == Finding(
+        K.MANUAL_REVIEW, "saga", "order-42", "manual-review", None, None,
+        codes.NONDETERMINISTIC, "replay differs", UPDATED)
+
+
 @pytest.mark.parametrize("state", OPEN_STATES, ids=str)
+def test_an_ambiguous_compensator_is_ambiguous_compensation(state: SagaState) -> None:
+    record = saga(step(CM, "a"), step(PA, "b"), state=state)
+    found = saga_finding(record, FRESH)
+    assert found is not None
+    assert found.kind is K.AMBIGUOUS_COMPENSATION
+    assert (found.step, found.effect_id) == ("b", cx("b"))
+
+
+@pytest.mark.parametrize("state", [SS.RUNNING, SS.COMPENSATING], ids=str)
 @pytest.mark.parametrize("variant", [P0, P1, PA])
 def test_a_compensating_step_is_ambiguous_compensation(state: SagaState, variant: str) -> None:
     record = saga(step(CM, "a"), step(variant, "b"), state=state)
@@ -93,14 +122,23 @@ def test_a_compensating_step_is_ambiguous_compensation(state: SagaState, variant
     assert (found.step, found.effect_id) == ("b", cx("b"))
 
 
+@pytest.mark.parametrize("stale_before", [OLD, FRESH])
+def test_an_exhausted_compensation_names_its_step_and_compensation_effect(stale_before: int) -> None:
+    record = saga(step(CD, "a"), step(CF, "b"), step(FL, "c"), state=SS.MANUAL_REVIEW,
+                  error_code=codes.COMPENSATION_EXHAUSTED, reason="failed 3 times")
+    assert saga_finding(record, stale_before) == Finding(
+        K.MANUAL_REVIEW, "saga", "order-42", "manual-review", "b", cx("b"),
+        codes.COMPENSATION_EXHAUSTED, "failed 3 times", UPDATED)
+
+
 @pytest.mark.parametrize("variant", [CM, FL, CF, CD, AW])
 @pytest.mark.parametrize("stale_before", [OLD, FRESH])
 def test_manual_review_without_unknown_steps_is_manual_review(variant: str, stale_before: int) -> None:
-    record = saga(step(variant, "a"), state=SS.MANUAL_REVIEW, error_code=codes.COMPENSATION_EXHAUSTED,
+    record = saga(step(variant, "a"), state=SS.MANUAL_REVIEW, error_code=codes.RUN_FAILED,
                   reason="failed 3 times")
     assert saga_finding(record, stale_before) == Finding(
         K.MANUAL_REVIEW, "saga", "order-42", "manual-review", None, None,
-        codes.COMPENSATION_EXHAUSTED, "failed 3 times", UPDATED)
+        codes.RUN_FAILED, "failed 3 times", UPDATED)
 
 
 def test_manual_review_of_a_saga_without_steps() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     ColumnElement,
     Delete,
     Engine,
@@ -58,7 +59,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.sql.dml import Update
 
-from ..._values import duration_ms, identifier, timestamp_ms
+from ..._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms
 from ...errors import (
     FencedWriteRefused,
     InvalidRecordError,
@@ -105,6 +106,7 @@ __all__ = ["SqlStore"]
 
 DEFAULT_PREFIX = "sagas_"
 _SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it creates
+_MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
 class SqlStore:
@@ -322,9 +324,9 @@ class SqlStore:
         stmt = self._scan_statement(kind, wanted[start:], label, at, updated_before_ms, limit + 1)
         with self._driver_errors("scan"), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
-        # Values are not judged here (a wrongly typed row still raises): the caller decodes
-        # each record and reports a corrupt one, so one bad row cannot stall every sweep.
-        items = tuple(_envelope(kind, row) for row in rows[:limit])
+        # A row of the wrong types comes back as a placeholder (as on Redis); the caller reports
+        # every bad record corrupt by id, so one bad row cannot stall every sweep.
+        items = tuple(_scanned(kind, row) for row in rows[:limit])
         if len(rows) <= limit:
             return Page(items, None)
         following = rows[limit]
@@ -355,7 +357,7 @@ class SqlStore:
         stmt = stmt.order_by(table.c.due_at_ms, table.c.id).limit(limit + 1)
         with self._driver_errors("scan_due"), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
-        items = tuple(_envelope(kind, row) for row in rows[:limit])
+        items = tuple(_scanned(kind, row) for row in rows[:limit])
         if len(rows) <= limit:
             return Page(items, None)
         following = rows[limit]
@@ -385,6 +387,15 @@ class SqlStore:
             stmt = stmt.where(table.c.updated_at_ms < updated_before_ms)
         with self._driver_errors("count"), self._engine.begin() as conn:
             return int(conn.execute(stmt).scalar_one())
+
+    def stored_states(self, kind: str) -> list[str]:
+        """The distinct ``state`` values of the records of ``kind``: one statement, a loose
+        index scan (a recursive ``MIN(state) WHERE state > previous``): one index seek per
+        state found, never a scan of the records."""
+        check_kind(kind)
+        with self._driver_errors("stored_states"), self._engine.begin() as conn:
+            rows = conn.execute(self._statements.stored_states, {"p_kind": kind}).all()
+        return [str(state) for (state,) in rows][:_MAX_STATES]
 
     def _resume(
         self, cursor: str | None, states: Sequence[str], bucket: int | None
@@ -569,6 +580,7 @@ class _Statements:
         self.annotate_returning = self.annotate.returning(*columns)
         self.annotate_at_returning = self.annotate_at.returning(*columns)
         self.lease_fence: Select[Any] = select(leases.c.fence).where(leases.c.name == bindparam("p_lease"))
+        self.stored_states: Select[Any] = _stored_states(table)
 
 
 def _by_id(table: Table) -> tuple[ColumnElement[bool], ...]:
@@ -645,6 +657,7 @@ def _envelope(kind: str, row: Row[Any]) -> Envelope:
     record_id, version, state, updated_at_ms, body, label, due_at_ms, notes = tuple(row)
     if not (
         type(version) is int
+        and 0 <= version <= MAX_SAFE_INTEGER  # as on Redis: a BIGINT holds up to 2**63-1
         and type(updated_at_ms) is int
         and isinstance(state, str)
         and isinstance(body, str)
@@ -665,6 +678,30 @@ def _checked(kind: str, row: Row[Any]) -> Envelope:
     except SagaValidationError:
         raise InvalidRecordError(kind=kind, record_id=envelope.id) from None
     return envelope
+
+
+def _stored_states(table: Table) -> Select[Any]:
+    """The distinct states of one kind, by a loose index scan (docs/design.md §5)."""
+    kind: BindParameter[str] = bindparam("p_kind")
+    first = select(func.min(table.c.state).label("state")).where(table.c.kind == kind)
+    found = first.cte("found_states", recursive=True)
+    after = select(func.min(table.c.state)).where(
+        table.c.kind == kind, table.c.state > found.c.state).scalar_subquery()
+    found = found.union_all(select(after).where(found.c.state.is_not(None)))
+    return select(found.c.state).where(found.c.state.is_not(None))
+
+
+def _scanned(kind: str, row: Row[Any]) -> Envelope:
+    """The envelope of a scanned row; a placeholder without a body (as on Redis) when a column
+    has the wrong type or is out of range. It keeps a version out of range, so the caller can
+    name the cause with the record."""
+    try:
+        return _envelope(kind, row)
+    except InvalidRecordError:
+        record_id, version, state, updated_at_ms, *_ = tuple(row)
+        at = updated_at_ms if type(updated_at_ms) is int else 0
+        return Envelope(kind, str(record_id), version if type(version) is int else 0, str(state),
+                        at, "")
 
 
 def _from(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple[int, str]
