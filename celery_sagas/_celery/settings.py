@@ -9,6 +9,7 @@ from typing import Any
 from .. import _values as values
 from .._definitions import Timing
 from ..errors import SagaConfigurationError
+from ..stores._urls import redact, reveal
 
 __all__ = ["SETTING_DOCS", "SagaSettings"]
 
@@ -137,7 +138,7 @@ class SagaSettings:
             raise SagaConfigurationError("sagas_approval_secrets must be a list of secrets")
         _seconds_ms("sweep_interval", raw["sweep_interval"])
         return cls(
-            store=raw["store"],
+            store=reveal(raw["store"]),
             sweep_interval_s=float(raw["sweep_interval"]),
             timing=Timing(
                 stale_ms=_seconds_ms("stale_after", raw["stale_after"]),
@@ -159,8 +160,13 @@ class SagaSettings:
         )
 
     def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{f.name}=<hidden>" if f.name == "approval_secrets" else f"{f.name}={getattr(self, f.name)!r}"
-            for f in fields(self)
-        )
+        shown = ", ".join(f"{f.name}={self._shown(f.name)}" for f in fields(self))
         return f"SagaSettings({shown})"
+
+    def _shown(self, name: str) -> str:
+        value = getattr(self, name)
+        if name == "approval_secrets":
+            return "<hidden>"
+        if name == "store" and isinstance(value, str):
+            return repr(redact(value, limit=None))
+        return repr(value)
