@@ -194,6 +194,12 @@ def redis_stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
 
 
 @pytest.fixture
+def cluster_stack(tmp_path: Path, redis_cluster_url: str) -> Iterator[Stack]:
+    """Redis broker + Redis Cluster store (a 3-master cluster, tests/redis_cluster.py)."""
+    yield from _make_stack(tmp_path, REDIS_BROKER, redis_cluster_url)
+
+
+@pytest.fixture
 def rabbit_pg_stack(tmp_path: Path, rabbitmq_url: str, postgres_url: str) -> Iterator[Stack]:
     """RabbitMQ broker + PostgreSQL store."""
     yield from _make_stack(tmp_path, rabbitmq_url, postgres_url)
