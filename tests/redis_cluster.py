@@ -117,6 +117,22 @@ class RedisCluster:
                 return port
         raise RuntimeError(f"redis cluster: no replica of {master}")
 
+    def failover(self, replica: int) -> None:
+        """``CLUSTER FAILOVER`` on ``replica``: it takes over its master's slots."""
+        out = _cli(replica, "cluster", "failover", timeout=10)
+        if "OK" not in out:
+            raise RuntimeError(f"redis cluster: CLUSTER FAILOVER on {replica}: {out.strip()}")
+
+    def wait_master(self, port: int, timeout: float = 30) -> None:
+        """Wait until ``port`` is a master and the cluster is ok again."""
+        _wait(lambda: "role:master" in _cli(port, "info", "replication", timeout=5)
+              and cluster_ok(port), timeout, f"{port} promoted")
+
+    def wait_replica(self, port: int, timeout: float = 30) -> None:
+        """Wait until ``port`` is a replica whose link to its master is up."""
+        _wait(lambda: "master_link_status:up" in _cli(port, "info", "replication", timeout=5),
+              timeout, f"{port} replicating")
+
     def kill(self, port: int) -> None:
         """SIGKILL one node."""
         proc = self.procs.get(port)

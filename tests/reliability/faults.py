@@ -21,6 +21,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from celery_sagas.errors import SagaError
+from tests.redis_cluster import RedisCluster
 from tests.reliability.cluster import Cluster
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
@@ -140,6 +141,32 @@ def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     log.add("redis-sigkill")
     time.sleep(rng.uniform(0.2, 1.5))  # the outage: clients see connection refused meanwhile
     cluster.redis.start()
+
+
+def cluster_failover(nodes: RedisCluster, *, kill: bool) -> Injector:
+    """Fail one master of a Redis Cluster store over to its replica.
+
+    ``kill=False``: ``CLUSTER FAILOVER`` on the replica (a manual failover: the replica
+    catches up with its master first, then takes its slots). ``kill=True``: SIGKILL the
+    master; the replica is promoted once the others judge the master failed
+    (cluster-node-timeout), then the killed node is started again and rejoins as a replica.
+    """
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        master = rng.choice(nodes.masters())
+        replica = nodes.replica_of(master)
+        if kill:
+            nodes.kill(master)
+            log.add("master-sigkill", f"master {master}, replica {replica}")
+        else:
+            nodes.failover(replica)
+            log.add("cluster-failover", f"replica {replica} takes over from {master}")
+        nodes.wait_master(replica, timeout=30)
+        if kill:
+            nodes.start_node(master)
+            nodes.wait_replica(master, timeout=30)
+
+    return inject
 
 
 def purge_queue(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
