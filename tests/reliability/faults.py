@@ -164,7 +164,9 @@ def cluster_failover(nodes: RedisCluster, *, kill: bool) -> Injector:
         nodes.wait_master(replica, timeout=30)
         if kill:
             nodes.start_node(master)
-            nodes.wait_replica(master, timeout=30)
+        # The old master replicates its successor before the next fault: a manual failover
+        # of a replica still syncing would not happen.
+        nodes.wait_replica(master, timeout=30)
 
     return inject
 
