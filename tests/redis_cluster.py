@@ -162,7 +162,9 @@ def _is_redis(pid: int, port: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return bool(cmdline) and b"redis-server" in cmdline[0] and str(port).encode() in cmdline
+    # redis-server rewrites its title to "redis-server 127.0.0.1:<port> [cluster]"
+    return bool(cmdline) and cmdline[0].startswith(b"redis-server") \
+        and f":{port} ".encode() in cmdline[0] + b" "
 
 
 def main(argv: list[str] | None = None) -> int:
