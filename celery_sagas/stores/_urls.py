@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 T = TypeVar("T")
 
-__all__ = ["CLUSTER_SCHEMES", "ClusterUrl", "HiddenUrl", "redact", "reveal", "split_cluster",
-           "url_problem"]
+__all__ = ["CLUSTER_SCHEMES", "ClusterUrl", "HiddenUrl", "redact", "redact_text", "reveal",
+           "split_cluster", "url_problem"]
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _REDIS_SCHEMES = {"redis", "rediss", "unix", *CLUSTER_SCHEMES}
@@ -72,6 +72,17 @@ def redact(url: object, limit: int | None = 200) -> str:
         query = "&".join(_redact_pair(pair) for pair in query.split("&"))
     shown = f"{scheme}://{authority}{slash}{path}{question}{query}{hash_}{fragment and '***'}"
     return shown[:limit]
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:@/\s]*):[^@/\s]*@")
+_SECRET_OPTION = re.compile(r"\b([A-Za-z_]*(?:pass|secret|token|key|auth)[A-Za-z_]*)=[^&\s'\"]+",
+                            re.IGNORECASE)
+
+
+def redact_text(text: str) -> str:
+    """Free text (a driver's error message) with the password of every URL in it, and every
+    ``password=``-like value, replaced by ``***``."""
+    return _SECRET_OPTION.sub(r"\1=***", _USERINFO.sub(r"\1:***@", text))
 
 
 class HiddenUrl(str):

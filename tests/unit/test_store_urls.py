@@ -18,7 +18,7 @@ from celery.worker import control
 
 from celery_sagas import Sagas, open_store
 from celery_sagas.errors import SagaConfigurationError, StoreError, StoreUnavailable
-from celery_sagas.stores._urls import HiddenUrl, redact, split_cluster, url_problem
+from celery_sagas.stores._urls import HiddenUrl, redact, redact_text, split_cluster, url_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-s3cret"
@@ -102,6 +102,14 @@ def test_a_cluster_url_names_every_node_and_keeps_client_options_apart() -> None
 )
 def test_redact_hides_passwords_in_user_info_and_query(url: str, shown: str) -> None:
     assert redact(url) == shown
+
+
+def test_free_text_loses_every_password_it_quotes() -> None:
+    text = (f"Error connecting to redis://u:{SECRET}@h:6379/0 (password={SECRET}); "
+            f"AUTH failed for rediss+cluster://:{SECRET}@a:1,b:2/ and ssl_password={SECRET}")
+    shown = redact_text(text)
+    assert SECRET not in shown
+    assert "redis://u:***@h:6379/0" in shown and "rediss+cluster://:***@a:1,b:2/" in shown
 
 
 def test_a_redis_error_message_never_carries_the_password() -> None:

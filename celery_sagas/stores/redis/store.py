@@ -45,7 +45,7 @@ from ...errors import (
     StoreUnavailable,
 )
 from .._cursor import decode_cursor, encode_cursor
-from .._urls import CLUSTER_SCHEMES, redact, split_cluster, url_problem
+from .._urls import CLUSTER_SCHEMES, redact, redact_text, split_cluster, url_problem
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -402,7 +402,7 @@ class RedisStore:
             if kind is not None and record_id is not None and _wrong_type(exc):
                 raise InvalidRecordError(kind=kind, record_id=record_id) from exc
             raise StoreError(
-                f"redis {action} failed: {type(exc).__name__}: {redact(str(exc))}"
+                f"redis {action} failed: {type(exc).__name__}: {redact_text(str(exc))}"
             ) from exc
         except UnicodeDecodeError as exc:  # a decode_responses client met binary garbage
             if kind is not None and record_id is not None:
@@ -772,7 +772,9 @@ def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) 
     if isinstance(fields, ResponseError) and _wrong_type(fields):
         return placeholder
     if isinstance(fields, (RedisError, RedisClusterException)):
-        raise StoreError(f"redis scan failed: {type(fields).__name__}: {redact(str(fields))}") from fields
+        raise StoreError(
+            f"redis scan failed: {type(fields).__name__}: {redact_text(str(fields))}"
+        ) from fields
     if isinstance(fields, Mapping) and not fields:
         return None
     if isinstance(fields, SagaValidationError) or not isinstance(fields, Mapping):
