@@ -82,7 +82,8 @@ class RedisCluster:
         self.procs[port] = subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
              "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
-             "--save", "", "--appendonly", "no", "--dir", str(node_dir), "--daemonize", "no",
+             "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
+             "--dir", str(node_dir), "--daemonize", "no",
              "--pidfile", str(node_dir / "redis.pid")],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -102,6 +103,9 @@ class RedisCluster:
             self.stop()
             raise RuntimeError(f"redis cluster: create failed:\n{out[-2000:]}")
         _wait(lambda: all(cluster_ok(port) for port in self.ports), 30, "cluster_state:ok")
+        # A replica that never synced is not eligible for promotion: wait for every link.
+        _wait(lambda: sum("master_link_status:up" in _cli(port, "info", "replication", timeout=5)
+                          for port in self.ports) == NODES // 2, 30, "replicas in sync")
         return self
 
     def masters(self) -> list[int]:
