@@ -121,11 +121,19 @@ class RedisCluster:
                 return port
         raise RuntimeError(f"redis cluster: no replica of {master}")
 
-    def failover(self, replica: int) -> None:
-        """``CLUSTER FAILOVER`` on ``replica``: it takes over its master's slots."""
-        out = _cli(replica, "cluster", "failover", timeout=10)
-        if "OK" not in out:
-            raise RuntimeError(f"redis cluster: CLUSTER FAILOVER on {replica}: {out.strip()}")
+    def failover(self, replica: int, attempts: int = 4) -> None:
+        """``CLUSTER FAILOVER`` on ``replica`` until it has taken over its master's slots (a
+        manual failover times out after 5 s when the master's ack is late: ask again)."""
+        for attempt in range(1, attempts + 1):
+            out = _cli(replica, "cluster", "failover", timeout=10)
+            if "OK" not in out:
+                raise RuntimeError(f"redis cluster: CLUSTER FAILOVER on {replica}: {out.strip()}")
+            try:
+                self.wait_master(replica, timeout=7)
+                return
+            except RuntimeError:
+                if attempt == attempts:
+                    raise
 
     def wait_master(self, port: int, timeout: float = 30) -> None:
         """Wait until ``port`` is a master and the cluster is ok again."""
