@@ -24,6 +24,7 @@ from pathlib import Path
 
 NODES = 6
 DEFAULT_FIRST_PORT = 7101
+NODE_TIMEOUT_S = 2.0  # cluster-node-timeout: how long before a silent master is judged failed
 
 
 def answers(port: int, host: str = "127.0.0.1") -> bool:
@@ -81,7 +82,8 @@ class RedisCluster:
         log = open(node_dir / "redis.log", "ab")  # noqa: SIM115 - the child owns it
         self.procs[port] = subprocess.Popen(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
-             "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+             "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", str(int(NODE_TIMEOUT_S * 1000)),
              "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
              "--dir", str(node_dir), "--daemonize", "no",
              "--pidfile", str(node_dir / "redis.pid")],
@@ -136,9 +138,19 @@ class RedisCluster:
                     raise
 
     def wait_master(self, port: int, timeout: float = 30) -> None:
-        """Wait until ``port`` is a master and the cluster is ok again."""
-        _wait(lambda: "role:master" in _cli(port, "info", "replication", timeout=5)
-              and cluster_ok(port), timeout, f"{port} promoted")
+        """Wait until ``port`` is a master, still one half a second later (a failover Redis
+        reverts lasts some milliseconds), and the cluster is ok again."""
+
+        def master() -> bool:
+            return "role:master" in _cli(port, "info", "replication", timeout=5)
+
+        def settled() -> bool:
+            if not master():
+                return False
+            time.sleep(0.5)
+            return master() and cluster_ok(port)
+
+        _wait(settled, timeout, f"{port} promoted")
 
     def wait_replica(self, port: int, timeout: float = 30) -> None:
         """Wait until ``port`` is a replica whose link to its master is up."""

@@ -196,7 +196,7 @@ def cluster_failovers(workdir: Path, size: Size, *, kill: bool = False,
         return Chaos(f"cluster-{'kill' if kill else 'failover'}", title, load, kind, build,
                      observe=observe).run(workdir)
     finally:
-        nodes.close()
+        nodes.stop()  # the node logs stay in the run's directory
 
 
 def pg_terminations(workdir: Path, size: Size, postgres_url: str, broker: str | None = None,
