@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.worker import control
+from redis.exceptions import RedisClusterException
 
 from celery_sagas import Sagas, open_store
 from celery_sagas.errors import SagaConfigurationError, StoreError, StoreUnavailable
@@ -121,8 +122,6 @@ def test_a_redis_error_message_never_carries_the_password() -> None:
 
 def test_a_cluster_client_error_becomes_store_error() -> None:
     """RedisClusterException is not a RedisError: it must not escape raw."""
-    from redis.exceptions import RedisClusterException
-
     with pytest.raises(StoreError) as caught:
         open_store("redis+cluster://127.0.0.1:1/")
     assert isinstance(caught.value.__cause__, RedisClusterException)
@@ -176,3 +175,29 @@ def test_celery_report_never_prints_the_store_password(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sagas_store" in done.stdout
     assert SECRET not in done.stdout + done.stderr
+
+
+class _ClusterFailingClient:
+    """A client whose every call raises what redis-py's cluster client raises on a cross-slot
+    script or a topology it cannot resolve (RedisClusterException is not a RedisError)."""
+
+    def register_script(self, text: str) -> Any:
+        def call(keys: Any = None, args: Any = None) -> Any:
+            raise RedisClusterException("EVALSHA - all keys must map to the same key slot")
+
+        return call
+
+    def hgetall(self, key: str) -> Any:
+        raise RedisClusterException(f"Redis Cluster cannot be connected: redis://:{SECRET}@h:1/")
+
+
+def test_cluster_exceptions_of_any_primitive_become_store_errors_without_the_password() -> None:
+    from celery_sagas.stores.base import Envelope
+    from celery_sagas.stores.redis import RedisStore
+
+    store = RedisStore(_ClusterFailingClient())
+    with pytest.raises(StoreError) as read:
+        store.get("saga", "s-1")
+    assert SECRET not in str(read.value) and "cannot be connected" in str(read.value)
+    with pytest.raises(StoreError, match="same key slot"):
+        store.create(Envelope("saga", "s-1", 1, "running", 1, "{}"))
