@@ -173,13 +173,15 @@ def two_beats(workdir: Path, size: Size) -> Report:
 def cluster_failovers(workdir: Path, size: Size, *, kill: bool = False,
                       first_port: int = FAILOVER_PORT) -> Report:
     """A Redis Cluster store (3 masters, 3 replicas, private to the run) whose masters fail
-    over to their replicas while sagas run; the broker is the run's private redis-server."""
+    over to their replicas while sagas run; the broker is the run's private redis-server, and
+    each sweep is split over three shards."""
     nodes = RedisClusterNodes(workdir / f"redis-cluster-{new_tag()}", first_port)
 
     def build(path: Path) -> Cluster:
         nodes.start()
         try:
-            return make_cluster(path, store=nodes.url)
+            # Three sweep tasks per interval share the buckets (sagas_sweep_shards).
+            return make_cluster(path, store=nodes.url, sweep_shards=3)
         except BaseException:
             nodes.close()
             raise
