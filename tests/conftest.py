@@ -7,6 +7,7 @@ skip into a failure.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,9 @@ POSTGRES_URL = os.environ.get(
     "CELERY_SAGAS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 MYSQL_URL = os.environ.get("CELERY_SAGAS_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test")
+REDIS_CLUSTER_URL = os.environ.get(
+    "CELERY_SAGAS_TEST_REDIS_CLUSTER", "redis+cluster://127.0.0.1:7101/"
+)
 RABBITMQ_URL = os.environ.get("CELERY_SAGAS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 
@@ -47,6 +51,32 @@ def redis_url() -> str:
     """URL of the real Redis store used by tests (``CELERY_SAGAS_TEST_REDIS``)."""
     need_service("Redis", "127.0.0.1", 6379)
     return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a 3-master Redis Cluster (``CELERY_SAGAS_TEST_REDIS_CLUSTER``): the one that
+    answers there, or a private one this session starts on those ports (tests/redis_cluster.py)."""
+    from tests.redis_cluster import RedisCluster, cluster_ok
+
+    host, port = REDIS_CLUSTER_URL.split("://", 1)[1].split("/", 1)[0].split(",")[0].rsplit(":", 1)
+    if _answers(host, int(port)) and cluster_ok(int(port)):
+        yield REDIS_CLUSTER_URL
+        return
+    if host != "127.0.0.1" or shutil.which("redis-server") is None:
+        need_service("Redis Cluster", host, int(port))
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"), int(port))
+    try:
+        cluster.start()
+    except RuntimeError as exc:
+        cluster.close()
+        if REQUIRE:
+            pytest.fail(f"cannot start a Redis Cluster: {exc}", pytrace=False)
+        pytest.skip(f"cannot start a Redis Cluster: {exc}")
+    try:
+        yield cluster.url
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,14 @@ from .registration import (
 from .settings import SagaSettings
 from .tasks import CompensatorTask, SagaStepTask
 from .tracing import TracedDelivery, open_tracing
-from .wiring import PerProcess, Runtime, default_clock, open_configured_store, require_store
+from .wiring import (
+    PerProcess,
+    Runtime,
+    default_clock,
+    hide_store_url,
+    open_configured_store,
+    require_store,
+)
 
 __all__ = ["Saga", "SagaHandle", "Sagas", "sagas_of"]
 
@@ -116,6 +123,7 @@ class Sagas:
         refuse_pickle(app.conf.get("task_serializer"))
         refuse_pickle_accepted(app.conf.get("accept_content"))
         self._store_arg = require_store(store if store is not None else self.settings.store)
+        hide_store_url(app.conf)
         self._check_durability(self._store_arg)
         checked_secrets(self.settings.approval_secrets)
         self.registry = Registry()

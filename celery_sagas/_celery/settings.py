@@ -10,6 +10,7 @@ from .. import _values as values
 from .._crypto import sealer_of
 from .._definitions import Timing
 from ..errors import SagaConfigurationError
+from ..stores._urls import redact, reveal
 
 __all__ = ["SETTING_DOCS", "SagaSettings"]
 
@@ -153,7 +154,7 @@ class SagaSettings:
             raise SagaConfigurationError("sagas_approval_secrets must be a list of secrets")
         _seconds_ms("sweep_interval", raw["sweep_interval"])
         return cls(
-            store=raw["store"],
+            store=reveal(raw["store"]),
             sweep_interval_s=float(raw["sweep_interval"]),
             timing=Timing(
                 stale_ms=_seconds_ms("stale_after", raw["stale_after"]),
@@ -176,8 +177,13 @@ class SagaSettings:
         )
 
     def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{f.name}=<hidden>" if f.name in _HIDDEN else f"{f.name}={getattr(self, f.name)!r}"
-            for f in fields(self)
-        )
+        shown = ", ".join(f"{f.name}={self._shown(f.name)}" for f in fields(self))
         return f"SagaSettings({shown})"
+
+    def _shown(self, name: str) -> str:
+        value = getattr(self, name)
+        if name in _HIDDEN:
+            return "<hidden>"
+        if name == "store" and isinstance(value, str):
+            return repr(redact(value, limit=None))
+        return repr(value)

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from .._approvals.gate import ApprovalGate
 from .._approvals.saga_gates import SagaApprovals, SagaGates, expiry_pass
@@ -27,11 +28,12 @@ from .._repository import SagaRepository
 from .._scans import Scans
 from .._sweep import Sweeper
 from ..errors import SagaConfigurationError
-from ..stores import open_store
+from ..stores import open_store, plugin_schemes
+from ..stores._urls import HiddenUrl, redact, url_problem
 from ..stores.base import Store
 from .settings import SagaSettings
 
-__all__ = ["PerProcess", "Runtime", "open_configured_store"]
+__all__ = ["PerProcess", "Runtime", "hide_store_url", "open_configured_store"]
 
 logger = logging.getLogger("celery_sagas")
 
@@ -113,10 +115,24 @@ def default_clock(clock: Clock | None) -> Clock:
     return clock or SystemClock()
 
 
+def hide_store_url(conf: Any) -> None:
+    """Put a ``HiddenUrl`` in place of a ``sagas_store`` URL that holds a password, so that
+    ``celery report`` and ``celery inspect conf`` never show it (settings read it through)."""
+    url = conf.get("sagas_store")
+    if isinstance(url, str) and not isinstance(url, HiddenUrl) and redact(url, limit=None) != url:
+        conf["sagas_store"] = HiddenUrl(url)
+
+
 def require_store(chosen: object) -> str | Store:
-    """A store URL or a Store object; SagaConfigurationError otherwise."""
+    """A well-formed store URL or a Store object; SagaConfigurationError otherwise (saying
+    what is wrong with a URL, with a hint for the usual near-misses)."""
     if chosen is None:
         raise SagaConfigurationError("Sagas needs store= (a URL or a Store) or sagas_store")
+    if isinstance(chosen, str):
+        problem = url_problem(chosen, plugin_schemes())
+        if problem is not None:
+            raise SagaConfigurationError(problem)
+        return chosen
     if not isinstance(chosen, str) and not callable(getattr(chosen, "compare_and_set", None)):
         raise SagaConfigurationError(
             f"the saga store must be a URL or a Store object, got {type(chosen).__name__}"

@@ -7,6 +7,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..errors import StoreUnavailable
+from ._urls import redact, url_problem
 from .base import Envelope, Fence, Lease, Page, StateListing, Store
 from .memory import MemoryStore
 
@@ -32,14 +33,17 @@ _BUILTIN: dict[str, tuple[tuple[str, str], str | None]] = {
 
 def open_store(url: str, *, key_prefix: str | None = None, table_prefix: str | None = None,
                **options: Any) -> Store:
-    """Open a store from a URL: memory://, redis://, rediss://, sqlite://, postgresql+psycopg://,
-    mysql+pymysql://, or a scheme registered in the ``celery_sagas.stores`` entry-point group.
+    """Open a store from a URL: memory://, redis://, rediss://, redis+cluster://,
+    rediss+cluster://, sqlite://, postgresql+psycopg://, mysql+pymysql://, or a scheme
+    registered in the ``celery_sagas.stores`` entry-point group. A malformed URL raises
+    ``StoreUnavailable`` saying what is wrong (with a hint for the usual near-misses).
 
     ``key_prefix`` reaches a Redis store (as its ``prefix``), ``table_prefix`` a SQL store;
     each is ignored by the other kinds. Other ``options`` go to the store as they are.
     """
-    if not isinstance(url, str) or "://" not in url:
-        raise StoreUnavailable(f"store URL must look like scheme://..., got {_redacted(url)}")
+    problem = url_problem(url, plugin_schemes())
+    if problem is not None:
+        raise StoreUnavailable(problem)
     scheme = url.split("://", 1)[0].lower()
     base = scheme.split("+", 1)[0]
     if base == "memory":
@@ -63,15 +67,9 @@ def open_store(url: str, *, key_prefix: str | None = None, table_prefix: str | N
         if entry.name == scheme or entry.name == base:
             plugin: Store = entry.load()(url, **options)
             return plugin
-    raise StoreUnavailable(f"no store for scheme {scheme!r}: {_redacted(url)}")
+    raise StoreUnavailable(f"no store for scheme {scheme!r}: {redact(url)}")
 
 
-def _redacted(url: object) -> str:
-    """Show a URL without its password."""
-    text = str(url)
-    if "@" in text and "://" in text:
-        scheme, rest = text.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return text[:80]
+def plugin_schemes() -> frozenset[str]:
+    """The schemes of the stores installed through the ``celery_sagas.stores`` entry points."""
+    return frozenset(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))

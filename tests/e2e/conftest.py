@@ -194,16 +194,37 @@ def redis_stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
 
 
 @pytest.fixture
+def cluster_stack(tmp_path: Path, redis_cluster_url: str) -> Iterator[Stack]:
+    """Redis broker + Redis Cluster store (a 3-master cluster, tests/redis_cluster.py)."""
+    yield from _make_stack(tmp_path, REDIS_BROKER, redis_cluster_url)
+
+
+@pytest.fixture
 def rabbit_pg_stack(tmp_path: Path, rabbitmq_url: str, postgres_url: str) -> Iterator[Stack]:
     """RabbitMQ broker + PostgreSQL store."""
     yield from _make_stack(tmp_path, rabbitmq_url, postgres_url)
 
 
-@pytest.fixture(params=["redis", "rabbitmq+postgres"])
+STACKS = ["redis", "rabbitmq+postgres"]
+CLUSTER_STACK = "redis+cluster"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every ``stack`` test on both production stacks, and the ones marked ``cluster``
+    also with a Redis Cluster store (the acceptance scenarios of docs/stores.md)."""
+    if "stack" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker("cluster") is not None
+        metafunc.parametrize("stack", STACKS + ([CLUSTER_STACK] if marked else []), indirect=True)
+
+
+@pytest.fixture
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
-    """Both production stacks: Redis/Redis and RabbitMQ/PostgreSQL."""
+    """Both production stacks, Redis/Redis and RabbitMQ/PostgreSQL (and Redis broker with a
+    Redis Cluster store for tests marked ``cluster``)."""
     if request.param == "redis":
         yield from _make_stack(tmp_path, REDIS_BROKER, request.getfixturevalue("redis_url"))
+    elif request.param == CLUSTER_STACK:
+        yield from _make_stack(tmp_path, REDIS_BROKER, request.getfixturevalue("redis_cluster_url"))
     else:
         yield from _make_stack(
             tmp_path, request.getfixturevalue("rabbitmq_url"),

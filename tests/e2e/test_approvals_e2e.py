@@ -89,8 +89,12 @@ def test_deny_compensates_what_came_before(stack: Stack) -> None:
     assert stack.sagas.approvals.pending("d-1") == []
 
 
-def test_expiry_found_by_the_beat_driven_sweep_compensates(redis_stack: Stack) -> None:
+@pytest.mark.parametrize("which", ["redis_stack", "cluster_stack"])
+def test_expiry_found_by_the_beat_driven_sweep_compensates(
+    which: str, request: pytest.FixtureRequest
+) -> None:
     # given: approvals expire after two seconds and beat sweeps every second
+    redis_stack: Stack = request.getfixturevalue(which)
     gated(redis_stack, ttl=2.0).worker()
     redis_stack.beat()
     start(redis_stack, "x-1")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.e2e.conftest import Stack
 
 
+@pytest.mark.cluster
 def test_known_failure_compensates_committed_steps_in_reverse_order(stack: Stack) -> None:
     stack.worker()
     order = {"sku": "B2", "amount": 7, "id": "o2", "plan": {"decline": "ship"}}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from tests.e2e.conftest import Stack, wait_until
 
 
@@ -13,6 +15,7 @@ def _blocked_pid(stack: Stack, op: str, saga_id: str) -> int:
     return int(started[0]["pid"])
 
 
+@pytest.mark.cluster
 def test_pool_child_killed_mid_step_leaves_the_step_ambiguous(stack: Stack) -> None:
     stack.worker()
     plan = {"block": "charge", "release": "go"}

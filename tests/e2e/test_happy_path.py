@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.e2e.conftest import Stack
 
 
+@pytest.mark.cluster
 def test_saga_completes_with_every_step_committed(stack: Stack) -> None:
     stack.worker()
     handle = stack.shop.order.start({"sku": "A1", "amount": 5, "id": "o1"}, saga_id="happy-1")

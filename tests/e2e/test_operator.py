@@ -10,6 +10,7 @@ from celery_sagas.errors import SagaConflictError, SagaValidationError
 from tests.e2e.conftest import Stack, wait_until
 
 
+@pytest.mark.cluster
 def test_resolve_then_resume_completes_an_ambiguous_saga(stack: Stack) -> None:
     stack.worker()
     plan = {"crash": "charge"}

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from celery_sagas._dispatch import RecordingDispatcher
 from tests.e2e.conftest import Stack
 
 
+@pytest.mark.cluster
 def test_a_start_that_died_between_its_create_and_its_send_is_repaired_by_the_sweep(
     stack: Stack,
 ) -> None:

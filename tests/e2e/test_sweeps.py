@@ -87,9 +87,9 @@ class Backend:
         return found
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=["redis", "redis_cluster", "postgres"])
 def backend(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[Backend]:
-    """Redis and PostgreSQL stores under a unique prefix, removed afterwards."""
+    """Redis, Redis Cluster and PostgreSQL stores under a unique prefix, removed afterwards."""
     url: str = request.getfixturevalue(f"{request.param}_url")
     store = store_for(url, unique_prefix)
     try:
@@ -155,7 +155,7 @@ def test_ten_thousand_stale_sagas_are_each_found_exactly_once_across_pages(backe
 def _corrupt(backend: Backend, saga_id: str, how: str) -> None:
     """Write garbage under a saga's key or row, bypassing the store."""
     store: Any = backend.store
-    if backend.name == "redis":
+    if backend.name.startswith("redis"):
         key = store.layout.record("saga", saga_id)
         if how == "body":
             store._client.hset(key, "body", "{not json")
@@ -393,11 +393,14 @@ def _intervals(lines: list[tuple[float, str, int, int]]) -> dict[int, list[Inter
     return by_bucket
 
 
-@pytest.fixture(params=["redis", "rabbitmq+postgres"])
+@pytest.fixture(params=["redis", "redis+cluster", "rabbitmq+postgres"])
 def sweep_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
-    """Both production stacks, with beat sending the sweep every half second."""
+    """Both production stacks and a Redis Cluster store, with beat sending the sweep every
+    half second."""
     if request.param == "redis":
         broker, store = REDIS_BROKER, request.getfixturevalue("redis_url")
+    elif request.param == "redis+cluster":
+        broker, store = REDIS_BROKER, request.getfixturevalue("redis_cluster_url")
     else:
         broker = request.getfixturevalue("rabbitmq_url")
         store = request.getfixturevalue("postgres_url")

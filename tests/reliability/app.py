@@ -63,6 +63,7 @@ class Config:
     time_limit: float = 10.0
     sweep_lease: float = 3.0
     sweep_page_size: int = 50
+    sweep_shards: int = 1
     scan_delay_ms: int = 0
     clock_skew_ms: int = 0
     visibility_timeout: float = 3600.0
@@ -99,6 +100,7 @@ class Config:
             ambiguity_grace=float(env["REL_GRACE"]), time_limit=float(env["REL_TIME_LIMIT"]),
             sweep_lease=float(env["REL_SWEEP_LEASE"]),
             sweep_page_size=int(env["REL_PAGE_SIZE"]),
+            sweep_shards=int(env.get("REL_SWEEP_SHARDS", "1")),
             scan_delay_ms=int(env.get("REL_SCAN_DELAY_MS", "0")),
             clock_skew_ms=int(env.get("REL_CLOCK_SKEW_MS", "0")),
             visibility_timeout=float(env.get("REL_VISIBILITY_TIMEOUT", "3600")),
@@ -113,6 +115,7 @@ class Config:
             "REL_STALE_AFTER": str(self.stale_after), "REL_GRACE": str(self.ambiguity_grace),
             "REL_TIME_LIMIT": str(self.time_limit), "REL_SWEEP_LEASE": str(self.sweep_lease),
             "REL_PAGE_SIZE": str(self.sweep_page_size),
+            "REL_SWEEP_SHARDS": str(self.sweep_shards),
             "REL_SCAN_DELAY_MS": str(self.scan_delay_ms),
             "REL_CLOCK_SKEW_MS": str(self.clock_skew_ms),
             "REL_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
@@ -180,6 +183,7 @@ def build(config: Config) -> Shop:
         sweep_interval=config.sweep_interval, stale_after=config.stale_after,
         ambiguity_grace=config.ambiguity_grace, default_time_limit=config.time_limit,
         sweep_lease=config.sweep_lease, sweep_page_size=config.sweep_page_size,
+        sweep_shards=config.sweep_shards,
     )
     provider = Provider(config)
     sweep = sagas.sweep

@@ -21,6 +21,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from celery_sagas.errors import SagaError
+from tests.redis_cluster import NODE_TIMEOUT_S, RedisCluster
 from tests.reliability.cluster import Cluster
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
@@ -140,6 +141,44 @@ def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     log.add("redis-sigkill")
     time.sleep(rng.uniform(0.2, 1.5))  # the outage: clients see connection refused meanwhile
     cluster.redis.start()
+
+
+def cluster_failover(nodes: RedisCluster, *, kill: bool) -> Injector:
+    """Fail one master of a Redis Cluster store over to its replica.
+
+    ``kill=False``: ``CLUSTER FAILOVER`` on the replica (a manual failover: the replica
+    catches up with its master first, then takes its slots). ``kill=True``: SIGKILL the
+    master; the replica is promoted once the others judge the master failed
+    (cluster-node-timeout), then the killed node is started again and rejoins as a replica.
+    A shard whose nodes took part in a failover less than 2 x cluster-node-timeout ago is left
+    alone: Redis 7.0 does not hold a new election for such a node, and a manual failover
+    then flips back at once (seen in this scenario).
+    """
+    rested = 2 * NODE_TIMEOUT_S + 0.5
+    last: dict[int, float] = {}
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        now = time.monotonic()
+        shards = [(m, nodes.replica_of(m)) for m in nodes.masters()]
+        ready = [(m, r) for m, r in shards
+                 if now - max(last.get(m, 0.0), last.get(r, 0.0)) > rested]
+        if not ready:
+            return
+        master, replica = rng.choice(ready)
+        if kill:
+            nodes.kill(master)
+            log.add("master-sigkill", f"master {master}, replica {replica}")
+        else:
+            nodes.failover(replica)
+            log.add("cluster-failover", f"replica {replica} takes over from {master}")
+        nodes.wait_master(replica, timeout=30)
+        if kill:
+            nodes.start_node(master)
+        # The old master replicates its successor before the next fault.
+        nodes.wait_replica(master, timeout=30)
+        last[master] = last[replica] = time.monotonic()
+
+    return inject
 
 
 def purge_queue(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:

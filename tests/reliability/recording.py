@@ -86,7 +86,7 @@ class TracingStore:
             return self._inner
 
     def _open(self) -> Store:
-        if self.url.startswith(("redis://", "rediss://")):
+        if self.url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
             return open_store(self.url, prefix=self.prefix)
         return open_store(self.url, table_prefix=self.prefix + "_")
 

@@ -13,10 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.redis_cluster import RedisCluster as RedisClusterNodes
 from tests.reliability import faults, probes
 from tests.reliability.cluster import Cluster, make_cluster, new_tag
 from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_load
 from tests.reliability.plans import compensation_plan, hanging_plan, mixed_plan, slow_plan
+
+FAILOVER_PORT = 7111  # first of the six ports of the failover scenarios' private cluster
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,37 @@ def two_beats(workdir: Path, size: Size) -> Report:
                  beats=2).run(workdir)
 
 
+def cluster_failovers(workdir: Path, size: Size, *, kill: bool = False,
+                      first_port: int = FAILOVER_PORT) -> Report:
+    """A Redis Cluster store (3 masters, 3 replicas, private to the run) whose masters fail
+    over to their replicas while sagas run; the broker is the run's private redis-server, and
+    each sweep is split over three shards."""
+    nodes = RedisClusterNodes(workdir / f"redis-cluster-{new_tag()}", first_port)
+
+    def build(path: Path) -> Cluster:
+        nodes.start()
+        try:
+            # Three sweep tasks per interval share the buckets (sagas_sweep_shards).
+            return make_cluster(path, store=nodes.url, sweep_shards=3)
+        except BaseException:
+            nodes.close()
+            raise
+
+    def observe(cluster: Cluster, report: Report) -> None:
+        report.notes.append(f"masters at the end: {nodes.masters()}")
+
+    kind = "master-sigkill" if kill else "cluster-failover"
+    load = _load(size.n(60, 300), mixed_plan, 1.0,
+                 (faults.cluster_failover(nodes, kill=kill), 1), settle_timeout=120)
+    title = "Redis Cluster master SIGKILL, replica promoted" if kill else \
+        "Redis Cluster failover (CLUSTER FAILOVER)"
+    try:
+        return Chaos(f"cluster-{'kill' if kill else 'failover'}", title, load, kind, build,
+                     observe=observe).run(workdir)
+    finally:
+        nodes.stop()  # the node logs stay in the run's directory
+
+
 def pg_terminations(workdir: Path, size: Size, postgres_url: str, broker: str | None = None,
                     label: str = "redis broker") -> Report:
     """``pg_terminate_backend`` the PostgreSQL store's connections over and over."""
@@ -235,4 +269,6 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "cancel-storm": cancel_storm,
     "visibility": visibility_redelivery,
     "time-limits": time_limits,
+    "cluster-failover": cluster_failovers,
+    "cluster-kill": lambda workdir, size: cluster_failovers(workdir, size, kill=True),
 }

@@ -58,6 +58,12 @@ def test_two_beats_and_paused_sweepers_never_get_a_stale_write_accepted(tmp_path
     assert report.fences.get("writes_ok", 0) + report.fences.get("writes_refused", 0) > 0
 
 
+def test_redis_cluster_masters_failing_over_mid_load_keep_every_invariant(tmp_path: Path) -> None:
+    report = _clean(scenarios.cluster_failovers(tmp_path, scenarios.CI))
+    assert report.faults["cluster-failover"] >= 2, report.summary()
+    assert report.outcomes["completed"] > 0
+
+
 def test_sixteen_threads_resuming_one_saga_resume_it_once(tmp_path: Path) -> None:
     _clean(probes.resume_race(tmp_path))
 

@@ -1,6 +1,7 @@
-"""The ``store`` fixture: every test that takes it runs on all five stores.
+"""The ``store`` fixture: every test that takes it runs on every store.
 
-Memory always runs. Redis, SQLite, PostgreSQL and MariaDB run once their store module exists
+Memory always runs. Redis, Redis Cluster (a private 3-master cluster, tests/redis_cluster.py),
+SQLite, PostgreSQL and MariaDB run once their store module exists
 (until then that parameter is skipped); a service that does not answer skips on a laptop and
 fails in CI through the ``redis_url`` / ``postgres_url`` / ``mysql_url`` fixtures. Each test
 gets a fresh key prefix or table prefix, and everything it wrote is removed afterwards. The
@@ -18,7 +19,7 @@ import pytest
 from celery_sagas.stores.base import Store
 from celery_sagas.stores.memory import MemoryStore
 
-STORES = ["memory", "memory4", "redis", "sqlite", "postgres", "mysql"]
+STORES = ["memory", "memory4", "redis", "redis_cluster", "sqlite", "postgres", "mysql"]
 
 
 def store_class(module: str, name: str) -> Any:
@@ -61,8 +62,8 @@ def sql_engines() -> Iterator[SqlEngines]:
     engines.close()
 
 
-def _redis(request: pytest.FixtureRequest, prefix: str) -> Iterator[Store]:
-    redis_url: str = request.getfixturevalue("redis_url")
+def _redis(request: pytest.FixtureRequest, prefix: str, fixture: str = "redis_url") -> Iterator[Store]:
+    redis_url: str = request.getfixturevalue(fixture)
     store = store_class("celery_sagas.stores.redis", "RedisStore").from_url(
         redis_url, prefix=prefix
     )
@@ -101,5 +102,7 @@ def store(request: pytest.FixtureRequest, unique_prefix: str) -> Iterator[Store]
         yield MemoryStore(buckets=4)
     elif backend == "redis":
         yield from _redis(request, unique_prefix)
+    elif backend == "redis_cluster":
+        yield from _redis(request, unique_prefix, "redis_cluster_url")
     else:
         yield from _sql(request, backend, unique_prefix + "_")

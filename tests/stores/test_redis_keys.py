@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,26 @@ def test_braces_are_refused_inside_the_hash_tag_only(part: str) -> None:
         layout.lease(part, 0)
     with pytest.raises(SagaValidationError):
         layout.record(part, "id")
+
+
+def test_every_key_of_a_bucket_is_in_one_slot_of_a_real_cluster(redis_cluster_url: str) -> None:
+    """One bucket, one slot, as the cluster itself hashes the keys (CLUSTER KEYSLOT)."""
+    from celery_sagas.stores import open_store
+
+    store: Any = open_store(redis_cluster_url, key_prefix="shop:sagas")
+    try:
+        layout = store.layout
+        slots_of_buckets = set()
+        for bucket in range(layout.buckets):
+            record_id = next(f"id-{n}" for n in range(10_000) if layout.bucket(f"id-{n}") == bucket)
+            keys = [
+                layout.record("saga", record_id), layout.record("approval", record_id),
+                layout.index("saga", "running", bucket), layout.index("saga", "done", bucket, "l1"),
+                layout.due("saga", bucket), layout.lease("sweep", bucket),
+            ]
+            slots = {store._client.cluster_keyslot(key) for key in keys}
+            assert len(slots) == 1, (bucket, keys, slots)
+            slots_of_buckets |= slots
+        assert len(slots_of_buckets) == layout.buckets  # the buckets spread over the cluster
+    finally:
+        store.close()

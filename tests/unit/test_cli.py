@@ -724,6 +724,30 @@ def test_sweep_is_refused_while_another_sweeper_holds_the_lease(shop: Shop) -> N
     assert "another sweeper holds the lease" in result.stdout
 
 
+def test_sweep_exits_4_when_the_pass_met_errors(shop: Shop, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: a stale saga, and a store whose fenced writes fail (as a cross-slot write did on
+    # Redis Cluster)
+    running(shop, "o-1")
+    shop.driver.take()
+    shop.clock.advance(STALE_MS + 1)
+    store = shop.sagas.store
+    plain = store.compare_and_set
+
+    def failing(envelope: Any, expected_version: int, *, fence: Any = None) -> bool:
+        if fence is not None:
+            raise StoreError("redis cas failed: ClusterCrossSlotError")
+        return plain(envelope, expected_version, fence=fence)
+
+    monkeypatch.setattr(store, "compare_and_set", failing)
+
+    # when
+    result = plugin(shop, "sweep")
+
+    # then
+    assert result.exit_code == EXIT_UNAVAILABLE, result.output
+    assert "errors 1" in result.stdout
+
+
 # ------------------------------------------------------------ errors and entry points
 
 

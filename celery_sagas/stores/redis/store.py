@@ -32,12 +32,20 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis import Redis
+from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from ..._values import MAX_SAFE_INTEGER, timestamp_ms, token
-from ...errors import FencedWriteRefused, InvalidRecordError, SagaValidationError, StoreError
+from ...errors import (
+    FencedWriteRefused,
+    InvalidRecordError,
+    SagaValidationError,
+    StoreError,
+    StoreUnavailable,
+)
 from .._cursor import decode_cursor, encode_cursor
+from .._urls import CLUSTER_SCHEMES, redact, redact_text, split_cluster, url_problem
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -94,16 +102,22 @@ class RedisStore:
         buckets: int | None = None,
         **client_options: Any,
     ) -> RedisStore:
-        """Open a store on ``redis://``, ``rediss://`` or ``unix://`` (``?buckets=N`` sets the
-        bucket count, default 16); ``close()`` closes the client."""
+        """Open a store on ``redis://``, ``rediss://``, ``unix://`` or, for Redis Cluster,
+        ``redis+cluster://host:port[,host:port...]/`` and ``rediss+cluster://...``
+        (``?buckets=N`` sets the bucket count, default 16); ``close()`` closes the client."""
+        problem = url_problem(url)
+        if problem is not None:
+            raise StoreUnavailable(problem)
         url, in_url = _split_buckets(url)
         count = check_buckets(buckets if buckets is not None else (in_url or DEFAULT_BUCKETS))
         KeyLayout(prefix, count)
         try:
-            client = Redis.from_url(url, **client_options)
-        except (ValueError, TypeError, RedisError) as exc:
+            client = _open_client(url, client_options)
+        except (ValueError, TypeError, RedisError, RedisClusterException) as exc:
             # The driver's message can quote the URL, password included.
-            raise StoreError(f"cannot open a Redis client: {type(exc).__name__}") from exc
+            raise StoreError(
+                f"cannot open a Redis client on {redact(url)}: {type(exc).__name__}"
+            ) from exc
         store = cls(client, prefix=prefix, buckets=count)
         store._owns_client = True
         return store
@@ -384,10 +398,12 @@ class RedisStore:
         """The one place driver errors become project errors."""
         try:
             yield
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             if kind is not None and record_id is not None and _wrong_type(exc):
                 raise InvalidRecordError(kind=kind, record_id=record_id) from exc
-            raise StoreError(f"redis {action} failed: {type(exc).__name__}: {exc}") from exc
+            raise StoreError(
+                f"redis {action} failed: {type(exc).__name__}: {redact_text(str(exc))}"
+            ) from exc
         except UnicodeDecodeError as exc:  # a decode_responses client met binary garbage
             if kind is not None and record_id is not None:
                 raise InvalidRecordError(kind=kind, record_id=record_id) from exc
@@ -618,6 +634,17 @@ class _StateHints:
 # ---------------------------------------------------------------------- decoding
 
 
+def _open_client(url: str, options: dict[str, Any]) -> Any:
+    """A ``Redis`` client, or a ``RedisCluster`` one for a ``redis+cluster://`` URL."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in CLUSTER_SCHEMES:
+        return Redis.from_url(url, **options)
+    parsed = split_cluster(url)
+    nodes = [ClusterNode(host, port) for host, port in parsed.nodes[1:]]  # type: ignore[no-untyped-call]
+    return RedisCluster.from_url(parsed.node_url, startup_nodes=nodes,
+                                 **{**parsed.options, **options})
+
+
 def _split_buckets(url: str) -> tuple[str, int | None]:
     """Take ``buckets=N`` out of a URL's query (redis-py would refuse it)."""
     try:
@@ -664,7 +691,7 @@ def _utf8(body: str) -> bytes:
         raise SagaValidationError("body must be valid UTF-8 text") from exc
 
 
-def _wrong_type(exc: RedisError) -> bool:
+def _wrong_type(exc: Exception) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
@@ -744,8 +771,10 @@ def _scanned(kind: str, state: str, score: int, record_id: str, fields: object) 
     placeholder = Envelope(kind, record_id, 0, state, score, "")
     if isinstance(fields, ResponseError) and _wrong_type(fields):
         return placeholder
-    if isinstance(fields, RedisError):
-        raise StoreError(f"redis scan failed: {type(fields).__name__}: {fields}") from fields
+    if isinstance(fields, (RedisError, RedisClusterException)):
+        raise StoreError(
+            f"redis scan failed: {type(fields).__name__}: {redact_text(str(fields))}"
+        ) from fields
     if isinstance(fields, Mapping) and not fields:
         return None
     if isinstance(fields, SagaValidationError) or not isinstance(fields, Mapping):
