@@ -268,11 +268,12 @@ class Delivery:
         code = outcome.error_code or codes.STEP_ERROR
         if outcome.kind is _Kind.FAILED:
             return lambda s: moves.fail_step(s, ref, code, now)
-        delay = None
-        if step.attempts < options.attempts_per_effect:
-            delay = check_backoff(_safe_backoff(options.backoff, step.attempts))
-        if delay is None:
+        if step.attempts >= options.attempts_per_effect:
             return lambda s: moves.step_ambiguous(s, ref, code, now)
+        delay = check_backoff(_safe_backoff(options.backoff, step.attempts, self.saga_id))
+        if delay is None:
+            # No retry can be scheduled: the outcome stays unknown, under its own code.
+            return lambda s: moves.step_ambiguous(s, ref, codes.INVALID_RETRY_POLICY, now)
         retry_at = now + delay
 
         def release(s: SagaRecord) -> SagaRecord:
@@ -320,7 +321,7 @@ class Delivery:
         if not error:
             return lambda s: moves.compensation_succeeded(s, ref, now)
         backoff: Backoff = self.engine.definition_of(saga).backoff
-        delay = check_backoff(_safe_backoff(backoff, step.compensation_attempts))
+        delay = check_backoff(_safe_backoff(backoff, step.compensation_attempts, self.saga_id))
         if delay is None:
             reason = f"backoff of saga {saga.definition!r} returned an invalid delay"
 
@@ -362,8 +363,14 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
         return _Outcome(_Kind.ERRORED, error_code="invalid_result")
 
 
-def _safe_backoff(backoff: Callable[[int], int], attempt: int) -> object:
+def _safe_backoff(backoff: Callable[[int], int], attempt: int, saga_id: str) -> object:
+    """``backoff(attempt)``, or None (logged) when it raises: the policy is invalid."""
     try:
-        return backoff(attempt)
-    except Exception:
+        delay = backoff(attempt)
+    except Exception as exc:
+        logger.error("saga %s: invalid_retry_policy: %s", saga_id, exc)
         return None
+    if check_backoff(delay) is None:
+        logger.error("saga %s: invalid_retry_policy: backoff(%d) returned an invalid delay",
+                     saga_id, attempt)
+    return delay

@@ -20,7 +20,7 @@ from celery.signals import worker_process_init
 from .. import _values as values
 from .._approvals.saga_gates import SagaApprovals
 from .._clock import Clock
-from .._definitions import Backoff, Registry, SagaDefinition
+from .._definitions import Registry, SagaDefinition, SecondsBackoff
 from .._dispatch import Dispatcher
 from .._engine import Engine
 from .._events import EventBus, FindingObserver, Observer
@@ -186,9 +186,17 @@ class Sagas:
 
     def step(self, fn: Callable[..., Any] | None = None, *, compensate: Any = _REQUIRED,
              idempotent: bool = False, not_committed_on: tuple[type[BaseException], ...] = (),
-             retries: int = 0, backoff: Backoff | None = None, capability: str | None = None,
+             retries: int | None = None, backoff: SecondsBackoff | None = None,
+             capability: str | None = None,
              **task_options: Any) -> Any:
-        """Make ``fn`` a saga step: a real Celery task plus the saga options."""
+        """Make ``fn`` a saga step: a real Celery task plus the saga options.
+
+        ``idempotent=True`` retries a step whose outcome is unknown under the same effect id
+        (``retries`` more attempts, default 2; ``retries=0`` for none), after
+        ``backoff(attempt)`` seconds (default ``min(60, 0.1 * 2**(attempt - 1))``). ``retries``
+        without ``idempotent=True`` is refused, and so is a ``backoff`` that does not return a
+        number of seconds from 0 to 366 days for every attempt.
+        """
         if compensate is _REQUIRED:
             raise SagaConfigurationError(
                 "sagas.step needs compensate=<compensator task or name> "
@@ -219,11 +227,11 @@ class Sagas:
 
         return decorate(fn) if fn is not None else decorate
 
-    def saga(self, name: str, *, max_attempts: int = 3, backoff: Backoff | None = None,
+    def saga(self, name: str, *, max_attempts: int = 3, backoff: SecondsBackoff | None = None,
              capability: str | None = None) -> Callable[[Callable[..., Any]], Saga]:
         """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect.
 
-        ``max_attempts`` and ``backoff(attempt) -> ms`` are the compensation policy: how many
+        ``max_attempts`` and ``backoff(attempt) -> seconds`` are the compensation policy: how many
         times each compensator is tried, and how long to wait between tries, before the saga
         goes to manual review (``compensation_exhausted``). A step's own retries are set on
         ``@sagas.step(retries=...)``.
