@@ -257,7 +257,8 @@ class Sagas:
             definition: the name given to ``@sagas.saga(name)``.
             input: the saga's input: JSON values, at most ``sagas_payload_limit`` bytes.
             saga_id: the saga's id (printable ASCII without spaces, 1..128 characters), or
-                None for a random UUID. Derive it from your business key
+                None for a random UUID (an empty string is refused, never replaced by a
+                random id). Derive it from your business key
                 (``f"order-{order.id}"``) so that a retried request finds the same saga.
 
         Returns:
@@ -275,7 +276,7 @@ class Sagas:
             StoreError: the store failed; the saga may or may not exist (start again with the
                 same id to find out).
         """
-        saga_id = saga_id or str(uuid.uuid4())
+        saga_id = str(uuid.uuid4()) if saga_id is None else saga_id
         record = self._operation("saga.start", saga_id,
                                  lambda: self.engine.start(definition, input, saga_id),
                                  definition=definition)

@@ -30,7 +30,7 @@ def start_on_commit(saga: Saga | str, input: Any, saga_id: str | None = None, *,
     name (looked up on ``sagas``, else on the current Celery app's ``Sagas``).
     """
     facade, name = _target(saga, sagas)
-    saga_id = saga_id or str(uuid.uuid4())
+    saga_id = str(uuid.uuid4()) if saga_id is None else saga_id
     values.saga_id(saga_id)
     facade.registry.definition(name)
     canonical = values.encode_json(input, field="saga input", limit=facade.settings.payload_limit)
