@@ -172,11 +172,18 @@ def _encoded(body: dict[str, Any], field: str, limit: int) -> str:
     try:
         text = _ENCODER.encode(body)
     except (TypeError, ValueError) as exc:
-        raise SagaValidationError(f"{field} is not JSON-serialisable: {exc}") from None
-    if len(text) * 4 > limit:  # only then can the UTF-8 size be over the limit
-        size = len(text.encode("utf-8"))
-        if size > limit:
-            raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit")
+        # Never the text itself: an exception carrying the record would put it in logs.
+        raise SagaValidationError(f"{field} is not JSON-serialisable ({type(exc).__name__})") from None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise SagaValidationError(f"{field} contains a lone surrogate (not valid UTF-8)") from None
+    if size > limit:
+        raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit",
+                              size=size, limit=limit)
     return text
 
 

@@ -359,8 +359,10 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
     try:
         return _Outcome(_Kind.COMMITTED, result=values.json_value(result, field="step result"))
     except SagaValidationError:
-        logger.warning("saga %s step %s returned a non-JSON result", ctx.saga_id, ctx.step)
-        return _Outcome(_Kind.ERRORED, error_code="invalid_result")
+        # Never the result itself, nor the path into it: logs carry no payloads.
+        logger.error("saga %s step %s: invalid_result: it returned a value JSON cannot carry",
+                     ctx.saga_id, ctx.step)
+        return _Outcome(_Kind.ERRORED, error_code=codes.INVALID_RESULT)
 
 
 def _safe_backoff(backoff: Callable[[int], int], attempt: int, saga_id: str) -> object:

@@ -160,12 +160,15 @@ class Engine:
         if plan.before is not None:
             plan.before()
         try:
-            record = self._create(plan)
-        except PayloadTooLarge:
-            fallback = plan.fallback()
-            if fallback is None:
-                raise
-            plan, record = fallback, self._create(fallback)
+            try:
+                record = self._create(plan)
+            except PayloadTooLarge:
+                fallback = plan.fallback()
+                if fallback is None:
+                    raise
+                plan, record = fallback, self._create(fallback)
+        except PayloadTooLarge as exc:
+            raise _record_too_large(exc, canonical, self.settings.payload_limit) from None
         if record is not None:
             plan.run_effects(record)
             return record
@@ -490,6 +493,19 @@ class Engine:
             send()
         except Exception:
             logger.exception("dispatch failed; the sweep will send it again")
+
+
+def _record_too_large(exc: PayloadTooLarge, canonical: str, limit: int) -> PayloadTooLarge:
+    """The input fits the limit, the record around it does not: say so in the input's terms."""
+    size = len(canonical.encode("utf-8"))
+    record = getattr(exc, "size", None)
+    total = f" ({record} bytes in all)" if record else ""
+    return PayloadTooLarge(
+        f"saga input is {size} bytes, within the {limit}-byte limit (sagas_payload_limit), but "
+        f"the saga record that carries it, with its ids, steps and step arguments{total}, is "
+        f"over it; pass a smaller input or raise sagas_payload_limit",
+        size=size, limit=limit,
+    )
 
 
 def _resolution_phase(outcome: str) -> Phase:
