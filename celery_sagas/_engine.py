@@ -386,6 +386,23 @@ class Engine:
                 saga, _ = self.finish_gate(saga.saga_id, step.name, step.approval_id, outcome, fence)
         return saga
 
+    def unknown_task(self, saga_id: str, step: str, effect_id: str, task: str) -> SagaRecord | None:
+        """A worker received ``task`` for this effect and has no such task: manual review with
+        ``unknown_task`` instead of a re-send every sweep. None when the effect was claimed
+        or moved on meanwhile (nothing to do)."""
+
+        def decide_unknown(saga: SagaRecord) -> Plan | None:
+            try:
+                return Plan(after=moves.unknown_task(saga, step, effect_id, task, self.now()))
+            except IllegalTransition:
+                return None
+
+        saga, plan = self.repository.update(saga_id, decide_unknown)
+        if plan is None:
+            return None
+        logger.error("saga %s needs manual review: %s: %s", saga_id, codes.UNKNOWN_TASK, saga.reason)
+        return saga
+
     # ------------------------------------------------------------ operator actions
 
     def cancel(self, saga_id: str) -> SagaRecord:

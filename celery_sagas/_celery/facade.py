@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from .._sweep import SweepReport
 from ..errors import NonDurableStoreError, SagaConfigurationError, SagaValidationError
 from ..stores.base import Store
 from .dispatcher import CeleryDispatcher
+from .hooks import guard, guarded
 from .messages import SWEEP_TASK
 from .registration import (
     checked_secrets,
@@ -51,8 +51,6 @@ __all__ = ["Saga", "SagaHandle", "Sagas", "sagas_of"]
 
 _REQUIRED: Any = object()
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
-# The Sagas created on each app, held weakly both ways (the CLI finds it through sagas_of).
-_BY_APP: weakref.WeakKeyDictionary[Celery, weakref.ref[Sagas]] = weakref.WeakKeyDictionary()
 
 
 class SagaHandle:
@@ -125,7 +123,7 @@ class Sagas:
                                       {**task_attributes, "compensation": True})
         self._register_sweep()
         worker_process_init.connect(self._forget_runtime, weak=False)
-        _BY_APP[app] = weakref.ref(self)
+        guard(self)
 
     # ------------------------------------------------------------ this process's runtime
 
@@ -174,13 +172,19 @@ class Sagas:
         def sweep_task(shard: int = 0, shards: int = 1) -> None:
             self.sweep(shard=shard, shards=shards)
 
+    def beat_entries(self) -> dict[str, dict[str, Any]]:
+        """The sweep's beat schedule entries (``sagas_sweep_shards`` of them), by name; they
+        are installed now and again whenever the app is configured or beat starts
+        (``hooks.py``), so a later ``config_from_object`` cannot drop them."""
         queue = {"queue": self.settings.queue} if self.settings.queue else {}
         shards = self.settings.sweep_shards
-        for shard in range(shards):
-            name = SWEEP_TASK if shard == 0 else f"{SWEEP_TASK}:{shard}"
-            signature = self.app.signature(SWEEP_TASK, kwargs={"shard": shard, "shards": shards},
-                                           options=queue)
-            self.app.add_periodic_task(self.settings.sweep_interval_s, signature, name=name)
+        return {
+            (SWEEP_TASK if shard == 0 else f"{SWEEP_TASK}:{shard}"): {
+                "schedule": self.settings.sweep_interval_s, "task": SWEEP_TASK, "args": (),
+                "kwargs": {"shard": shard, "shards": shards}, "options": dict(queue),
+            }
+            for shard in range(shards)
+        }
 
     # ------------------------------------------------------------ decorators
 
@@ -375,9 +379,8 @@ class Sagas:
 
 def sagas_of(app: Celery) -> Sagas:
     """The Sagas created on ``app`` (the latest one); SagaConfigurationError when there is none."""
-    ref = _BY_APP.get(app)
-    found = ref() if ref is not None else None
-    if found is None:
+    found = guarded(app)
+    if not isinstance(found, Sagas):
         raise SagaConfigurationError(f"no Sagas(app, ...) was created on the Celery app {app.main!r}")
     return found
 

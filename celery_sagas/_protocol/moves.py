@@ -63,6 +63,7 @@ __all__ = [
     "start_compensation",
     "step_ambiguous",
     "to_manual_review",
+    "unknown_task",
     "unresolved_ambiguity",
 ]
 
@@ -412,6 +413,30 @@ def compensation_ambiguous(saga: SagaRecord, ref: AttemptRef, now_ms: int) -> Sa
     step = _compensation_attempt(saga, ref, "compensation_ambiguous")
     return _step_move(saga, step, now_ms, state=StepState.COMPENSATING,
                       error_code=codes.AMBIGUOUS_COMPENSATION)
+
+
+def unknown_task(saga: SagaRecord, name: str, effect_id: str, task: str, now_ms: int) -> SagaRecord:
+    """A worker received the task of an unclaimed effect and has no such task registered:
+    stop for an operator (``unknown_task``) instead of re-sending it forever.
+
+    Only an effect nobody claimed is taken: its body never began (a body runs after a claim,
+    and no claim is accepted once the saga is in review), so the operator may deploy the task
+    and ``resume`` (it is sent again under the same effect id) or ``resolve`` it.
+    """
+    step = saga.step(name)
+    compensation = step is not None and step.compensation_effect_id == effect_id
+    step = _find(saga, name, effect_id, "unknown_task", compensation)
+    state = StepState.COMPENSATING if compensation else StepState.EXECUTING
+    _need(saga, step, "unknown_task", (state,),
+          (SagaState.COMPENSATING,) if compensation else (SagaState.RUNNING,), started=False)
+    if saga.rolling_back and not compensation:
+        raise _illegal(saga, "unknown_task: the step is abandoned, not sent", step)
+    moved = _step_move(saga, step, now_ms, error_code=codes.UNKNOWN_TASK)
+    what = "compensator" if compensation else "task"
+    reason = (f"{what} {task!r} of step {name!r} (effect {effect_id}) is not registered on the "
+              "worker that received it")
+    return replace(moved, state=SagaState.MANUAL_REVIEW, error_code=codes.UNKNOWN_TASK,
+                   reason=reason)
 
 
 # ---------------------------------------------------------------- saga level
