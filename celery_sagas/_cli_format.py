@@ -73,6 +73,7 @@ def saga_summary(record: SagaRecord) -> dict[str, Any]:
         "steps": len(record.steps),
         "error_code": record.error_code,
         "reason": record.reason,
+        "exception": record.exception,
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }
@@ -90,6 +91,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "attempts": step.attempts,
         "compensation_attempts": step.compensation_attempts,
         "error_code": step.error_code,
+        "exception": step.exception,
         "dispatched_at_ms": step.dispatched_at_ms,
         "started_at_ms": step.started_at_ms,
         "committed_at_ms": step.committed_at_ms,
@@ -124,6 +126,11 @@ def saga_table(records: Sequence[SagaRecord]) -> str:
     return table(("SAGA", "DEFINITION", "STATE", "STEPS", "ERROR", "UPDATED"), rows)
 
 
+def _printable(text: str) -> str:
+    """Text from user code on one line: control characters escaped (no forged lines)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _compact(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -140,6 +147,8 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
                      f"{step.compensation_attempts}  by {step.compensator}{due}")
     if step.approval_id is not None:
         lines.append(f"    approval      {step.approval_id}")
+    if step.exception is not None:
+        lines.append(f"    raised        {_printable(step.exception)}")
     if payload:
         lines.append(f"    args {_compact(list(step.args))}  kwargs {_compact(dict(step.kwargs))}")
         lines.append(f"    result {_compact(step.result)}")
@@ -156,6 +165,8 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
     ]
     if record.reason:
         lines.append(f"reason      {record.reason}")
+    if record.exception:
+        lines.append(f"raised      {_printable(record.exception)}")
     lines.append(f"created     {iso(record.created_at_ms)}")
     lines.append(f"updated     {iso(record.updated_at_ms)}  (version {record.version})")
     if payload:

@@ -95,6 +95,7 @@ _STEP: dict[str, _Field] = {
     "group": _maybe(str),
     "execution": _maybe(dict, _mark),
     "compensation": _maybe(dict, _mark),
+    "exception": _maybe(str),
 }
 
 _SAGA: dict[str, _Field] = {
@@ -104,6 +105,7 @@ _SAGA: dict[str, _Field] = {
     "error_code": _maybe(str),
     "reason": _maybe(str),
     "rolling_back": _maybe(bool),
+    "exception": _maybe(str),
 }
 
 _APPROVAL: dict[str, _Field] = {

@@ -55,11 +55,12 @@ class _Kind(Enum):
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
-    """What a body did, with its result or error code."""
+    """What a body did, with its result or error code (and what it raised, as text)."""
 
     kind: _Kind
     result: Any = None
     error_code: str | None = None
+    exception: str | None = None
 
 
 class Delivery:
@@ -262,6 +263,10 @@ class Delivery:
         )
 
     def _forward_move(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
+        move = self._forward_only(options, step, outcome)
+        return lambda s: moves.with_exception(move(s), step.name, outcome.exception)
+
+    def _forward_only(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
         ref, now = AttemptRef.execution(step), self.engine.now()
         if outcome.kind is _Kind.COMMITTED:
             return lambda s: moves.commit_step(s, ref, outcome.result, now)
@@ -300,13 +305,14 @@ class Delivery:
         ctx = StepContext(self.saga_id, step.name, self.effect_id, step.compensation_attempts,
                           Stage.COMPENSATION)
         started = time.monotonic()
-        error = False
+        exception = None
         try:
             body(ctx, step.args, step.kwargs, step.result)
         except Exception as exc:
-            logger.warning("saga %s compensator of %s raised %s", self.saga_id, step.name,
-                           type(exc).__name__)
-            error = True
+            logger.error("saga %s compensator of %s raised %s", self.saga_id, step.name,
+                         type(exc).__name__, exc_info=True)
+            exception = values.exception_text(exc)
+        error = exception is not None
 
         def announce(written: SagaRecord) -> None:
             phase = Phase.FAILED if error else Phase.COMMITTED
@@ -314,7 +320,11 @@ class Delivery:
             duration = int((time.monotonic() - started) * 1000)
             self.engine.emit(written, self._step_of(written), Stage.COMPENSATION, phase, code, duration)
 
-        return self._record_outcome(claimed, self._backward_move(claimed, step, error), announce, merge=True)
+        move = self._backward_move(claimed, step, error)
+        return self._record_outcome(
+            claimed, lambda s: moves.with_exception(move(s), step.name, exception), announce,
+            merge=True,
+        )
 
     def _backward_move(self, saga: SagaRecord, step: StepRecord, error: bool) -> Move:
         ref, now = AttemptRef.compensation(step), self.engine.now()
@@ -352,10 +362,14 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
     try:
         result = body(ctx, step.args, step.kwargs)
     except known as exc:
-        return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED))
+        logger.info("saga %s step %s did not commit: %s", ctx.saga_id, ctx.step, type(exc).__name__)
+        return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED),
+                        exception=values.exception_text(exc))
     except Exception as exc:
-        logger.warning("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__)
-        return _Outcome(_Kind.ERRORED, error_code=codes.STEP_ERROR)
+        logger.error("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__,
+                     exc_info=True)
+        return _Outcome(_Kind.ERRORED, error_code=codes.STEP_ERROR,
+                        exception=values.exception_text(exc))
     try:
         return _Outcome(_Kind.COMMITTED, result=values.json_value(result, field="step result"))
     except SagaValidationError:

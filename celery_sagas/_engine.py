@@ -330,7 +330,8 @@ class Engine:
             return moves.start_compensation(saga, decision.error_code, decision.reason, now)
         assert isinstance(decision, Review), decision
         logger.warning("saga %s needs manual review: %s", saga.saga_id, decision.error_code)
-        return moves.to_manual_review(saga, decision.error_code, decision.reason, now)
+        reviewed = moves.to_manual_review(saga, decision.error_code, decision.reason, now)
+        return replace(reviewed, exception=decision.exception) if decision.exception else reviewed
 
     def vanished(self, saga: SagaRecord, decision: Vanished, now: int) -> Plan:
         """The write that settles an attempt that went silent: a retry, or ambiguity."""

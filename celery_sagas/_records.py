@@ -147,6 +147,9 @@ class StepRecord:
             None.
         execution: where the execution effect stands (an ``EffectMark``).
         compensation: where the compensation effect stands, once compensation began.
+        exception: the type and message of the exception the step's body (or its compensator)
+            last raised (``"TimeoutError: provider did not answer"``), or None. Written by
+            your own code, so it is kept with the payloads, never logged by the library.
     """
 
     name: str
@@ -171,6 +174,7 @@ class StepRecord:
     group: str | None = None
     execution: EffectMark | None = None
     compensation: EffectMark | None = None
+    exception: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,8 @@ class SagaRecord:
             or None.
         rolling_back: set with the first known failure (or a cancel) and never cleared: which
             way a saga in manual review goes once resumed.
+        exception: the type and message of the exception ``run`` raised (``run_failed``),
+            or None.
     """
 
     saga_id: str
@@ -208,6 +214,7 @@ class SagaRecord:
     error_code: str | None = None
     reason: str | None = None
     rolling_back: bool = False
+    exception: str | None = None
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""

@@ -27,6 +27,7 @@ __all__ = [
     "effect_id",
     "encode_json",
     "error_code",
+    "exception_text",
     "identifier",
     "json_value",
     "nonce",
@@ -128,6 +129,22 @@ def error_code(value: object) -> str:
     if not isinstance(value, str) or not _ERROR_CODE.fullmatch(value):
         raise SagaValidationError(f"error code must match [a-z][a-z0-9_.-]{{0,63}}: {_shown(value)}")
     return value
+
+
+MAX_EXCEPTION_TEXT = 1000
+
+
+def exception_text(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception raised by user code, at most 1000 characters (a
+    message that cannot be turned into text is left out)."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:
+        message = ""
+    text = f"{name}: {message}" if message else name
+    text = text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= MAX_EXCEPTION_TEXT else text[:MAX_EXCEPTION_TEXT - 3] + "..."
 
 
 def identifier(value: object, *, field: str) -> str:

@@ -65,6 +65,7 @@ __all__ = [
     "to_manual_review",
     "unknown_task",
     "unresolved_ambiguity",
+    "with_exception",
 ]
 
 _LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
@@ -491,7 +492,7 @@ def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int
     if not reason:
         raise _illegal(saga, "to_manual_review without a reason")
     return _write(saga, now_ms, state=SagaState.MANUAL_REVIEW, error_code=_code(error_code),
-                  reason=reason)
+                  reason=reason, exception=None)
 
 
 def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
@@ -508,7 +509,15 @@ def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
     )
     lifted = replace(saga, steps=steps)
     cause, why = _rollback_cause(lifted)
-    return _write(saga, now_ms, steps=steps, state=direction(saga), error_code=cause, reason=why)
+    return _write(saga, now_ms, steps=steps, state=direction(saga), error_code=cause, reason=why,
+                  exception=None)
+
+
+def with_exception(saga: SagaRecord, name: str, text: str | None) -> SagaRecord:
+    """``saga`` with step ``name``'s exception text set (or cleared); part of the write that
+    records the outcome, so no version of its own."""
+    return replace(saga, steps=tuple(replace(s, exception=text) if s.name == name else s
+                                     for s in saga.steps))
 
 
 def one_write(before: SagaRecord, after: SagaRecord) -> SagaRecord:
