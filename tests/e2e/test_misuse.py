@@ -15,7 +15,7 @@ import pytest
 from celery_sagas._protocol import codes
 from celery_sagas._records import SagaState, StepState
 from tests.e2e.conftest import Process, Stack, wait_until
-from tests.e2e.misuse_app import build
+from tests.e2e.misuse_app import COMPENSATOR_BOOM, RUN_BOOM, STEP_BOOM, build
 
 pytestmark = pytest.mark.e2e
 
@@ -140,3 +140,77 @@ def test_a_saga_task_sent_with_delay_is_rejected_and_its_body_never_runs(stack: 
                what="the rejection in the worker log")
     assert "ERROR" in worker.text()
     assert stack.ops("reserve.start") == []
+
+
+# ---------------------------------------------------------------- items 10 and 11
+
+MARKER = "zq-payload-marker-5c2e"  # in every input and result; never in a log line
+
+
+def test_user_exceptions_reach_the_worker_log_with_tracebacks_and_show(stack: Stack) -> None:
+    # given
+    worker = stack.worker()
+
+    # when: a step raises; a compensator keeps raising; run() raises
+    stack.shop.order.start({"sku": "s", "amount": 5, "note": MARKER, "plan": {"charge": "crash"}},
+                           saga_id="x-step")
+    stack.shop.order.start({"sku": "s", "amount": 5, "note": MARKER,
+                            "plan": {"charge": "decline", "release": "crash"}}, saga_id="x-comp")
+    stack.shop.order.start({"sku": "s", "amount": 5, "note": MARKER, "plan": {"run": "crash"}},
+                           saga_id="x-run")
+
+    # then: each is an ERROR line with the traceback, in the worker's own log
+    wait_until(lambda: all(boom in worker.text() for boom in (STEP_BOOM, COMPENSATOR_BOOM, RUN_BOOM)),
+               timeout=90, what="the three exceptions in the worker log")
+    text = worker.text()
+    for boom in (STEP_BOOM, COMPENSATOR_BOOM, RUN_BOOM):
+        at = text.index(boom)
+        assert "Traceback (most recent call last)" in text[max(0, at - 3000):at]
+    assert "ERROR" in text
+    # ... and show prints the recorded type and message
+    step_record = stack.wait_settled("x-step")
+    assert step_record.step("misuse.charge").exception == f"RuntimeError: {STEP_BOOM}"
+    assert stack.wait_settled("x-run").exception == f"ValueError: {RUN_BOOM}"
+    shown = show(stack, "x-step")
+    assert f"RuntimeError: {STEP_BOOM}" in shown
+
+
+def test_a_result_json_cannot_carry_is_invalid_result_and_no_log_line_holds_a_payload(
+    stack: Stack,
+) -> None:
+    # given
+    worker = stack.worker()
+    stack.beat()
+
+    # when: a step returns a lone surrogate (its result echoes the input's marker)
+    stack.shop.order.start({"sku": "s", "amount": 5, "note": MARKER,
+                            "plan": {"charge": "bad_result"}}, saga_id="r-1")
+
+    # then: invalid_result, not worker_lost; the saga waits for an operator
+    record = stack.wait_settled("r-1")
+    step = record.step("misuse.charge")
+    assert step is not None
+    assert (step.state, step.error_code) == (StepState.AMBIGUOUS, "invalid_result")
+    assert record.state == SagaState.MANUAL_REVIEW
+
+    # ... and neither the worker nor beat ever logged the payload or the record
+    wait_until(lambda: "celery_sagas.sweep" in worker.text(), timeout=60, what="a sweep")
+    for process in stack.processes:
+        assert MARKER not in process.text()
+        assert '"definition":' not in process.text()
+
+
+def show(stack: Stack, saga_id: str) -> str:
+    """``celery -A <app> sagas show <id>`` as an operator runs it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.e2e.conftest import ROOT
+
+    env = {**os.environ, **stack.config.environ(), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", stack.app_module, "sagas",
+                           "show", saga_id], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
