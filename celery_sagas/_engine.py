@@ -459,7 +459,10 @@ class Engine:
             )
             return Plan(after=after)
 
-        written, _ = self.repository.update(saga_id, decide_resolution)
+        try:
+            written, _ = self.repository.update(saga_id, decide_resolution)
+        except PayloadTooLarge as exc:
+            raise _too_large_with(exc, "result", normalised, self.settings.payload_limit) from None
         changed = written.step(step)
         assert changed is not None
         self.emit(written, changed, Stage.RECONCILIATION, _resolution_phase(str(outcome)), error_code)
@@ -515,13 +518,20 @@ class Engine:
 
 def _record_too_large(exc: PayloadTooLarge, canonical: str, limit: int) -> PayloadTooLarge:
     """The input fits the limit, the record around it does not: say so in the input's terms."""
-    size = len(canonical.encode("utf-8"))
+    return _too_large_with(exc, "saga input", canonical, limit, encoded=True)
+
+
+def _too_large_with(exc: PayloadTooLarge, field: str, value: Any, limit: int, *,
+                    encoded: bool = False) -> PayloadTooLarge:
+    """A record over the limit because of ``value``: an error naming the value's own size."""
+    text = value if encoded else values.encode_json(value, field=field, limit=2**53)
+    size = len(text.encode("utf-8"))
     record = getattr(exc, "size", None)
     total = f" ({record} bytes in all)" if record else ""
     return PayloadTooLarge(
-        f"saga input is {size} bytes, within the {limit}-byte limit (sagas_payload_limit), but "
-        f"the saga record that carries it, with its ids, steps and step arguments{total}, is "
-        f"over it; pass a smaller input or raise sagas_payload_limit",
+        f"{field} is {size} bytes; the saga record that carries it, with its ids, steps and "
+        f"their arguments and results{total}, is over the {limit}-byte limit "
+        "(sagas_payload_limit): pass a smaller value or raise sagas_payload_limit",
         size=size, limit=limit,
     )
 

@@ -122,3 +122,18 @@ def test_an_input_over_the_limit_names_its_own_size_and_the_setting(shop: Shop) 
     with pytest.raises(PayloadTooLarge, match=rf"saga input is \d+ bytes, over the {limit}-byte "
                                               r"limit \(sagas_payload_limit\)"):
         shop.place_order.start({**ORDER, "note": "x" * limit}, saga_id="o-1")
+
+
+def test_a_resolved_result_too_large_names_its_own_size(shop: Shop) -> None:
+    # given: charge is ambiguous
+    shop.script.then("charge", ConnectionError("reset"))
+    shop.start_order()
+    shop.driver.run_until_idle()
+    step = shop.step("shop.charge")
+    limit = shop.sagas.settings.payload_limit
+
+    # when / then
+    big = {"charge": "x" * limit}
+    with pytest.raises(PayloadTooLarge, match=rf"result is {limit + 13} bytes; .*{limit}-byte limit"):
+        shop.sagas.resolve("o-1", "shop.charge", step.effect_id, "committed", result=big)
+    assert shop.step("shop.charge").state == StepState.AMBIGUOUS
