@@ -145,3 +145,21 @@ def test_a_message_of_another_app_or_without_a_saga_reference_is_ignored(shop: S
     consumer = SimpleNamespace(app=shop.sagas.app)
     hooks._unknown_task(consumer, message=_Message({}), name="x.y", id="e-1")
     assert shop.record().state == SagaState.RUNNING
+
+
+def test_cancel_gets_a_saga_out_of_unknown_task_and_compensates_what_committed(shop: Shop) -> None:
+    # given: reserve committed; charge's task is unknown to the worker that received it
+    shop.start_order()
+    shop.deliver_next()  # reserve
+    [message] = shop.driver.take()
+    _received_unknown(shop, "shop.charge", message.effect_id, "o-1", "shop.charge")
+    assert shop.record().error_code == codes.UNKNOWN_TASK
+
+    # when
+    shop.sagas.cancel("o-1")
+    shop.driver.run_until_idle()
+
+    # then: charge never began, so it is abandoned; reserve is released
+    assert shop.record().state == SagaState.COMPENSATED
+    assert shop.step("shop.charge").state == StepState.FAILED
+    assert shop.script.names() == ["reserve", "release"]
