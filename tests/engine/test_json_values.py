@@ -4,6 +4,7 @@ from a step body as ``invalid_result``; no error or log line carries the record 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -104,7 +105,7 @@ def test_an_input_under_the_limit_in_a_record_over_it_names_the_input_size(
     overhead = len(Codec().saga_envelope(
         SagaRecord("o-1", "place-order", SagaState.RUNNING, data, 1, 1)).body) - 2
     data["note"] = "x" * (limit - overhead - 50)
-    size = len(__import__("json").dumps(data, separators=(",", ":")).encode())
+    size = len(json.dumps(data, separators=(",", ":")).encode())
     assert size <= limit
 
     # when / then
@@ -137,3 +138,22 @@ def test_a_resolved_result_too_large_names_its_own_size(shop: Shop) -> None:
     with pytest.raises(PayloadTooLarge, match=rf"result is {limit + 13} bytes; .*{limit}-byte limit"):
         shop.sagas.resolve("o-1", "shop.charge", step.effect_id, "committed", result=big)
     assert shop.step("shop.charge").state == StepState.AMBIGUOUS
+
+
+@pytest.mark.parametrize(("levels", "accepted"), [(64, True), (65, False)])
+def test_nesting_is_accepted_up_to_64_levels(levels: int, accepted: bool) -> None:
+    from celery_sagas import _values as values
+
+    value = {"a": _deep(levels - 1)}  # the marker string sits at depth `levels`
+    if accepted:
+        assert values.json_value(value) == value
+    else:
+        with pytest.raises(SagaValidationError, match="nested deeper than 64"):
+            values.json_value(value)
+
+
+@pytest.mark.parametrize("value", [(1, 2), {"t": (1, [2.5, None, True])}, "é", {"é": ["ü"]}])
+def test_tuples_floats_and_non_ascii_text_are_accepted(value: Any) -> None:
+    from celery_sagas import _values as values
+
+    assert json.dumps(values.json_value(value)) == json.dumps(value)
