@@ -18,7 +18,7 @@ __all__ = ["start_on_commit"]
 def start_on_commit(saga: Saga | str, input: Any, saga_id: str | None = None, *,
                     using: str | None = None, sagas: Sagas | None = None) -> str:
     """Start ``saga`` with ``input`` once the transaction of database ``using`` commits; returns
-    the saga id at once (``saga_id``, or a new UUID).
+    the saga id at once (``saga_id``, or a new UUID when it is None; "" is refused).
 
     The id, the definition and the input are checked now (``SagaValidationError``,
     ``SagaConfigurationError``: nothing is scheduled). Nothing is recorded or sent before the
