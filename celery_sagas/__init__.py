@@ -6,7 +6,8 @@ SQL, and Celery beat drives compensation retries and reconciliation sweeps.
 The public surface is what this module exports: the ``Sagas`` facade and what it hands out
 (contexts, handles, records, pages and reports), the approval gate, the lifecycle events, and
 the ``Store`` plugin interface. Errors live in ``celery_sagas.errors`` (``StepNotCommitted``,
-which step code raises, is here too). Modules whose name starts with ``_`` are internal.
+which step code raises, and ``SagaUsageError``, which a misused saga task raises, are here
+too). Modules whose name starts with ``_`` are internal.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ._records import (
 from ._reseal import ResealPage
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
-from .errors import StepNotCommitted
+from .errors import SagaUsageError, StepNotCommitted
 from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 
 __version__ = "0.1.0"
@@ -70,6 +71,7 @@ __all__ = [
     "SagaRecord",
     "SagaSchedule",
     "SagaState",
+    "SagaUsageError",
     "Sagas",
     "Stage",
     "StepContext",

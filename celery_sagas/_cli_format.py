@@ -86,6 +86,7 @@ def saga_summary(record: SagaRecord) -> dict[str, Any]:
         "steps": len(record.steps),
         "error_code": record.error_code,
         "reason": record.reason,
+        "exception": shown(record.exception),
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }
@@ -130,6 +131,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "attempts": step.attempts,
         "compensation_attempts": step.compensation_attempts,
         "error_code": step.error_code,
+        "exception": shown(step.exception),
         **_phase_times(step),
         "time_limit_ms": step.time_limit_ms,
         "claimed_by": step.claimed_by,
@@ -191,6 +193,8 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
                      f"{_times(times, _COMPENSATION_TIMES)}")
     if step.approval_id is not None:
         lines.append(f"    approval      {step.approval_id}")
+    if step.exception is not None:
+        lines.append(f"    raised        {printable(str(step.exception))}")
     if payload:
         lines.append(f"    args {_compact(step.args, list)}  kwargs {_compact(step.kwargs, dict)}")
         lines.append(f"    result {_compact(step.result)}")
@@ -207,6 +211,8 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
     ]
     if record.reason:
         lines.append(f"reason      {printable(record.reason)}")
+    if record.exception:
+        lines.append(f"raised      {printable(str(record.exception))}")
     lines.append(f"created     {iso(record.created_at_ms)}")
     lines.append(f"updated     {iso(record.updated_at_ms)}  (version {record.version})")
     if payload:

@@ -104,6 +104,7 @@ _STEP: dict[str, _Field] = {
     "group": _maybe(str),
     "execution": _maybe(dict, _mark),
     "compensation": _maybe(dict, _mark),
+    "exception": _maybe(str),
 }
 
 _SAGA: dict[str, _Field] = {
@@ -114,6 +115,7 @@ _SAGA: dict[str, _Field] = {
     "reason": _maybe(str),
     "rolling_back": _maybe(bool),
     "trace_parent": _maybe(str, values.traceparent),
+    "exception": _maybe(str),
 }
 
 _APPROVAL: dict[str, _Field] = {
@@ -136,8 +138,8 @@ _APPROVAL: dict[str, _Field] = {
 # list field of the body (``steps``) stands for each of its items. Each entry gives the table
 # its fields are read with and the payload fields; a new payload field is one entry here.
 _PAYLOADS: dict[str | None, tuple[Mapping[str, _Field], tuple[str, ...]]] = {
-    None: (_SAGA, ("input",)),
-    "steps": (_STEP, ("args", "kwargs", "result")),
+    None: (_SAGA, ("input", "exception")),  # an exception's message may quote a payload
+    "steps": (_STEP, ("args", "kwargs", "result", "exception")),
 }
 _SEALED = "sealed"  # the body key of the token
 
@@ -194,11 +196,18 @@ def _encoded(body: dict[str, Any], field: str, limit: int) -> str:
     try:
         text = _ENCODER.encode(body)
     except (TypeError, ValueError) as exc:
-        raise SagaValidationError(f"{field} is not JSON-serialisable: {exc}") from None
-    if len(text) * 4 > limit:  # only then can the UTF-8 size be over the limit
-        size = len(text.encode("utf-8"))
-        if size > limit:
-            raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit")
+        # Never the text itself: an exception carrying the record would put it in logs.
+        raise SagaValidationError(f"{field} is not JSON-serialisable ({type(exc).__name__})") from None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise SagaValidationError(f"{field} contains a lone surrogate (not valid UTF-8)") from None
+    if size > limit:
+        raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit",
+                              size=size, limit=limit)
     return text
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,11 +34,13 @@ from ._protocol.replay import (
     unreached,
 )
 from ._records import APPROVAL_TASK, SagaRecord, StepRecord, StepState
-from .errors import SagaError, SagaValidationError, StepNotCommitted
+from .errors import SagaValidationError, StepNotCommitted
 
 __all__ = [
     "APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "signature_of", "step_accepts",
 ]
+
+logger = logging.getLogger("celery_sagas.engine")
 
 
 
@@ -258,10 +261,11 @@ def replay(
     except StepNotCommitted as exc:
         code = _code(exc)
         return Refused(code, f"run() refused to go on ({code})")
-    except SagaError as exc:
-        return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
     except Exception as exc:
-        return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
+        logger.error("saga %s: run() of %r raised %s", saga.saga_id, saga.definition,
+                     type(exc).__name__, exc_info=True)
+        return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}",
+                       values.exception_text(exc))
     return unreached(saga, ctx.calls_made) or Returned(value)
 
 

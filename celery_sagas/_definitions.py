@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _values as values
-from ._protocol.compensation import default_backoff_ms
+from ._protocol.compensation import MAX_BACKOFF_MS, default_backoff_ms
 from ._protocol.decisions import SagaPolicy, StepPolicy
 from .errors import SagaConfigurationError
 
@@ -19,11 +20,17 @@ __all__ = [
     "CompensatorOptions",
     "Registry",
     "SagaDefinition",
+    "SecondsBackoff",
     "StepOptions",
     "Timing",
+    "checked_max_attempts",
+    "checked_retries",
+    "seconds_backoff",
 ]
 
 Backoff = Callable[[int], int]
+# What users write: backoff(attempt) -> seconds (int or float), like every other duration.
+SecondsBackoff = Callable[[int], float]
 # run(ctx, input): ctx is a SagaContext (typed loosely here: the context module builds on this one)
 RunFunction = Callable[[Any, Any], Any]
 
@@ -81,9 +88,98 @@ class Timing:
     default_time_limit_ms: int = 300_000
 
 
+# Retries (steps) and compensation attempts (sagas): past this a loop, not a policy.
+MAX_RETRIES = 100
+DEFAULT_IDEMPOTENT_RETRIES = 2  # three attempts in all, as compensators get by default
+
+
+def checked_retries(retries: object, *, idempotent: bool, step: str) -> int:
+    """The retries of a step: given explicitly, or 2 for an idempotent step (3 attempts).
+
+    A step that is not idempotent is never retried (its outcome would be guessed), so
+    ``retries`` without ``idempotent=True`` is a mistake to report, not to ignore.
+    """
+    if retries is None:
+        return DEFAULT_IDEMPOTENT_RETRIES if idempotent else 0
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise SagaConfigurationError(
+            f"step {step!r}: retries must be an int in 0..{MAX_RETRIES}, got {retries!r}"
+        )
+    if retries and not idempotent:
+        raise SagaConfigurationError(
+            f"step {step!r}: retries={retries} needs idempotent=True (only a step that is safe "
+            "to repeat with the same effect id is retried; see docs/concepts.md)"
+        )
+    return retries
+
+
+class _Seconds:
+    """A user's ``backoff(attempt) -> seconds`` as the engine's backoff in ms; raises
+    SagaConfigurationError for anything but a number of seconds from 0 to 366 days."""
+
+    __slots__ = ("owner", "user")
+
+    def __init__(self, user: SecondsBackoff, owner: str) -> None:
+        self.user = user
+        self.owner = owner
+
+    def __call__(self, attempt: int) -> int:
+        try:
+            value = self.user(attempt)
+        except Exception as exc:
+            raise SagaConfigurationError(
+                f"{self.owner}: backoff({attempt}) raised {type(exc).__name__}"
+            ) from exc
+        ms = _seconds_to_ms(value)
+        if ms is None:
+            raise SagaConfigurationError(
+                f"{self.owner}: backoff({attempt}) returned {_shown(value)}; it must return "
+                f"seconds, a number from 0 to {MAX_BACKOFF_MS // 1000}"
+            )
+        return ms
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _seconds_to_ms(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if not 0 <= value <= MAX_BACKOFF_MS // 1000:
+        return None
+    return round(value * 1000)
+
+
+def seconds_backoff(backoff: object, *, attempts: int, owner: str) -> Backoff:
+    """The engine's backoff (ms) for a user's ``backoff(attempt) -> seconds``, or the default;
+    the user's function is called for attempts 1..``attempts`` here, so a policy that cannot
+    work is refused at decoration (SagaConfigurationError)."""
+    if backoff is None:
+        return default_backoff_ms
+    if not callable(backoff):
+        raise SagaConfigurationError(f"{owner}: backoff must be a function of the attempt number")
+    converted = _Seconds(backoff, owner)
+    for attempt in range(1, attempts + 1):
+        converted(attempt)
+    return converted
+
+
+def checked_max_attempts(max_attempts: object) -> int:
+    """A saga's compensation attempts per step: an int in 1..MAX_RETRIES."""
+    if (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= MAX_RETRIES):
+        raise SagaConfigurationError(
+            f"max_attempts must be an int in 1..{MAX_RETRIES}, got {max_attempts!r}"
+        )
+    return max_attempts
+
+
 def _check_policy(max_attempts: object, backoff: object) -> None:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise SagaConfigurationError(f"max_attempts must be a positive int, got {max_attempts!r}")
+    checked_max_attempts(max_attempts)
     if not callable(backoff):
         raise SagaConfigurationError("backoff must be a function of the attempt number")
 
@@ -109,9 +205,8 @@ class Registry:
             self._policies.clear()
 
     def add_step(self, options: StepOptions) -> None:
-        """Register the saga options of a step task."""
-        if options.retries < 0:
-            raise SagaConfigurationError("retries must be >= 0")
+        """Register the saga options of a step task (checked by ``checked_retries`` and
+        ``seconds_backoff``)."""
         with self._lock:
             self.steps[options.task] = options
             self._policies.clear()

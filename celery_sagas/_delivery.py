@@ -55,11 +55,12 @@ class _Kind(Enum):
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
-    """What a body did, with its result or error code."""
+    """What a body did, with its result or error code (and what it raised, as text)."""
 
     kind: _Kind
     result: Any = None
     error_code: str | None = None
+    exception: str | None = None
 
 
 class Delivery:
@@ -262,17 +263,22 @@ class Delivery:
         )
 
     def _forward_move(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
+        move = self._forward_only(options, step, outcome)
+        return lambda s: moves.with_exception(move(s), step.name, outcome.exception)
+
+    def _forward_only(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
         ref, now = AttemptRef.execution(step), self.engine.now()
         if outcome.kind is _Kind.COMMITTED:
             return lambda s: moves.commit_step(s, ref, outcome.result, now)
         code = outcome.error_code or codes.STEP_ERROR
         if outcome.kind is _Kind.FAILED:
             return lambda s: moves.fail_step(s, ref, code, now)
-        delay = None
-        if step.attempts < options.attempts_per_effect:
-            delay = self._retry_delay(options.backoff, step.attempts)
-        if delay is None:
+        if step.attempts >= options.attempts_per_effect:
             return lambda s: moves.step_ambiguous(s, ref, code, now)
+        delay = self._retry_delay(options.backoff, step.attempts)
+        if delay is None:
+            # No retry can be scheduled: the outcome stays unknown, under its own code.
+            return lambda s: moves.step_ambiguous(s, ref, codes.INVALID_RETRY_POLICY, now)
         retry_at = now + delay
 
         def release(s: SagaRecord) -> SagaRecord:
@@ -299,13 +305,14 @@ class Delivery:
         ctx = StepContext(self.saga_id, step.name, self.effect_id, step.compensation_attempts,
                           Stage.COMPENSATION)
         started = time.monotonic()
-        error = False
+        exception = None
         try:
             body(ctx, step.args, step.kwargs, step.result)
         except Exception as exc:
-            logger.warning("saga %s compensator of %s raised %s", self.saga_id, step.name,
-                           type(exc).__name__)
-            error = True
+            logger.error("saga %s compensator of %s raised %s", self.saga_id, step.name,
+                         type(exc).__name__, exc_info=True)
+            exception = values.exception_text(exc)
+        error = exception is not None
 
         def announce(written: SagaRecord) -> None:
             phase = Phase.FAILED if error else Phase.COMMITTED
@@ -313,7 +320,11 @@ class Delivery:
             duration = int((time.monotonic() - started) * 1000)
             self.engine.emit(written, self._step_of(written), Stage.COMPENSATION, phase, code, duration)
 
-        return self._record_outcome(claimed, self._backward_move(claimed, step, error), announce, merge=True)
+        move = self._backward_move(claimed, step, error)
+        return self._record_outcome(
+            claimed, lambda s: moves.with_exception(move(s), step.name, exception), announce,
+            merge=True,
+        )
 
     def _backward_move(self, saga: SagaRecord, step: StepRecord, error: bool) -> Move:
         ref, now = AttemptRef.compensation(step), self.engine.now()
@@ -336,7 +347,7 @@ class Delivery:
         """The delay before the next attempt (None: the backoff returned nothing valid). The
         default backoff gets full jitter, drawn once here: the move that stores the retry time
         reuses it on every compare-and-set retry, and replays and sweeps read it back."""
-        delay = check_backoff(_safe_backoff(backoff, attempt))
+        delay = check_backoff(_safe_backoff(backoff, attempt, self.saga_id))
         if delay is not None and backoff is default_backoff_ms:
             delay = full_jitter_ms(delay, self.engine.draw())
         return delay
@@ -360,19 +371,31 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
     try:
         result = body(ctx, step.args, step.kwargs)
     except known as exc:
-        return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED))
+        logger.info("saga %s step %s did not commit: %s", ctx.saga_id, ctx.step, type(exc).__name__)
+        return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED),
+                        exception=values.exception_text(exc))
     except Exception as exc:
-        logger.warning("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__)
-        return _Outcome(_Kind.ERRORED, error_code=codes.STEP_ERROR)
+        logger.error("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__,
+                     exc_info=True)
+        return _Outcome(_Kind.ERRORED, error_code=codes.STEP_ERROR,
+                        exception=values.exception_text(exc))
     try:
         return _Outcome(_Kind.COMMITTED, result=values.json_value(result, field="step result"))
     except SagaValidationError:
-        logger.warning("saga %s step %s returned a non-JSON result", ctx.saga_id, ctx.step)
-        return _Outcome(_Kind.ERRORED, error_code="invalid_result")
+        # Never the result itself, nor the path into it: logs carry no payloads.
+        logger.error("saga %s step %s: invalid_result: it returned a value JSON cannot carry",
+                     ctx.saga_id, ctx.step)
+        return _Outcome(_Kind.ERRORED, error_code=codes.INVALID_RESULT)
 
 
-def _safe_backoff(backoff: Callable[[int], int], attempt: int) -> object:
+def _safe_backoff(backoff: Callable[[int], int], attempt: int, saga_id: str) -> object:
+    """``backoff(attempt)``, or None (logged) when it raises: the policy is invalid."""
     try:
-        return backoff(attempt)
-    except Exception:
+        delay = backoff(attempt)
+    except Exception as exc:
+        logger.error("saga %s: invalid_retry_policy: %s", saga_id, exc)
         return None
+    if check_backoff(delay) is None:
+        logger.error("saga %s: invalid_retry_policy: backoff(%d) returned an invalid delay",
+                     saga_id, attempt)
+    return delay

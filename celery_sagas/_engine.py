@@ -173,12 +173,15 @@ class Engine:
         if plan.before is not None:
             plan.before()
         try:
-            record = self._create(plan)
-        except PayloadTooLarge:
-            fallback = plan.fallback()
-            if fallback is None:
-                raise
-            plan, record = fallback, self._create(fallback)
+            try:
+                record = self._create(plan)
+            except PayloadTooLarge:
+                fallback = plan.fallback()
+                if fallback is None:
+                    raise
+                plan, record = fallback, self._create(fallback)
+        except PayloadTooLarge as exc:
+            raise _record_too_large(exc, canonical, self.settings.payload_limit) from None
         if record is not None:
             plan.run_effects(record)
             return record
@@ -338,7 +341,8 @@ class Engine:
             return moves.start_compensation(saga, decision.error_code, decision.reason, now)
         assert isinstance(decision, Review), decision
         logger.warning("saga %s needs manual review: %s", saga.saga_id, decision.error_code)
-        return moves.to_manual_review(saga, decision.error_code, decision.reason, now)
+        reviewed = moves.to_manual_review(saga, decision.error_code, decision.reason, now)
+        return replace(reviewed, exception=decision.exception) if decision.exception else reviewed
 
     def vanished(self, saga: SagaRecord, decision: Vanished, now: int) -> Plan:
         """The write that settles an attempt that went silent: a retry, or ambiguity."""
@@ -392,6 +396,23 @@ class Engine:
             outcome = self.gates.outcome(saga.saga_id, step, fence)
             if outcome is not None:
                 saga, _ = self.finish_gate(saga.saga_id, step.name, step.approval_id, outcome, fence)
+        return saga
+
+    def unknown_task(self, saga_id: str, step: str, effect_id: str, task: str) -> SagaRecord | None:
+        """A worker received ``task`` for this effect and has no such task: manual review with
+        ``unknown_task`` instead of a re-send every sweep. None when the effect was claimed
+        or moved on meanwhile (nothing to do)."""
+
+        def decide_unknown(saga: SagaRecord) -> Plan | None:
+            try:
+                return Plan(after=moves.unknown_task(saga, step, effect_id, task, self.now()))
+            except IllegalTransition:
+                return None
+
+        saga, plan = self.repository.update(saga_id, decide_unknown)
+        if plan is None:
+            return None
+        logger.error("saga %s needs manual review: %s: %s", saga_id, codes.UNKNOWN_TASK, saga.reason)
         return saga
 
     # ------------------------------------------------------------ operator actions
@@ -449,7 +470,10 @@ class Engine:
             )
             return Plan(after=after)
 
-        written, _ = self.repository.update(saga_id, decide_resolution)
+        try:
+            written, _ = self.repository.update(saga_id, decide_resolution)
+        except PayloadTooLarge as exc:
+            raise _too_large_with(exc, "result", normalised, self.settings.payload_limit) from None
         changed = written.step(step)
         assert changed is not None
         self.emit(written, changed, Stage.RECONCILIATION, _resolution_phase(str(outcome)), error_code)
@@ -510,6 +534,26 @@ def _valid_trace_parent(value: str | None) -> str | None:
         return values.traceparent(value)
     except SagaValidationError:
         return None
+
+
+def _record_too_large(exc: PayloadTooLarge, canonical: str, limit: int) -> PayloadTooLarge:
+    """The input fits the limit, the record around it does not: say so in the input's terms."""
+    return _too_large_with(exc, "saga input", canonical, limit, encoded=True)
+
+
+def _too_large_with(exc: PayloadTooLarge, field: str, value: Any, limit: int, *,
+                    encoded: bool = False) -> PayloadTooLarge:
+    """A record over the limit because of ``value``: an error naming the value's own size."""
+    text = value if encoded else values.encode_json(value, field=field, limit=2**53)
+    size = len(text.encode("utf-8"))
+    record = getattr(exc, "size", None)
+    total = f" ({record} bytes in all)" if record else ""
+    return PayloadTooLarge(
+        f"{field} is {size} bytes; the saga record that carries it, with its ids, steps and "
+        f"their arguments and results{total}, is over the {limit}-byte limit "
+        "(sagas_payload_limit): pass a smaller value or raise sagas_payload_limit",
+        size=size, limit=limit,
+    )
 
 
 def _resolution_phase(outcome: str) -> Phase:

@@ -181,6 +181,9 @@ class StepRecord:
             None.
         execution: where the execution effect stands (an ``EffectMark``).
         compensation: where the compensation effect stands, once compensation began.
+        exception: the type and message of the exception the step's body (or its compensator)
+            last raised (``"TimeoutError: provider did not answer"``), or None. Written by
+            your own code, so it is kept with the payloads, never logged by the library.
     """
 
     name: str
@@ -205,6 +208,7 @@ class StepRecord:
     group: str | None = None
     execution: EffectMark | None = None
     compensation: EffectMark | None = None
+    exception: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +236,8 @@ class SagaRecord:
         trace_parent: the W3C ``traceparent`` of the span ``start()`` ran in, when it was
             traced (docs/tracing.md): work started later without the saga's context (a sweep,
             an operator) joins the saga's trace through it. Ids only, never a payload.
+        exception: the type and message of the exception ``run`` raised (``run_failed``),
+            or None.
     """
 
     saga_id: str
@@ -246,6 +252,7 @@ class SagaRecord:
     reason: str | None = None
     rolling_back: bool = False
     trace_parent: str | None = None
+    exception: str | None = None
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""

@@ -27,6 +27,7 @@ __all__ = [
     "effect_id",
     "encode_json",
     "error_code",
+    "exception_text",
     "identifier",
     "json_value",
     "nonce",
@@ -145,6 +146,22 @@ def error_code(value: object) -> str:
     return value
 
 
+MAX_EXCEPTION_TEXT = 1000
+
+
+def exception_text(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception raised by user code, at most 1000 characters (a
+    message that cannot be turned into text is left out)."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:
+        message = ""
+    text = f"{name}: {message}" if message else name
+    text = text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= MAX_EXCEPTION_TEXT else text[:MAX_EXCEPTION_TEXT - 3] + "..."
+
+
 def identifier(value: object, *, field: str) -> str:
     """A short SQL/Redis-safe identifier (letters, digits, underscore; 32 characters)."""
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
@@ -186,23 +203,117 @@ def duration_ms(value: object, *, field: str = "duration") -> int:
     return _integer(value, field=field, low=1)
 
 
-def json_value(value: object, *, field: str = "payload", _depth: int = 0) -> Any:
-    """Accept only JSON values: str keys, finite floats, lists/tuples, bounded nesting."""
-    if _depth > 64:
-        raise SagaValidationError(f"{field} is nested deeper than 64 levels")
-    if value is None or isinstance(value, (str, bool, int)):
+# Integers of more than 4300 digits are refused by int <-> str conversion (CPython's default
+# sys.int_max_str_digits): json cannot write or read them.
+_INT_BOUND = 10**4300
+_MAX_DEPTH = 64
+
+
+class _Refused(Exception):
+    """A value JSON cannot carry, with the path to it once known."""
+
+    def __init__(self, problem: str, path: str = "") -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path = path
+
+
+def _key_shown(key: str) -> str:
+    text = repr(key)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _leaf(value: object) -> object:
+    """A JSON scalar as it is, or _Refused."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Refused("contains a lone surrogate (not valid UTF-8)") from None
+        return value
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -_INT_BOUND < value < _INT_BOUND:
+            raise _Refused("contains an integer of more than 4300 digits")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise SagaValidationError(f"{field} contains NaN or Infinity")
+            raise _Refused("contains NaN or Infinity")
         return value
+    raise _Refused(f"is not JSON-serialisable: {type(value).__name__}")
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str):
+        raise _Refused("has a non-string object key")
+    _leaf(key)
+    return key
+
+
+def _walk(value: object, depth: int, path: str | None) -> Any:
+    """``value`` as JSON values; ``path`` (None on the fast path) locates a refusal."""
+    if depth > _MAX_DEPTH:
+        raise _Refused(f"is nested deeper than {_MAX_DEPTH} levels", path or "")
     if isinstance(value, (list, tuple)):
-        return [json_value(v, field=field, _depth=_depth + 1) for v in value]
+        if path is None:
+            return [_walk(v, depth + 1, None) for v in value]
+        return [_walk(v, depth + 1, _deeper(path, f"[{i}]")) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
-        if not all(isinstance(k, str) for k in value):
-            raise SagaValidationError(f"{field} has a non-string object key")
-        return {k: json_value(v, field=field, _depth=_depth + 1) for k, v in value.items()}
-    raise SagaValidationError(f"{field} is not JSON-serialisable: {type(value).__name__}")
+        if path is None:
+            return {_key(k): _walk(v, depth + 1, None) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            here = _deeper(path, f"[{_key_shown(k)}]" if isinstance(k, str) else "[?]")
+            try:
+                out[_key(k)] = _walk(v, depth + 1, here)
+            except _Refused as refused:
+                refused.path = refused.path or here
+                raise
+        return out
+    try:
+        return _leaf(value)
+    except _Refused as refused:
+        refused.path = path or ""
+        raise
+
+
+def _deeper(path: str, part: str) -> str:
+    """A path to show, cut in the middle past a few parts (it is for people, not parsers)."""
+    return path + part if len(path) < 120 else path if path.endswith("...") else path + "..."
+
+
+def _fast(value: object, depth: int) -> Any:
+    """``_walk``'s fast path for the exact built-in types (most values); anything else, or
+    anything to refuse, goes through ``_walk``."""
+    if type(value) is str and value.isascii():
+        return value
+    if type(value) is dict and depth < _MAX_DEPTH:
+        return {k if type(k) is str and k.isascii() else _key(k): _fast(v, depth + 1)
+                for k, v in value.items()}
+    if type(value) is list and depth < _MAX_DEPTH:
+        return [_fast(v, depth + 1) for v in value]
+    if type(value) is int and -_INT_BOUND < value < _INT_BOUND:
+        return value
+    if value is None or type(value) is bool:
+        return value
+    return _walk(value, depth, None)
+
+
+def json_value(value: object, *, field: str = "payload") -> Any:
+    """Accept only JSON values: str keys, finite floats, integers of at most 4300 digits,
+    strings that are valid UTF-8, lists/tuples, at most 64 levels deep. The error names the
+    field and the path to the value refused (``saga input["items"][3]``)."""
+    try:
+        return _fast(value, 0)
+    except _Refused:
+        pass
+    try:
+        _walk(value, 0, "")
+    except _Refused as refused:
+        raise SagaValidationError(f"{field}{refused.path} {refused.problem}") from None
+    raise AssertionError("a refused value was accepted on the second walk")  # pragma: no cover
 
 
 def encode_json(value: object, *, field: str = "payload", limit: int = DEFAULT_PAYLOAD_LIMIT) -> str:
@@ -216,7 +327,9 @@ def encode_json(value: object, *, field: str = "payload", limit: int = DEFAULT_P
     )
     size = len(text.encode("utf-8"))
     if size > limit:
-        raise PayloadTooLarge(f"{field} is {size} bytes, over the {limit}-byte limit")
+        raise PayloadTooLarge(
+            f"{field} is {size} bytes, over the {limit}-byte limit (sagas_payload_limit)"
+        )
     return text
 
 

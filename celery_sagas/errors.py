@@ -17,6 +17,7 @@
     ├── SagaResolutionError                  resolve() asked for an impossible outcome
     ├── NondeterminismError                  replay diverged from the record
     ├── SagaConfigurationError               a definition or setting is unusable
+    ├── SagaUsageError                       a saga task used outside a saga (called directly)
     ├── StepNotCommitted                     raised by step code: provably nothing happened
     ├── LeaseError                           a lease operation failed
     │   └── LeaseLost                        renewal failed: stop at once
@@ -63,6 +64,7 @@ __all__ = [
     "SagaError",
     "SagaNotFound",
     "SagaResolutionError",
+    "SagaUsageError",
     "SagaValidationError",
     "StepNotCommitted",
     "StoreError",
@@ -231,6 +233,11 @@ class NondeterminismError(SagaError):
 
 class SagaConfigurationError(SagaError):
     """A saga definition or a Celery setting cannot be used safely."""
+
+
+class SagaUsageError(SagaError):
+    """A step or compensator task was used outside a saga: called directly, or sent with
+    ``.delay()``/``.apply_async()`` (its body never runs without a claim and an effect id)."""
 
 
 class StepNotCommitted(SagaError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -22,7 +21,7 @@ from celery.signals import worker_process_init
 from .. import _values as values
 from .._approvals.saga_gates import SagaApprovals
 from .._clock import Clock
-from .._definitions import Backoff, Registry, SagaDefinition
+from .._definitions import Registry, SagaDefinition, SecondsBackoff
 from .._dispatch import Dispatcher
 from .._engine import Engine
 from .._events import EventBus, FindingObserver, Observer
@@ -40,8 +39,8 @@ from ..errors import (
     SagaValidationError,
 )
 from ..stores.base import Store
-from .beat import keep_beat_entry
 from .dispatcher import CeleryDispatcher
+from .hooks import guard, guarded, install_beat_entries
 from .messages import SWEEP_TASK
 from .periodic import PeriodicSagas, SagaSchedule
 from .registration import (
@@ -68,8 +67,6 @@ __all__ = ["Saga", "SagaHandle", "Sagas", "sagas_of"]
 
 _REQUIRED: Any = object()
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
-# The Sagas created on each app, held weakly both ways (the CLI finds it through sagas_of).
-_BY_APP: weakref.WeakKeyDictionary[Celery, weakref.ref[Sagas]] = weakref.WeakKeyDictionary()
 
 
 class SagaHandle:
@@ -146,9 +143,10 @@ class Sagas:
             app, lambda name, input, saga_id: self.start(name, input, saga_id=saga_id).record,
             queue=self.settings.queue, payload_limit=self.settings.payload_limit,
             now_ms=lambda: self.engine.now(),
+            on_added=lambda: install_beat_entries(self.app, self),
         )
         worker_process_init.connect(self._forget_runtime, weak=False)
-        _BY_APP[app] = weakref.ref(self)
+        guard(self)
 
     # ------------------------------------------------------------ this process's runtime
 
@@ -197,14 +195,20 @@ class Sagas:
         def sweep_task(shard: int = 0, shards: int = 1) -> None:
             self.sweep(shard=shard, shards=shards)
 
+    def beat_entries(self) -> dict[str, dict[str, Any]]:
+        """The beat schedule entries of the sweeps (``sagas_sweep_shards``) and of the scheduled
+        sagas, by name; installed now and again whenever the app is configured or beat starts
+        (``hooks.py``), so a later ``config_from_object`` cannot drop them."""
         queue = {"queue": self.settings.queue} if self.settings.queue else {}
         shards = self.settings.sweep_shards
-        for shard in range(shards):
-            name = SWEEP_TASK if shard == 0 else f"{SWEEP_TASK}:{shard}"
-            keep_beat_entry(self.app, name, {
-                "task": SWEEP_TASK, "schedule": self.settings.sweep_interval_s, "args": (),
-                "kwargs": {"shard": shard, "shards": shards}, "options": queue,
-            })
+        sweeps = {
+            (SWEEP_TASK if shard == 0 else f"{SWEEP_TASK}:{shard}"): {
+                "schedule": self.settings.sweep_interval_s, "task": SWEEP_TASK, "args": (),
+                "kwargs": {"shard": shard, "shards": shards}, "options": dict(queue),
+            }
+            for shard in range(shards)
+        }
+        return {**sweeps, **self._periodic.beat_entries}
 
     def periodic(self, definition: Saga | str, schedule: float | timedelta | crontab, *,
                  input: Any = None, name: str | None = None) -> SagaSchedule:
@@ -235,9 +239,17 @@ class Sagas:
 
     def step(self, fn: Callable[..., Any] | None = None, *, compensate: Any = _REQUIRED,
              idempotent: bool = False, not_committed_on: tuple[type[BaseException], ...] = (),
-             retries: int = 0, backoff: Backoff | None = None, capability: str | None = None,
+             retries: int | None = None, backoff: SecondsBackoff | None = None,
+             capability: str | None = None,
              **task_options: Any) -> Any:
-        """Make ``fn`` a saga step: a real Celery task plus the saga options."""
+        """Make ``fn`` a saga step: a real Celery task plus the saga options.
+
+        ``idempotent=True`` retries a step whose outcome is unknown under the same effect id
+        (``retries`` more attempts, default 2; ``retries=0`` for none), after
+        ``backoff(attempt)`` seconds (default ``min(60, 0.1 * 2**(attempt - 1))``). ``retries``
+        without ``idempotent=True`` is refused, and so is a ``backoff`` that does not return a
+        number of seconds from 0 to 366 days for every attempt.
+        """
         if compensate is _REQUIRED:
             raise SagaConfigurationError(
                 "sagas.step needs compensate=<compensator task or name> "
@@ -268,11 +280,11 @@ class Sagas:
 
         return decorate(fn) if fn is not None else decorate
 
-    def saga(self, name: str, *, max_attempts: int = 3, backoff: Backoff | None = None,
+    def saga(self, name: str, *, max_attempts: int = 3, backoff: SecondsBackoff | None = None,
              capability: str | None = None) -> Callable[[Callable[..., Any]], Saga]:
         """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect.
 
-        ``max_attempts`` and ``backoff(attempt) -> ms`` are the compensation policy: how many
+        ``max_attempts`` and ``backoff(attempt) -> seconds`` are the compensation policy: how many
         times each compensator is tried, and how long to wait between tries, before the saga
         goes to manual review (``compensation_exhausted``). A step's own retries are set on
         ``@sagas.step(retries=...)``.
@@ -298,7 +310,8 @@ class Sagas:
             definition: the name given to ``@sagas.saga(name)``.
             input: the saga's input: JSON values, at most ``sagas_payload_limit`` bytes.
             saga_id: the saga's id (printable ASCII without spaces, 1..128 characters), or
-                None for a random UUID. Derive it from your business key
+                None for a random UUID (an empty string is refused, never replaced by a
+                random id). Derive it from your business key
                 (``f"order-{order.id}"``) so that a retried request finds the same saga.
 
         Returns:
@@ -316,7 +329,7 @@ class Sagas:
             StoreError: the store failed; the saga may or may not exist (start again with the
                 same id to find out).
         """
-        saga_id = saga_id or str(uuid.uuid4())
+        saga_id = str(uuid.uuid4()) if saga_id is None else saga_id
         record = self._operation(
             "saga.start", saga_id,
             lambda: self.engine.start(definition, input, saga_id,
@@ -442,9 +455,8 @@ class Sagas:
 
 def sagas_of(app: Celery) -> Sagas:
     """The Sagas created on ``app`` (the latest one); SagaConfigurationError when there is none."""
-    ref = _BY_APP.get(app)
-    found = ref() if ref is not None else None
-    if found is None:
+    found = guarded(app)
+    if not isinstance(found, Sagas):
         raise SagaConfigurationError(f"no Sagas(app, ...) was created on the Celery app {app.main!r}")
     return found
 

@@ -24,7 +24,6 @@ from celery.signals import before_task_publish
 from .. import _values as values
 from .._records import SagaRecord
 from ..errors import SagaConfigurationError, SagaConflictError, SagaValidationError
-from .beat import keep_beat_entry
 from .messages import PERIODIC_TASK
 from .schedules import Slots, slots_of, utc_stamp
 
@@ -85,13 +84,15 @@ class PeriodicSagas:
     """The schedules of one ``Sagas``: their beat entries and the task that starts a tick."""
 
     def __init__(self, app: Celery, start: Start, *, queue: str | None, payload_limit: int,
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int], on_added: Callable[[], None]) -> None:
         self.app = app
+        self._on_added = on_added
         self._start = start
         self._queue = queue
         self._payload_limit = payload_limit
         self._now_ms = now_ms
         self.schedules: dict[str, SagaSchedule] = {}
+        self.beat_entries: dict[str, dict[str, Any]] = {}
 
     def add(self, definition: object, schedule: object, input: Any = None,
             name: str | None = None) -> SagaSchedule:
@@ -109,10 +110,11 @@ class PeriodicSagas:
                              lambda: self.app.timezone)
         self.schedules[name] = found
         options = {"queue": self._queue} if self._queue else {}
-        keep_beat_entry(self.app, f"{PERIODIC_TASK}:{name}", {
+        self.beat_entries[f"{PERIODIC_TASK}:{name}"] = {
             "task": PERIODIC_TASK, "schedule": slots.beat_schedule(), "args": (),
             "kwargs": {"name": name}, "options": options,
-        })
+        }
+        self._on_added()
         return found
 
     def tick(self, name: str, sent_at_ms: int | None) -> SagaRecord | None:

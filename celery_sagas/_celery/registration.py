@@ -13,13 +13,15 @@ from .._approvals.tokens import TokenSigner
 from .._definitions import (
     COMPENSATE_CAPABILITY,
     EXECUTE_CAPABILITY,
-    Backoff,
     CompensatorOptions,
     Registry,
     SagaDefinition,
+    SecondsBackoff,
     StepOptions,
+    checked_max_attempts,
+    checked_retries,
+    seconds_backoff,
 )
-from .._protocol.compensation import default_backoff_ms
 from ..errors import SagaConfigurationError, SagaValidationError
 
 __all__ = [
@@ -64,15 +66,18 @@ def _task_options(app: Celery, fn: Callable[..., Any], options: dict[str, Any],
 
 def register_step(app: Celery, registry: Registry, base: type, func: Callable[..., Any], *,
                   compensate: Any, idempotent: bool, not_committed_on: tuple[type[BaseException], ...],
-                  retries: int, backoff: Backoff | None, capability: str | None,
+                  retries: int | None, backoff: SecondsBackoff | None, capability: str | None,
                   default_time_limit_s: float, task_options: dict[str, Any]) -> Any:
     """Make ``func`` a step task and record its saga options."""
     opts = _task_options(app, func, task_options, default_time_limit_s)
+    owner = f"step {opts['name']!r}"
+    retries = checked_retries(retries, idempotent=idempotent, step=opts["name"])
+    checked_backoff = seconds_backoff(backoff, attempts=retries, owner=owner)
     task = app.task(base=base, **opts)(func)
     registry.add_step(StepOptions(
         task=opts["name"], compensator=_name_of(compensate), idempotent=idempotent,
         not_committed_on=tuple(not_committed_on), retries=retries,
-        backoff=backoff or default_backoff_ms, time_limit_ms=int(opts["time_limit"] * 1000),
+        backoff=checked_backoff, time_limit_ms=int(opts["time_limit"] * 1000),
         capability=values.capability(capability) if capability else EXECUTE_CAPABILITY,
     ))
     return task
@@ -94,10 +99,13 @@ def register_compensator(app: Celery, registry: Registry, base: type, func: Call
 
 
 def register_definition(registry: Registry, name: str, run: Callable[..., Any], *,
-                        max_attempts: int, backoff: Backoff | None,
+                        max_attempts: int, backoff: SecondsBackoff | None,
                         capability: str | None) -> SagaDefinition:
     """Record a saga definition ``run(ctx, input)`` (its options checked by the caller)."""
-    definition = SagaDefinition(name, run, max_attempts, backoff or default_backoff_ms, capability)
+    values.definition_name(name)
+    attempts = checked_max_attempts(max_attempts)
+    checked = seconds_backoff(backoff, attempts=attempts, owner=f"saga {name!r}")
+    definition = SagaDefinition(name, run, max_attempts, checked, capability)
     registry.add_definition(definition)
     return definition
 

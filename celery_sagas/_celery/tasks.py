@@ -1,26 +1,32 @@
 """Celery task base classes for steps and compensators (the message format: ``messages.py``).
 
 A step or compensator task delivers its saga message through a ``Delivery`` of the engine it
-is handed (an engine provider: this process's engine, opened after a fork). Called without the
-``_saga`` reference (directly, or with ``.delay()`` outside a saga) the task simply runs its
-function.
+is handed (an engine provider: this process's engine, opened after a fork). Without the
+``_saga`` reference its body never runs: there would be no claim and no effect id. Called
+directly it raises ``SagaUsageError``; a message sent with ``.delay()`` outside a saga is
+rejected by the worker (logged, not requeued). ``task.run`` is the plain function, for unit
+tests of a body.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from celery import Task
+from celery.exceptions import Reject
 
 from .._context import StepContext, signature_of, step_accepts
 from .._delivery import Delivery
 from .._engine import Engine
 from .._protocol import codes
-from ..errors import SagaConfigurationError, StepNotCommitted
+from ..errors import SagaConfigurationError, SagaUsageError, StepNotCommitted
 from .messages import SAGA_REF, parse_ref
 
 __all__ = ["CompensatorTask", "EngineSource", "SagaStepTask"]
+
+logger = logging.getLogger("celery_sagas.execution")
 
 
 class EngineSource(Protocol):
@@ -48,6 +54,7 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
     # argument check would refuse it.
     typing = False
     engines: ClassVar[EngineSource | None] = None
+    role: ClassVar[str] = "saga task"
 
     @classmethod
     def annotate(cls) -> None:
@@ -59,6 +66,21 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
                 f"task_annotations change {', '.join(weakened)} of saga task {cls.name!r}; saga "
                 "tasks need acks_late=True, reject_on_worker_lost=True and serializer='json'"
             )
+
+    def _outside_a_saga(self) -> Exception:
+        """What to raise when the task is used without its saga reference."""
+        error = SagaUsageError(
+            f"{self.name!r} is a {self.role}: it runs only inside a saga (ctx.step in a "
+            "@sagas.saga run function), never called directly or sent with .delay(); "
+            "call .run(...) to test its body"
+        )
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return error
+        logger.error("task %s (id %s) arrived without saga context; rejected, body not run",
+                     self.name, request.id)
+        rejected: Exception = Reject(error, requeue=False)
+        return rejected
 
     def _delivery(self, ref: object, *, compensation: bool) -> Delivery:
         if self.engines is None:
@@ -81,11 +103,12 @@ class SagaStepTask(_SagaTaskBase):
     """Base class of tasks made by ``sagas.step``."""
 
     abstract = True
+    role = "saga step"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ref = kwargs.pop(SAGA_REF, None)
         if ref is None:
-            return self.run(*args, **kwargs)
+            raise self._outside_a_saga()
         delivery = self._delivery(ref, compensation=False)
 
         def body(ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any]) -> Any:
@@ -114,11 +137,12 @@ class CompensatorTask(_SagaTaskBase):
     """Base class of tasks made by ``sagas.compensator``."""
 
     abstract = True
+    role = "compensator"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ref = kwargs.pop(SAGA_REF, None)
         if ref is None:
-            return self.run(*args, **kwargs)
+            raise self._outside_a_saga()
         delivery = self._delivery(ref, compensation=True)
 
         def body(

@@ -116,10 +116,11 @@ class StartCompensation:
 
 @dataclass(frozen=True, slots=True)
 class Review:
-    """Stop for an operator."""
+    """Stop for an operator (``exception``: what user code raised, to keep in the record)."""
 
     error_code: str
     reason: str
+    exception: str | None = None
 
 
 Decision = (

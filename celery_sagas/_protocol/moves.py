@@ -63,7 +63,9 @@ __all__ = [
     "start_compensation",
     "step_ambiguous",
     "to_manual_review",
+    "unknown_task",
     "unresolved_ambiguity",
+    "with_exception",
 ]
 
 _LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
@@ -414,6 +416,30 @@ def compensation_ambiguous(saga: SagaRecord, ref: AttemptRef, now_ms: int) -> Sa
                       error_code=codes.AMBIGUOUS_COMPENSATION)
 
 
+def unknown_task(saga: SagaRecord, name: str, effect_id: str, task: str, now_ms: int) -> SagaRecord:
+    """A worker received the task of an unclaimed effect and has no such task registered:
+    stop for an operator (``unknown_task``) instead of re-sending it forever.
+
+    Only an effect nobody claimed is taken: its body never began (a body runs after a claim,
+    and no claim is accepted once the saga is in review), so the operator may deploy the task
+    and ``resume`` (it is sent again under the same effect id) or ``resolve`` it.
+    """
+    step = saga.step(name)
+    compensation = step is not None and step.compensation_effect_id == effect_id
+    step = _find(saga, name, effect_id, "unknown_task", compensation)
+    state = StepState.COMPENSATING if compensation else StepState.EXECUTING
+    _need(saga, step, "unknown_task", (state,),
+          (SagaState.COMPENSATING,) if compensation else (SagaState.RUNNING,), started=False)
+    if saga.rolling_back and not compensation:
+        raise _illegal(saga, "unknown_task: the step is abandoned, not sent", step)
+    moved = _step_move(saga, step, now_ms, error_code=codes.UNKNOWN_TASK)
+    what = "compensator" if compensation else "task"
+    reason = (f"{what} {task!r} of step {name!r} (effect {effect_id}) is not registered on the "
+              "worker that received it")
+    return replace(moved, state=SagaState.MANUAL_REVIEW, error_code=codes.UNKNOWN_TASK,
+                   reason=reason)
+
+
 # ---------------------------------------------------------------- saga level
 
 
@@ -466,7 +492,7 @@ def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int
     if not reason:
         raise _illegal(saga, "to_manual_review without a reason")
     return _write(saga, now_ms, state=SagaState.MANUAL_REVIEW, error_code=_code(error_code),
-                  reason=reason)
+                  reason=reason, exception=None)
 
 
 def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
@@ -483,7 +509,15 @@ def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
     )
     lifted = replace(saga, steps=steps)
     cause, why = _rollback_cause(lifted)
-    return _write(saga, now_ms, steps=steps, state=direction(saga), error_code=cause, reason=why)
+    return _write(saga, now_ms, steps=steps, state=direction(saga), error_code=cause, reason=why,
+                  exception=None)
+
+
+def with_exception(saga: SagaRecord, name: str, text: str | None) -> SagaRecord:
+    """``saga`` with step ``name``'s exception text set (or cleared); part of the write that
+    records the outcome, so no version of its own."""
+    return replace(saga, steps=tuple(replace(s, exception=text) if s.name == name else s
+                                     for s in saga.steps))
 
 
 def one_write(before: SagaRecord, after: SagaRecord) -> SagaRecord:

@@ -111,10 +111,12 @@ class Diverged:
 
 @dataclass(frozen=True, slots=True)
 class Crashed:
-    """run() itself raised or misused the context: a bug, sent to manual review."""
+    """run() itself raised or misused the context: a bug, sent to manual review
+    (``exception``: the type and message of what run() raised, if it raised)."""
 
     error_code: str
     reason: str
+    exception: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,9 +65,23 @@ def _expect(step: StepRecord, effect_id: str, compensation: bool) -> None:
         raise SagaResolutionError(f"step {step.name!r}: {effect_id!r} is not its {which}")
 
 
+def _unsent(step: StepRecord, state: StepState) -> bool:
+    """A step whose task no worker knew (``unknown_task``): never claimed, so never begun."""
+    return (step.state is state and step.error_code == codes.UNKNOWN_TASK
+            and step.started_at_ms is None)
+
+
+def _with_step(saga: SagaRecord, step: StepRecord) -> SagaRecord:
+    return replace(saga, steps=tuple(step if s.name == step.name else s for s in saga.steps))
+
+
 def _forward(saga: SagaRecord, step: StepRecord, outcome: Resolution, result: Any,
              code: str | None, now_ms: int) -> SagaRecord:
-    if step.state is not StepState.AMBIGUOUS:
+    if _unsent(step, StepState.EXECUTING):
+        # The operator settles it as if an attempt had run: one attempt, claimed now.
+        step = replace(step, attempts=step.attempts + 1, started_at_ms=now_ms)
+        saga = _with_step(saga, step)
+    elif step.state is not StepState.AMBIGUOUS:
         raise SagaResolutionError(f"step {step.name!r} is {step.state}, not ambiguous")
     ref = AttemptRef.execution(step)
     if outcome is Resolution.COMMITTED:
@@ -80,14 +94,15 @@ def _backward(saga: SagaRecord, step: StepRecord, outcome: Resolution, max_compe
               now_ms: int) -> SagaRecord:
     unknown = step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION
     exhausted = step.state is StepState.COMPENSATION_FAILED
-    if not unknown and not (exhausted and outcome is Resolution.COMPENSATED):
+    unsent = _unsent(step, StepState.COMPENSATING)
+    if not unknown and not unsent and not (exhausted and outcome is Resolution.COMPENSATED):
         raise SagaResolutionError(f"step {step.name!r} is {step.state}: no compensation to settle")
     attempt = step.compensation_attempts
     ref = AttemptRef.compensation(step)
+    if exhausted or unsent:
+        step = replace(step, state=StepState.COMPENSATING, started_at_ms=now_ms)
+        saga = _with_step(saga, step)
     if outcome is Resolution.COMPENSATED:
-        if exhausted:
-            step = replace(step, state=StepState.COMPENSATING, started_at_ms=now_ms)
-            saga = replace(saga, steps=tuple(step if s.name == step.name else s for s in saga.steps))
         return compensation_succeeded(saga, ref, now_ms)
     after = compensation_failed(saga, ref, now_ms, now_ms)
     if attempt >= max_compensation_attempts and after.state is not SagaState.MANUAL_REVIEW:

@@ -80,6 +80,8 @@ def test_bad_input_is_refused_at_once_and_nothing_is_scheduled(sagas: Sagas) -> 
             start_on_commit("order", {"order_id": float("nan")}, saga_id="o-4", sagas=sagas)
         with pytest.raises(SagaValidationError):
             start_on_commit("order", {}, saga_id="has space", sagas=sagas)
+        with pytest.raises(SagaValidationError):  # an empty form field, not "a random id"
+            start_on_commit("order", {}, saga_id="", sagas=sagas)
         with pytest.raises(SagaConfigurationError):
             start_on_commit("no-such-saga", {}, saga_id="o-5", sagas=sagas)
     assert sagas.get("o-4") is None and sagas.get("o-5") is None

@@ -250,7 +250,7 @@ def register_shop(sagas: Sagas, script: Script) -> tuple[dict[str, Any], dict[st
         return script.play("notify", (user,), {"saga": saga}, {"sent": user})
 
     @sagas.step(name="shop.sync", compensate=None, idempotent=True, retries=2,
-                backoff=lambda _: SYNC_BACKOFF_MS)
+                backoff=lambda _: SYNC_BACKOFF_MS / 1000)
     def sync(user: str, *, saga: Any = None) -> Any:
         return script.play("sync", (user,), {"saga": saga}, {"synced": user})
 

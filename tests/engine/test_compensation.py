@@ -11,6 +11,7 @@ import pytest
 
 from celery_sagas import StepNotCommitted
 from celery_sagas._records import SagaState, StepState
+from celery_sagas.errors import SagaConfigurationError
 from tests.engine.conftest import CardDeclined, Shop, kinds
 
 BACKOFF_MS = 1_000
@@ -35,7 +36,12 @@ def _start(shop: Shop, definition: Any) -> None:
 
 
 def _linear(attempt: int) -> int:
-    return BACKOFF_MS * attempt
+    """The retry policy under test: seconds, as every backoff returns."""
+    return BACKOFF_MS * attempt // 1000
+
+
+def _linear_ms(attempt: int) -> int:
+    return _linear(attempt) * 1000
 
 
 def test_a_failed_compensator_leaves_the_step_compensation_failed_with_a_retry_time(shop: Shop) -> None:
@@ -97,7 +103,7 @@ def test_a_compensator_failing_twice_then_succeeding_compensates_the_saga(shop: 
 
     # when: each retry is swept when due (the second backoff is twice the first)
     for attempt in (1, 2):
-        shop.clock.advance(_linear(attempt))
+        shop.clock.advance(_linear_ms(attempt))
         shop.sagas.sweep()
         shop.driver.run_until_idle()
 
@@ -115,12 +121,12 @@ def test_the_backoff_of_each_retry_is_the_policy_of_that_attempt(shop: Shop) -> 
     definition = _reserve_then_decline(shop, "retrying", max_attempts=3, backoff=_linear)
     shop.script.then("release", RuntimeError("one"), RuntimeError("two"))
     _start(shop, definition)
-    shop.clock.advance(_linear(1))
+    shop.clock.advance(_linear_ms(1))
     shop.sagas.sweep()
     shop.driver.run_until_idle()
 
     # when: one backoff of the first attempt later
-    shop.clock.advance(_linear(1))
+    shop.clock.advance(_linear_ms(1))
     shop.sagas.sweep()
 
     # then: the second backoff is not over yet
@@ -136,7 +142,7 @@ def test_an_exhausted_compensation_sends_the_saga_to_manual_review(shop: Shop) -
 
     # when
     for attempt in (1, 2, 3):
-        shop.clock.advance(_linear(attempt))
+        shop.clock.advance(_linear_ms(attempt))
         shop.sagas.sweep()
         shop.driver.run_until_idle()
 
@@ -180,18 +186,42 @@ def _raises(_: int) -> int:
     raise ArithmeticError("policy bug")
 
 
-@pytest.mark.parametrize(
-    "backoff",
-    [lambda _: -1, lambda _: 1.5, _raises, lambda _: True, lambda _: "100", lambda _: 2**53,
-     lambda _: 2**53 - 1, lambda _: 367 * 24 * 3600 * 1000],
-    ids=["negative", "float", "raises", "bool", "str", "over-safe-integer", "past-safe-when-added",
-         "over-a-year"],
-)
-def test_an_invalid_backoff_sends_the_saga_to_manual_review(
-    shop: Shop, backoff: Callable[[int], Any]
+INVALID_BACKOFFS = [lambda _: -1, lambda _: None, _raises, lambda _: True, lambda _: "100",
+                    lambda _: float("nan"), lambda _: 2**53, lambda _: 367 * 24 * 3600]
+INVALID_IDS = ["negative", "none", "raises", "bool", "str", "nan", "over-safe-integer",
+               "over-a-year"]
+
+
+@pytest.mark.parametrize("backoff", INVALID_BACKOFFS, ids=INVALID_IDS)
+def test_an_invalid_backoff_is_refused_at_decoration(shop: Shop, backoff: Callable[[int], Any]) -> None:
+    with pytest.raises(SagaConfigurationError, match="backoff"):
+        shop.sagas.saga("bad-policy", max_attempts=3, backoff=backoff)(lambda ctx, _: None)
+    assert "bad-policy" not in shop.sagas.registry.definitions
+
+
+def test_a_backoff_returns_seconds_and_may_be_a_float(shop: Shop) -> None:
+    # given: 1.5 s between compensation attempts
+    definition = _reserve_then_decline(shop, "float-policy", max_attempts=3, backoff=lambda _: 1.5)
+    shop.script.then("release", RuntimeError("inventory down"))
+
+    # when
+    _start(shop, definition)
+
+    # then: the retry is due 1.5 s (1500 ms) later
+    step = shop.step("shop.reserve", "r-1")
+    assert step.state == StepState.COMPENSATION_FAILED
+    assert step.next_attempt_at_ms == shop.clock.now_ms() + 1_500
+
+
+@pytest.mark.parametrize("invalid", [-1, None, 2**53], ids=["negative", "none", "huge"])
+def test_a_backoff_invalid_at_run_time_sends_the_saga_to_manual_review(
+    shop: Shop, invalid: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # given
-    definition = _reserve_then_decline(shop, "bad-policy", max_attempts=3, backoff=backoff)
+    # given: a policy that passed the decoration check and then changed its mind
+    answers = {"value": 1}
+    definition = _reserve_then_decline(shop, "bad-policy", max_attempts=3,
+                                       backoff=lambda _: answers["value"])
+    answers["value"] = invalid
     shop.script.then("release", RuntimeError("inventory down"))
 
     # when
@@ -202,6 +232,8 @@ def test_an_invalid_backoff_sends_the_saga_to_manual_review(
     assert record.state == SagaState.MANUAL_REVIEW
     assert record.error_code == "invalid_retry_policy"
     assert shop.step("shop.reserve", "r-1").state == StepState.COMPENSATION_FAILED
+    assert any("invalid_retry_policy" in r.getMessage() and r.levelname == "ERROR"
+               for r in caplog.records)
 
 
 def test_a_step_without_a_compensator_is_skipped_when_compensating(shop: Shop) -> None:

@@ -330,7 +330,7 @@ def test_a_due_idempotent_retry_is_sent_by_the_next_sweep_even_before_the_saga_i
     sagas: Sagas, driver: SagaDriver, clock: FrozenClock, script: Script
 ) -> None:
     # given: an idempotent step whose retry is due after 10 s
-    @sagas.step(name="shop.ping", compensate=None, idempotent=True, retries=1, backoff=lambda _: 10_000)
+    @sagas.step(name="shop.ping", compensate=None, idempotent=True, retries=1, backoff=lambda _: 10)
     def ping() -> Any:
         return script.play("ping", (), {}, "pong")
 

@@ -97,7 +97,7 @@ def test_a_backoff_of_the_definitions_own_is_not_jittered(shop: Shop) -> None:
     shop.sagas.engine.draw = no_draw
 
     # when
-    decline_after_reserve(shop, backoff=lambda attempt: 700)
+    decline_after_reserve(shop, backoff=lambda attempt: 0.7)  # seconds
 
     # then
     assert shop.step("shop.reserve", "j-1").next_attempt_at_ms == shop.clock.now_ms() + 700

@@ -25,7 +25,7 @@ def book(shop: Shop) -> Any:
     """An idempotent booking step (two retries, a minute apart) and its compensator."""
 
     @shop.sagas.step(name=BOOK, compensate="t.unbook", idempotent=True, retries=2,
-                     backoff=lambda _: LATER_MS)
+                     backoff=lambda _: LATER_MS // 1000)
     def book_step(place: str) -> Any:
         return shop.script.play("book", (place,), {}, {"booked": place})
 

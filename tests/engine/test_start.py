@@ -96,6 +96,29 @@ def test_an_invalid_saga_id_is_refused_and_nothing_is_stored(
     assert shop.driver.take() == []
 
 
+@pytest.mark.parametrize("via", ["sagas", "saga"])
+def test_an_empty_saga_id_is_refused_not_replaced_by_a_random_one(
+    shop: Shop, store: MemoryStore, via: str
+) -> None:
+    # given: a web handler passing an empty form field as the id
+    start = (shop.place_order.start if via == "saga"
+             else lambda data, saga_id: shop.sagas.start("place-order", data, saga_id=saga_id))
+
+    # when / then: refused like any invalid id (a random id would lose the idempotency)
+    with pytest.raises(SagaValidationError, match="saga id"):
+        start(ORDER, saga_id="")
+    assert nothing_stored(store)
+    assert shop.driver.take() == []
+
+
+def test_only_a_missing_saga_id_generates_one(shop: Shop) -> None:
+    first = shop.place_order.start(ORDER).record
+    second = shop.place_order.start(ORDER, saga_id=None).record
+
+    assert first.saga_id != second.saga_id
+    assert all(len(record.saga_id) == 36 for record in (first, second))
+
+
 def test_a_saga_id_of_128_printable_characters_is_accepted(shop: Shop) -> None:
     # when
     saga_id = "a" * 127 + "~"

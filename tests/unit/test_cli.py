@@ -287,6 +287,39 @@ def test_show_keeps_forward_and_compensation_times_apart(shop: Shop) -> None:
     assert reserve["compensated_at_ms"] == compensated_at
 
 
+def test_show_prints_the_exception_a_step_raised_with_its_message(shop: Shop) -> None:
+    # given: charge raised ConnectionError("reset after the request left")
+    ambiguous_charge(shop)
+
+    # when
+    text = plugin(shop, "show", "o-1").stdout
+    view = as_json(plugin(shop, "show", "o-1", "--json"))
+
+    # then
+    assert "    raised        ConnectionError: reset after the request left" in text
+    assert view["steps"][1]["exception"] == "ConnectionError: reset after the request left"
+    assert view["steps"][0]["exception"] is None
+
+
+def test_show_prints_the_exception_run_raised_on_one_line(shop: Shop) -> None:
+    # given: run() raised with a message that tries to forge a second line
+    @shop.sagas.saga("crashing")
+    def crashing(ctx: Any, data: Any) -> Any:
+        raise TypeError("bad total\nsaga        forged")
+
+    crashing.start({}, saga_id="c-1")
+
+    # when
+    text = plugin(shop, "show", "c-1").stdout
+    view = as_json(plugin(shop, "show", "c-1", "--json"))
+
+    # then
+    assert "manual-review (run_failed)" in text
+    assert "raised      TypeError: bad total\\nsaga        forged" in text
+    assert "\nsaga        forged" not in text
+    assert view["exception"] == "TypeError: bad total\nsaga        forged"
+
+
 def test_show_payload_adds_the_input_and_arguments(shop: Shop) -> None:
     # given
     completed(shop, "o-1")

@@ -35,6 +35,7 @@ EXPECTED = [
     "SagaRecord",
     "SagaSchedule",
     "SagaState",
+    "SagaUsageError",
     "Sagas",
     "Stage",
     "StepContext",
@@ -73,11 +74,13 @@ def test_the_package_documents_itself_and_its_version() -> None:
     assert isinstance(celery_sagas.__version__, str) and celery_sagas.__version__
 
 
-def test_errors_live_in_their_module_and_only_step_not_committed_is_also_at_the_root() -> None:
+def test_errors_live_in_their_module_and_only_the_step_code_ones_are_also_at_the_root() -> None:
     from celery_sagas import errors
 
-    assert [n for n in EXPECTED if n in errors.__all__] == ["StepNotCommitted"]
+    assert [n for n in EXPECTED if n in errors.__all__] == ["SagaUsageError", "StepNotCommitted"]
     assert celery_sagas.StepNotCommitted is errors.StepNotCommitted
+    assert celery_sagas.SagaUsageError is errors.SagaUsageError
+    assert issubclass(errors.SagaUsageError, errors.SagaError)
 
 
 def test_an_error_imported_from_the_root_still_works_and_says_where_it_moved() -> None:

@@ -193,14 +193,14 @@ def test_the_beat_entries_survive_a_later_config_from_object() -> None:
     assert SWEEP_TASK in app.conf.beat_schedule
 
 
-def test_a_schedule_added_before_the_app_is_configured_is_installed_when_it_is() -> None:
-    app = Celery("periodic-lazy", set_as_current=False)
-    keep = PeriodicSagas(app, lambda *_: None, queue="q", payload_limit=1000,  # type: ignore[arg-type, return-value]
-                         now_ms=lambda: 0)
-    keep.add("nightly", 5, name="lazy")
-    assert not app.configured
+def test_a_schedule_added_after_the_app_is_configured_is_installed_at_once() -> None:
+    app = Celery("periodic-late", set_as_current=False)
+    sagas = make(app)
+    assert app.configured  # Sagas(app) installs the sweep's entries, which configures the app
 
-    assert app.conf.beat_schedule[f"{PERIODIC_TASK}:lazy"]["options"] == {"queue": "q"}
+    sagas.periodic("nightly", 5, name="late")
+
+    assert f"{PERIODIC_TASK}:late" in app.conf.beat_schedule
 
 
 # ------------------------------------------------------------ validation
@@ -266,7 +266,8 @@ class Starts:
 
 
 def periodic_of(starts: Starts, now_ms: int = 0) -> PeriodicSagas:
-    return PeriodicSagas(fresh_app(), starts, queue=None, payload_limit=1000, now_ms=lambda: now_ms)
+    return PeriodicSagas(fresh_app(), starts, queue=None, payload_limit=1000, now_ms=lambda: now_ms,
+                         on_added=lambda: None)
 
 
 def test_a_tick_starts_the_saga_of_the_slot_it_was_sent_in() -> None:

@@ -18,7 +18,7 @@ __all__ = ["start_on_commit"]
 def start_on_commit(saga: Saga | str, input: Any, saga_id: str | None = None, *,
                     using: str | None = None, sagas: Sagas | None = None) -> str:
     """Start ``saga`` with ``input`` once the transaction of database ``using`` commits; returns
-    the saga id at once (``saga_id``, or a new UUID).
+    the saga id at once (``saga_id``, or a new UUID when it is None; "" is refused).
 
     The id, the definition and the input are checked now (``SagaValidationError``,
     ``SagaConfigurationError``: nothing is scheduled). Nothing is recorded or sent before the
@@ -30,7 +30,7 @@ def start_on_commit(saga: Saga | str, input: Any, saga_id: str | None = None, *,
     name (looked up on ``sagas``, else on the current Celery app's ``Sagas``).
     """
     facade, name = _target(saga, sagas)
-    saga_id = saga_id or str(uuid.uuid4())
+    saga_id = str(uuid.uuid4()) if saga_id is None else saga_id
     values.saga_id(saga_id)
     facade.registry.definition(name)
     canonical = values.encode_json(input, field="saga input", limit=facade.settings.payload_limit)
