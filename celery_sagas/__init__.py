@@ -29,12 +29,13 @@ from ._records import (
     EffectState,
     SagaRecord,
     SagaState,
+    SignalRecord,
     StepRecord,
     StepState,
 )
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
-from .errors import StepNotCommitted
+from .errors import SignalTimeout, StepNotCommitted
 from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 
 __version__ = "0.1.0"
@@ -66,6 +67,8 @@ __all__ = [
     "SagaRecord",
     "SagaState",
     "Sagas",
+    "SignalRecord",
+    "SignalTimeout",
     "Stage",
     "StepContext",
     "StepNotCommitted",

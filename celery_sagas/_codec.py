@@ -30,6 +30,7 @@ from ._records import (
     EffectState,
     SagaRecord,
     SagaState,
+    SignalRecord,
     StepRecord,
     StepState,
 )
@@ -72,6 +73,27 @@ def _mark(value: dict[str, Any]) -> EffectMark:
                       None if code is None else values.error_code(code))
 
 
+def _patches(value: list[Any]) -> tuple[str, ...]:
+    """The patch ids of a saga read back."""
+    return tuple(values.change_id(v) for v in value)
+
+
+def _signal(value: Any) -> SignalRecord:
+    """A signal read back; ValueError when anything is off."""
+    keys = {"signal_id", "name", "payload", "sent_at_ms", "consumed_by"}
+    if type(value) is not dict or set(value) - keys:
+        raise ValueError("malformed signal")
+    consumed = value.get("consumed_by")
+    return SignalRecord(values.signal_id(value.get("signal_id")),
+                        values.signal_name(value.get("name")), value.get("payload"),
+                        values.timestamp_ms(value.get("sent_at_ms")),
+                        None if consumed is None else values.step_name(consumed))
+
+
+def _signals(value: list[Any]) -> tuple[SignalRecord, ...]:
+    return tuple(_signal(v) for v in value)
+
+
 _STEP: dict[str, _Field] = {
     "name": _need(str, values.step_name),
     "task": _need(str),
@@ -93,6 +115,7 @@ _STEP: dict[str, _Field] = {
     "error_code": _maybe(str),
     "approval_id": _maybe(str),
     "group": _maybe(str),
+    "wake_at_ms": _maybe(int),
     "execution": _maybe(dict, _mark),
     "compensation": _maybe(dict, _mark),
 }
@@ -104,6 +127,8 @@ _SAGA: dict[str, _Field] = {
     "error_code": _maybe(str),
     "reason": _maybe(str),
     "rolling_back": _maybe(bool),
+    "patches": _maybe(list, _patches),
+    "signals": _maybe(list, _signals),
 }
 
 _APPROVAL: dict[str, _Field] = {
@@ -151,15 +176,19 @@ def _json(value: Any) -> Any:
     return value
 
 
+# Saga fields added later are left out while empty: older records read back unchanged.
+_OMITTED_WHEN_EMPTY = frozenset({"patches", "signals"})
+
+
 def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:
     """Every field of a record that is set, JSON-ready (the generic half of the codec)."""
     out: dict[str, Any] = {}
     for name in _field_names(record.__class__, skip):
         value = getattr(record, name)
-        if value is None:
+        if value is None or (name in _OMITTED_WHEN_EMPTY and not value):
             continue
-        if name == "steps":
-            out[name] = [_body(step, frozenset()) for step in value]
+        if name in ("steps", "signals"):
+            out[name] = [_body(item, frozenset()) for item in value]
         else:
             out[name] = _json(value)
     return out

@@ -32,8 +32,9 @@ from ._protocol.replay import (
     match_call,
     unreached,
 )
-from ._records import APPROVAL_TASK, SagaRecord, StepRecord, StepState
-from .errors import SagaError, SagaValidationError, StepNotCommitted
+from ._protocol.waiting import timed_out
+from ._records import APPROVAL_TASK, SIGNAL_TASK, TIMER_TASK, SagaRecord, StepRecord, StepState
+from .errors import SagaError, SagaValidationError, SignalTimeout, StepNotCommitted
 
 __all__ = [
     "APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "signature_of", "step_accepts",
@@ -102,6 +103,7 @@ class SagaContext:
         self._position = 0
         self._names: dict[str, int] = {}
         self._used: set[str] = set()
+        self.new_patches: list[str] = []
 
     @property
     def saga_id(self) -> str:
@@ -171,17 +173,72 @@ class SagaContext:
         except SagaValidationError as exc:
             raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
         call = StepCall(self._name(name, APPROVAL_TASK), APPROVAL_TASK, (), binding, None)
+        return self._held(call, lambda: {"state": StepState.AWAITING_APPROVAL,
+                                         "approval_id": self._local_id()})
+
+    def sleep(self, seconds: float, *, step_name: str | None = None) -> None:
+        """Park the saga for ``seconds`` (no worker waits, no message is queued): the sweep
+        resumes it once the time has come; on replay a fired timer returns at once."""
+        delay = self._checked(lambda: values.seconds_ms(seconds, field="sleep seconds"))
+        self._timer({"seconds": seconds}, self._now_ms + delay, step_name)
+
+    def sleep_until(self, when: Any, *, step_name: str | None = None) -> None:
+        """Park the saga until ``when`` (an aware ``datetime`` or epoch seconds), as ``sleep``."""
+        until = self._checked(lambda: values.when_ms(when, field="sleep_until time"))
+        self._timer({"until_ms": until}, until, step_name)
+
+    def _timer(self, kwargs: dict[str, Any], wake_at_ms: int, step_name: str | None) -> None:
+        call = StepCall(self._name(step_name or "sleep", TIMER_TASK), TIMER_TASK, (), kwargs, None)
+        self._held(call, lambda: {"state": StepState.WAITING,
+                                  "wake_at_ms": min(wake_at_ms, values.MAX_SAFE_INTEGER)})
+
+    def wait_signal(self, name: str, timeout: float | None = None, *,
+                    step_name: str | None = None) -> Any:
+        """Wait for the signal ``name`` (``sagas.signal(saga_id, name, payload)``) and return
+        its payload: the first signal of that name no earlier wait consumed, sent before or
+        after this call. With ``timeout`` (seconds), raise ``SignalTimeout`` once it passed
+        without one; ``run`` may catch it to take another path."""
+        self._checked(lambda: values.signal_name(name))
+        limit = None if timeout is None else self._checked(
+            lambda: values.seconds_ms(timeout, field="wait_signal timeout"))
+        call = StepCall(self._name(step_name or f"signal:{name}", SIGNAL_TASK), SIGNAL_TASK, (),
+                        {"signal": name, "timeout": timeout}, None)
+        wake = None if limit is None else self._now_ms + limit
+        result = self._held(call, lambda: {"state": StepState.WAITING, "wake_at_ms": wake})
+        if timed_out(result):
+            raise SignalTimeout(signal=name)
+        return result.get("payload") if isinstance(result, dict) else None
+
+    def patched(self, change_id: str) -> bool:
+        """True when this saga reaches this point on code that has the change ``change_id``;
+        False on replay for a saga that passed this point before the change existed, so a
+        deploy can change steps under sagas in flight (docs/design.md §3.6)."""
+        self._checked(lambda: values.change_id(change_id))
+        if change_id in self._saga.patches or change_id in self.new_patches:
+            return True
+        if self._position < len(self._saga.steps):
+            return False  # steps were recorded past this point by code without the change
+        self.new_patches.append(change_id)
+        return True
+
+    def _held(self, call: StepCall, fields: Callable[[], dict[str, Any]]) -> Any:
+        """A step no task runs (a gate, a timer, a signal wait): its committed result, or stop
+        the replay there (recording it, with ``fields``, when it is new)."""
         match = match_call(self._saga, self._position, call)
         self._position += 1
         if isinstance(match, Mismatch):
             raise _Stop(Diverged(match.reason))
         if isinstance(match, New):
-            gate = replace(self._new_step(call), state=StepState.AWAITING_APPROVAL,
-                           approval_id=self._local_id(), dispatched_at_ms=None)
-            raise _Suspend((gate,))
+            raise _Suspend((replace(self._new_step(call), dispatched_at_ms=None, **fields()),))
         if match.step.state is StepState.COMMITTED:
             return match.step.result
         raise _Suspend()
+
+    def _checked(self, check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
 
     def _misuse(self, reason: str) -> None:
         raise _Stop(Crashed(codes.INVALID_STEP_CALL, reason))
@@ -252,7 +309,7 @@ def replay(
     try:
         value = definition.run(ctx, saga.input)
     except _Suspend as suspend:
-        return Suspended(suspend.new_steps)
+        return Suspended(suspend.new_steps, tuple(ctx.new_patches))
     except _Stop as stop:
         return stop.outcome
     except StepNotCommitted as exc:
@@ -262,7 +319,7 @@ def replay(
         return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
     except Exception as exc:
         return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
-    return unreached(saga, ctx.calls_made) or Returned(value)
+    return unreached(saga, ctx.calls_made) or Returned(value, tuple(ctx.new_patches))
 
 
 def _code(exc: StepNotCommitted) -> str:

@@ -44,11 +44,20 @@ from ._protocol.decisions import (
     StartCompensation,
     Vanished,
     Wait,
+    Wake,
 )
+from ._protocol.notes import SignalNote
 from ._protocol.resolution import resolve as resolve_outcome
 from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
-from .errors import IllegalTransition, PayloadTooLarge, SagaConflictError, SagaResolutionError
+from .errors import (
+    IllegalTransition,
+    PayloadTooLarge,
+    SagaConcurrencyError,
+    SagaConflictError,
+    SagaNotFound,
+    SagaResolutionError,
+)
 from .stores.base import Fence
 
 __all__ = ["Engine", "EngineSettings", "GateOutcome", "Gates"]
@@ -264,6 +273,11 @@ class Engine:
             return self._plan_compensation(saga, decision.step, now)
         if isinstance(decision, Vanished):
             return self.vanished(saga, decision, now)
+        if isinstance(decision, Wake):
+            woken = decision.step
+            return Plan(after=moves.wake_step(saga, woken.name, woken.effect_id, decision.result,
+                                              now, decision.signal_id),
+                        then=(lambda w: self.emit(w, woken, Stage.EXECUTION, Phase.COMMITTED),))
         if isinstance(decision, Abandon):
             step = decision.step
             return Plan(after=moves.abandon_step(saga, step.name, step.effect_id, now),
@@ -291,7 +305,7 @@ class Engine:
                                        written.version))
 
         reason = "the arguments of the next step would exceed the payload limit"
-        return Plan(after=moves.append_steps(saga, decision.steps, now),
+        return Plan(after=moves.append_steps(saga, decision.steps, now, decision.patches),
                     before=open_gates if gates else None, then=(announce,),
                     too_large=Plan(after=moves.to_manual_review(saga, codes.PAYLOAD_TOO_LARGE,
                                                                 reason, now)))
@@ -320,7 +334,7 @@ class Engine:
 
     def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
         if isinstance(decision, Complete):
-            return moves.complete(saga, now)
+            return moves.complete(saga, now, decision.patches)
         if isinstance(decision, FinishCompensation):
             return moves.finish_compensation(saga, now)
         if isinstance(decision, StartCompensation):
@@ -342,6 +356,28 @@ class Engine:
                      else moves.step_ambiguous(saga, ref, decision.error_code, now))
         phase = Phase.FAILED if decision.retry else Phase.AMBIGUOUS
         return Plan(after=after, then=(lambda w: self.emit(w, step, stage, phase, decision.error_code),))
+
+    # ------------------------------------------------------------ signals
+
+    def signal(self, saga_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> SagaRecord:
+        """Record a signal for a saga (docs/design.md §3.5): one note appended without a read
+        (a repeated ``signal_id`` is one signal), then advance the saga so a wait for it
+        commits at once. The record after that."""
+        values.saga_id(saga_id)
+        values.signal_name(name)
+        sent_id = str(uuid.uuid4()) if signal_id is None else values.signal_id(signal_id)
+        canonical = values.encode_json(payload, field="signal payload",
+                                       limit=max(1, self.settings.payload_limit // 4))
+        note = SignalNote(sent_id, name, values.decode_json(canonical), self.now()).text()
+        record = self.repository.note(saga_id, note, None)
+        if record is None:
+            if self.repository.get(saga_id) is None:
+                raise SagaNotFound(saga_id=saga_id)
+            raise SagaConcurrencyError(f"saga {saga_id!r} holds too many notes; send it again")
+        if record.state is not SagaState.RUNNING:
+            return record
+        return self.advance(saga_id, record)
 
     # ------------------------------------------------------------ approval gates
 

@@ -307,6 +307,24 @@ class Sagas:
             step=step, effect_id=effect_id, outcome=outcome,
         )
 
+    def signal(self, saga_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> SagaRecord:
+        """Send the signal ``name`` to a saga (docs/design.md §3.5); returns the saga record.
+
+        The signal is recorded durably with one write and no read; a ``ctx.wait_signal(name)``
+        of the saga, waiting now or later, receives ``payload``. Sending again with the same
+        ``signal_id`` (say, a webhook delivery id) is one signal; without one each call is a
+        new signal. A saga waiting for it is advanced at once, in this process.
+
+        Raises:
+            SagaValidationError: a bad id or name, or a payload that is not JSON or is over a
+                quarter of ``sagas_payload_limit``; nothing is written.
+            SagaNotFound: no saga has that id.
+        """
+        return self._operation("saga.signal", saga_id,
+                               lambda: self.engine.signal(saga_id, name, payload, signal_id),
+                               signal=name)
+
     def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord],
                    **attributes: Any) -> SagaRecord:
         """``call`` inside a span named ``name`` (docs/tracing.md); the span notes the state."""

@@ -32,6 +32,7 @@ from .decisions import (
 )
 from .moves import unresolved_ambiguity
 from .replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
+from .waiting import judge_waiting
 
 __all__ = ["decide", "judge_in_flight"]
 
@@ -85,8 +86,14 @@ def _in_flight(
     """The first in-flight step needing action, or the earliest wait, or None if none."""
     waits: list[Wait] = []
     for step in saga.steps:
-        if saga.rolling_back and step.state is StepState.AWAITING_APPROVAL:
+        if saga.rolling_back and step.state in (StepState.AWAITING_APPROVAL, StepState.WAITING):
             return Abandon(step)
+        if step.state is StepState.WAITING:
+            woken = judge_waiting(saga, step, now_ms)
+            if not isinstance(woken, Wait):
+                return woken
+            waits.append(woken)
+            continue
         live = step.state is StepState.EXECUTING or (
             step.state is StepState.COMPENSATING and step.error_code != codes.AMBIGUOUS_COMPENSATION
         )
@@ -140,8 +147,8 @@ def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Dec
     if isinstance(outcome, Returned):
         if flight is not None:
             return flight
-        return Complete()
+        return Complete(outcome.patches)
     assert isinstance(outcome, Suspended)
     if outcome.new_steps:
-        return Append(outcome.new_steps)
+        return Append(outcome.new_steps, outcome.patches)
     return flight or Wait()

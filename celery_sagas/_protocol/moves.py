@@ -13,6 +13,8 @@ Step moves, forward:
                      |                     |---ambiguous--> ambiguous --late commit/fail-->
                      |                     '----release---> executing (idempotent retry)
                      '----abandon (rolling back, never claimed)--> failed
+    (intent) --> waiting --wake (timer due, signal came, wait timed out)--> committed
+                     '----abandon (rolling back)--> failed
 
 Compensation, for a committed step:
 
@@ -64,9 +66,12 @@ __all__ = [
     "step_ambiguous",
     "to_manual_review",
     "unresolved_ambiguity",
+    "wake_step",
 ]
 
 _LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
+# The states a step is recorded in; the last two hold the saga without a task.
+_INTENT_STATES = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL)
 _ANY_OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 
 
@@ -191,8 +196,16 @@ def _step_move(saga: SagaRecord, step: StepRecord, now_ms: int, **changes: Any) 
 # ---------------------------------------------------------------- forward
 
 
-def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int) -> SagaRecord:
-    """Record the intent of new steps (executing, attempts 0) before their dispatch."""
+def _with_patches(saga: SagaRecord, patches: Iterable[str]) -> tuple[str, ...]:
+    """The saga's patch ids and the new ones passed by a replay (docs/design.md §3.6)."""
+    new = [p for p in dict.fromkeys(patches) if p not in saga.patches]
+    return (*saga.patches, *new)
+
+
+def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int,
+                 patches: Iterable[str] = ()) -> SagaRecord:
+    """Record the intent of new steps (executing or waiting, attempts 0) before their
+    dispatch, with the patch ids the replay passed before them."""
     new = tuple(steps)
     if saga.state is not SagaState.RUNNING or saga.rolling_back or not new:
         raise _illegal(saga, "append_steps")
@@ -201,9 +214,9 @@ def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int) -> 
     if len(set(names)) != len(names) or len(set(ids)) != len(ids):
         raise _illegal(saga, "append_steps: repeated step name or effect id")
     for step in new:
-        if step.state not in (StepState.EXECUTING, StepState.AWAITING_APPROVAL) or step.attempts:
+        if step.state not in _INTENT_STATES or step.attempts:
             raise _illegal(saga, "append_steps", step)
-    return _write(saga, now_ms, steps=(*saga.steps, *new))
+    return _write(saga, now_ms, steps=(*saga.steps, *new), patches=_with_patches(saga, patches))
 
 
 def claim_step(saga: SagaRecord, name: str, effect_id: str, claimer: str, now_ms: int) -> SagaRecord:
@@ -303,13 +316,32 @@ def release_step(
 def abandon_step(saga: SagaRecord, name: str, effect_id: str, now_ms: int) -> SagaRecord:
     """While rolling back, a step never claimed is failed before it can begin."""
     step = _find(saga, name, effect_id, "abandon_step", compensation=False)
-    _need(saga, step, "abandon_step", (StepState.EXECUTING, StepState.AWAITING_APPROVAL),
-          started=False)
+    _need(saga, step, "abandon_step", _INTENT_STATES, started=False)
     if not saga.rolling_back:
         raise _illegal(saga, "abandon_step while going forward", step)
     if step.attempts > 0:  # an earlier attempt began: its outcome is not "never happened"
         raise _illegal(saga, "abandon_step after an attempt", step)
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=codes.NOT_STARTED)
+
+
+def wake_step(saga: SagaRecord, name: str, effect_id: str, result: Any, now_ms: int,
+              signal_id: str | None = None) -> SagaRecord:
+    """A waiting step commits with ``result`` (a timer fired, a signal came or the wait timed
+    out); the signal it received, if any, is marked consumed by it in the same write."""
+    step = _find(saga, name, effect_id, "wake_step", compensation=False)
+    _need(saga, step, "wake_step", (StepState.WAITING,), (SagaState.RUNNING,))
+    if saga.rolling_back:
+        raise _illegal(saga, "wake_step while rolling back", step)
+    signals = saga.signals
+    if signal_id is not None:
+        found = [s for s in signals if s.signal_id == signal_id and s.consumed_by is None]
+        if not found:
+            raise _illegal(saga, "wake_step with a signal not there or consumed", step)
+        signals = tuple(replace(s, consumed_by=name) if s.signal_id == signal_id else s
+                        for s in signals)
+    moved = _step_move(saga, step, now_ms, state=StepState.COMMITTED, result=result,
+                       committed_at_ms=_commit_stamp(saga, step, now_ms), attempts=1)
+    return replace(moved, signals=signals)
 
 
 def mark_redispatched(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
@@ -417,13 +449,14 @@ def compensation_ambiguous(saga: SagaRecord, ref: AttemptRef, now_ms: int) -> Sa
 # ---------------------------------------------------------------- saga level
 
 
-def complete(saga: SagaRecord, now_ms: int) -> SagaRecord:
+def complete(saga: SagaRecord, now_ms: int, patches: Iterable[str] = ()) -> SagaRecord:
     """Every step committed and run() returned: the saga is completed."""
     if saga.state is not SagaState.RUNNING or saga.rolling_back:
         raise _illegal(saga, "complete")
     if any(s.state is not StepState.COMMITTED for s in saga.steps):
         raise _illegal(saga, "complete with uncommitted steps")
-    return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None)
+    return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None,
+                  patches=_with_patches(saga, patches))
 
 
 def start_compensation(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:

@@ -6,6 +6,10 @@ store bumps the record's version. Whoever reads the record next applies its note
 so every reader sees the same record; the next compare-and-set writes the result and clears
 them. A claim that no longer applies (the saga moved on in between: impossible at the version
 it was written for, but a note is judged, not trusted) is ignored by every reader alike.
+
+A signal (docs/design.md §3.5) is a note too, appended at any version: applying it adds the
+signal to the record's ``signals`` unless a signal with its id is there already, so a repeated
+send is one signal.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from .._records import SagaRecord
-from .._values import effect_id, step_name, timestamp_ms, token
+from .._records import SagaRecord, SignalRecord
+from .._values import effect_id, json_value, signal_id, signal_name, step_name, timestamp_ms, token
 from ..errors import IllegalTransition
 from .moves import claim_compensation, claim_step
 
-__all__ = ["ClaimNote", "Note", "apply_notes", "parse_note"]
+__all__ = ["ClaimNote", "Note", "SignalNote", "apply_notes", "parse_note", "with_signal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +42,29 @@ class ClaimNote:
                           separators=(",", ":"))
 
 
-Note = ClaimNote
+@dataclass(frozen=True, slots=True)
+class SignalNote:
+    """A signal sent to a saga, appended without a read (docs/design.md §3.5)."""
+
+    signal_id: str
+    name: str
+    payload: Any
+    at_ms: int
+
+    def text(self) -> str:
+        """The note as stored: one line of JSON."""
+        return json.dumps({"signal": [self.signal_id, self.name, self.payload, self.at_ms]},
+                          separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+Note = ClaimNote | SignalNote
 
 
 def parse_note(text: str) -> Note:
     """Read a stored note; ValueError when it is not one this version writes."""
     raw = json.loads(text)
+    if isinstance(raw, dict) and set(raw) == {"signal"}:
+        return _signal_note(raw["signal"])
     if not isinstance(raw, dict) or set(raw) != {"claim"}:
         raise ValueError("unknown note")
     fields = raw["claim"]
@@ -56,7 +78,28 @@ def parse_note(text: str) -> Note:
         raise ValueError("malformed claim note") from exc
 
 
+def _signal_note(fields: Any) -> SignalNote:
+    if not isinstance(fields, list) or len(fields) != 4:
+        raise ValueError("malformed signal note")
+    sent_id, name, payload, at = fields
+    try:
+        return SignalNote(signal_id(sent_id), signal_name(name),
+                          json_value(payload, field="signal payload"), timestamp_ms(at))
+    except Exception as exc:
+        raise ValueError("malformed signal note") from exc
+
+
+def with_signal(saga: SagaRecord, note: SignalNote) -> SagaRecord:
+    """The record with the signal added, unless one with its id is there already."""
+    if any(s.signal_id == note.signal_id for s in saga.signals):
+        return saga
+    signal = SignalRecord(note.signal_id, note.name, note.payload, note.at_ms)
+    return replace(saga, signals=(*saga.signals, signal))
+
+
 def _apply(saga: SagaRecord, note: Note) -> SagaRecord:
+    if isinstance(note, SignalNote):
+        return with_signal(saga, note)
     step = saga.step(note.step)
     if step is None:
         return saga

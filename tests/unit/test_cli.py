@@ -453,6 +453,41 @@ def test_cancel_and_resume_of_an_unknown_saga_exit_3(shop: Shop, command: str) -
     assert (result.exit_code, result.stderr) == (EXIT_NOT_FOUND, "error: no saga 'nope'\n")
 
 
+def test_signal_records_the_payload_once_per_signal_id(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+
+    # when
+    for _ in range(2):
+        data = as_json(plugin(shop, "signal", "o-1", "paid", "--payload", '{"amount": 5}',
+                              "--signal-id", "hook-1", "--json"))
+
+    # then
+    assert data["saga_id"] == "o-1"
+    assert [(s.signal_id, s.name, s.payload) for s in shop.record().signals] == [
+        ("hook-1", "paid", {"amount": 5})]
+
+
+def test_signal_of_an_unknown_saga_exits_3(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "signal", "nope", "paid")
+
+    # then
+    assert result.exit_code == EXIT_NOT_FOUND
+
+
+def test_signal_with_a_payload_that_is_not_json_is_a_usage_error(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+
+    # when
+    result = plugin(shop, "signal", "o-1", "paid", "--payload", "{nope")
+
+    # then
+    assert result.exit_code == 2 and "--payload" in result.stderr
+    assert shop.record().signals == ()
+
+
 # ------------------------------------------------------------ approvals
 
 
@@ -684,7 +719,7 @@ def test_every_command_takes_json_and_is_on_both_entry_points() -> None:
         assert sagas.commands[command.name or ""] is command
         assert main.commands[command.name or ""] is command
     assert set(sagas.commands) == {"list", "show", "findings", "resolve", "approve", "deny",
-                                   "cancel", "resume", "sweep", "web"}
+                                   "cancel", "resume", "signal", "sweep", "web"}
     assert sagas.commands["web"] is main.commands["web"]
 
 

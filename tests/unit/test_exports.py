@@ -33,6 +33,8 @@ EXPECTED = [
     "SagaRecord",
     "SagaState",
     "Sagas",
+    "SignalRecord",
+    "SignalTimeout",
     "Stage",
     "StepContext",
     "StepNotCommitted",
@@ -69,11 +71,12 @@ def test_the_package_documents_itself_and_its_version() -> None:
     assert isinstance(celery_sagas.__version__, str) and celery_sagas.__version__
 
 
-def test_errors_live_in_their_module_and_only_step_not_committed_is_also_at_the_root() -> None:
+def test_errors_live_in_their_module_and_only_those_run_code_meets_are_also_at_the_root() -> None:
     from celery_sagas import errors
 
-    assert [n for n in EXPECTED if n in errors.__all__] == ["StepNotCommitted"]
+    assert [n for n in EXPECTED if n in errors.__all__] == ["SignalTimeout", "StepNotCommitted"]
     assert celery_sagas.StepNotCommitted is errors.StepNotCommitted
+    assert celery_sagas.SignalTimeout is errors.SignalTimeout
 
 
 def test_an_error_imported_from_the_root_still_works_and_says_where_it_moved() -> None:
