@@ -20,7 +20,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_sagas import Sagas, StepNotCommitted
+from celery_sagas import Sagas, SignalTimeout, StepNotCommitted
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Config:
     control: Path
     sweep_interval: float = 1.0
     stale_after: float = 2.0
+    code_version: int = 1  # which version of the e2e-patched saga's code this process runs
 
     @classmethod
     def from_env(cls) -> Config:
@@ -51,6 +52,7 @@ class Config:
             control=Path(env.get("E2E_CONTROL", "/tmp/celery-sagas-e2e-control")),
             sweep_interval=float(env.get("E2E_SWEEP_INTERVAL", "1")),
             stale_after=float(env.get("E2E_STALE_AFTER", "2")),
+            code_version=int(env.get("E2E_CODE_VERSION", "1")),
         )
 
     def environ(self) -> dict[str, str]:
@@ -64,6 +66,7 @@ class Config:
             "E2E_CONTROL": str(self.control),
             "E2E_SWEEP_INTERVAL": str(self.sweep_interval),
             "E2E_STALE_AFTER": str(self.stale_after),
+            "E2E_CODE_VERSION": str(self.code_version),
         }
 
 
@@ -204,6 +207,38 @@ def build(config: Config) -> Shop:
         ctx.step(reserve, data["sku"], plan)
         charge_task = charge_idempotent if plan.get("idempotent") else charge
         ctx.step(charge_task, data["amount"], plan)
+        ctx.step(ship, data["id"], plan)
+
+    @sagas.saga("e2e-sleep")
+    def sleeper(ctx: Any, data: dict[str, Any]) -> None:
+        """Reserve, sleep ``seconds`` (a durable timer), charge."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        ctx.sleep(data["seconds"])
+        ctx.step(charge, data["amount"], plan)
+
+    @sagas.saga("e2e-signal")
+    def waiter(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve, wait for ``waits`` signals "go" (a timeout ships instead), charge their sum."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        got = []
+        for _ in range(data.get("waits", 1)):
+            try:
+                got.append(ctx.wait_signal("go", timeout=data.get("timeout")))
+            except SignalTimeout:
+                return ctx.step(ship, data["id"], plan)
+        ctx.step(charge, sum(g["amount"] for g in got), plan)
+        return got
+
+    @sagas.saga("e2e-patched")
+    def patched(ctx: Any, data: dict[str, Any]) -> None:
+        """Version 1: reserve, wait for "go", ship. Version 2 charges before the wait."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        if config.code_version >= 2 and ctx.patched("charge-before-go"):
+            ctx.step(charge, data["amount"], plan)
+        ctx.wait_signal("go")
         ctx.step(ship, data["id"], plan)
 
     tasks = {"reserve": reserve, "release": release, "charge": charge,
