@@ -28,6 +28,7 @@ from ._records import (
     ApprovalState,
     EffectMark,
     EffectState,
+    ParentRef,
     SagaRecord,
     SagaState,
     SignalRecord,
@@ -90,6 +91,13 @@ def _signal(value: Any) -> SignalRecord:
                         None if consumed is None else values.step_name(consumed))
 
 
+def _parent(value: dict[str, Any]) -> ParentRef:
+    """A child saga's parent reference read back; ValueError when anything is off."""
+    if set(value) != {"saga_id", "step"}:
+        raise ValueError("malformed parent")
+    return ParentRef(values.saga_id(value["saga_id"]), values.step_name(value["step"]))
+
+
 def _signals(value: list[Any]) -> tuple[SignalRecord, ...]:
     return tuple(_signal(v) for v in value)
 
@@ -129,6 +137,8 @@ _SAGA: dict[str, _Field] = {
     "rolling_back": _maybe(bool),
     "patches": _maybe(list, _patches),
     "signals": _maybe(list, _signals),
+    "result": _Field(None, True),
+    "parent": _maybe(dict, _parent),
 }
 
 _APPROVAL: dict[str, _Field] = {
@@ -169,7 +179,7 @@ def _json(value: Any) -> Any:
         return value
     if isinstance(value, Enum):
         return value.value
-    if isinstance(value, EffectMark):
+    if isinstance(value, (EffectMark, ParentRef)):
         return _body(value, frozenset())
     if isinstance(value, Mapping):
         return dict(value)
@@ -312,7 +322,8 @@ class Codec:
             version=envelope.version,
             steps=tuple(self._step(step, fail) for step in steps),
             input=raw.get("input"),
-            **{k: v for k, v in read.items() if k != "input"},
+            **{k: v for k, v in read.items() if k not in ("input", "result")},
+            result=raw.get("result"),
         )
         _check_unique(record, fail)
         if not envelope.notes:

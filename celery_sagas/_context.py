@@ -19,6 +19,7 @@ from . import _values as values
 from ._definitions import Registry, SagaDefinition
 from ._events import Stage
 from ._protocol import codes
+from ._protocol.children import child_saga_id
 from ._protocol.replay import (
     Crashed,
     Diverged,
@@ -33,11 +34,21 @@ from ._protocol.replay import (
     unreached,
 )
 from ._protocol.waiting import timed_out
-from ._records import APPROVAL_TASK, SIGNAL_TASK, TIMER_TASK, SagaRecord, StepRecord, StepState
+from ._records import (
+    APPROVAL_TASK,
+    CHILD_TASK,
+    CHILD_UNDO,
+    SIGNAL_TASK,
+    TIMER_TASK,
+    SagaRecord,
+    StepRecord,
+    StepState,
+)
 from .errors import SagaError, SagaValidationError, SignalTimeout, StepNotCommitted
 
 __all__ = [
-    "APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "signature_of", "step_accepts",
+    "APPROVAL_TASK", "Call", "ChildCall", "SagaContext", "StepContext", "replay", "signature_of",
+    "step_accepts",
 ]
 
 
@@ -66,6 +77,15 @@ class Call:
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     step_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildCall:
+    """A child saga to run inside ``ctx.parallel``; made by ``ctx.call_child``."""
+
+    definition: Any
+    input: Any
+    saga_id: str | None = None
 
 
 class _Suspend(BaseException):
@@ -123,14 +143,30 @@ class SagaContext:
         """Describe a step for ``ctx.parallel`` without running it."""
         return Call(task, args, kwargs, step_name)
 
-    def parallel(self, *calls: Call) -> list[Any]:
-        """Run several steps at once; returns their results in order once all committed."""
+    def child(self, definition: Any, input: Any, saga_id: str | None = None) -> Any:
+        """Run the saga ``definition`` (the object ``@sagas.saga`` returned, or its name) with
+        ``input`` as a child of this one and return its result (the value its ``run``
+        returned). The parent holds no worker meanwhile. A child that ends compensated fails
+        this call as not committed (``child_compensated``); when this saga compensates later,
+        a completed child is compensated as a unit. ``saga_id`` defaults to one derived from
+        this saga's id and the call's position (docs/design.md §3.7)."""
+        return self.parallel(self.call_child(definition, input, saga_id))[0]
+
+    def call_child(self, definition: Any, input: Any, saga_id: str | None = None) -> ChildCall:
+        """Describe a child saga for ``ctx.parallel`` (beside ``ctx.call(...)`` steps)."""
+        return ChildCall(definition, input, saga_id)
+
+    def parallel(self, *calls: Call | ChildCall) -> list[Any]:
+        """Run several steps (and child sagas) at once; returns their results in order once
+        all committed."""
         if not calls:
             return []  # a fan-out whose width comes from the input may be empty
-        if not all(isinstance(c, Call) for c in calls):
-            self._misuse("ctx.parallel takes ctx.call(...) values (unpack a list with *)")
+        if not all(isinstance(c, (Call, ChildCall)) for c in calls):
+            self._misuse("ctx.parallel takes ctx.call(...) or ctx.call_child(...) values "
+                         "(unpack a list with *)")
         group = f"parallel-{self._position + 1}" if len(calls) > 1 else None
-        step_calls = [self._step_call(c, group) for c in calls]
+        step_calls = [self._child_call(c, group, self._position + i) if isinstance(c, ChildCall)
+                      else self._step_call(c, group) for i, c in enumerate(calls)]
         matches = [match_call(self._saga, self._position + i, c) for i, c in enumerate(step_calls)]
         self._position += len(calls)
         for match in matches:
@@ -256,6 +292,21 @@ class SagaContext:
             raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
         return StepCall(name, task, args, kwargs, options.compensator, options.time_limit_ms, group)
 
+    def _child_call(self, call: ChildCall, group: str | None, position: int) -> StepCall:
+        definition = getattr(call.definition, "name", call.definition)
+        if not isinstance(definition, str) or definition not in self._registry.definitions:
+            self._misuse(f"{definition!r} is not a saga definition of this process")
+        child_id = call.saga_id if call.saga_id is not None else child_saga_id(self.saga_id,
+                                                                                 position)
+        base = f"child:{definition}" if len(definition) <= 110 else "child"
+        name = self._name(None, base)
+        child_input = self._checked(lambda: values.json_value(call.input, field=f"input of {name}"))
+        self._checked(lambda: values.saga_id(child_id))
+        if child_id == self.saga_id:
+            self._misuse("a child saga cannot have its parent's id")
+        kwargs = {"definition": definition, "input": child_input, "saga_id": child_id}
+        return StepCall(name, CHILD_TASK, (), kwargs, CHILD_UNDO, None, group)
+
     def _name(self, explicit: str | None, task: str) -> str:
         base = explicit if explicit is not None else task
         count = self._names.get(base, 0) + 1
@@ -272,7 +323,7 @@ class SagaContext:
         return name
 
     def _new_step(self, call: StepCall) -> StepRecord:
-        return StepRecord(
+        step = StepRecord(
             name=call.name,
             task=call.task,
             effect_id=self._new_id(),
@@ -285,6 +336,9 @@ class SagaContext:
             dispatched_at_ms=self._now_ms,
             group=call.group,
         )
+        if call.task == CHILD_TASK:  # no task runs: the child saga settles it
+            return replace(step, state=StepState.WAITING, dispatched_at_ms=None)
+        return step
 
     @property
     def calls_made(self) -> int:
@@ -319,7 +373,14 @@ def replay(
         return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
     except Exception as exc:
         return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}")
-    return unreached(saga, ctx.calls_made) or Returned(value, tuple(ctx.new_patches))
+    diverged = unreached(saga, ctx.calls_made)
+    if diverged is not None:
+        return diverged
+    try:
+        result = values.json_value(value, field="run() result")
+    except SagaValidationError:
+        return Crashed(codes.INVALID_RESULT, "run() returned a value that is not JSON")
+    return Returned(result, tuple(ctx.new_patches))
 
 
 def _code(exc: StepNotCommitted) -> str:

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from . import _values as values
+from ._children import ChildSagas
 from ._clock import Clock, SystemClock, now_ms
 from ._context import replay
 from ._definitions import (
@@ -48,7 +49,7 @@ from ._protocol.decisions import (
 )
 from ._protocol.notes import SignalNote
 from ._protocol.resolution import resolve as resolve_outcome
-from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
+from ._records import CHILD_TASK, AttemptRef, ParentRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
 from .errors import (
     IllegalTransition,
@@ -125,6 +126,7 @@ class Engine:
         self.new_id = new_id
         self.settings = settings or EngineSettings()
         self.active = active
+        self.children = ChildSagas(self)
 
     # ------------------------------------------------------------ records
 
@@ -156,15 +158,17 @@ class Engine:
 
     # ------------------------------------------------------------ start
 
-    def start(self, definition: str, input: Any, saga_id: str) -> SagaRecord:
+    def start(self, definition: str, input: Any, saga_id: str,
+              parent: ParentRef | None = None) -> SagaRecord:
         """Create the saga with its first step's intent, then send that step (docs/design.md
-        §3.1); idempotent for the same definition and input."""
+        §3.1); idempotent for the same definition and input. ``parent``: the saga and step a
+        child saga reports to (§3.7)."""
         values.saga_id(saga_id)
         self.registry.definition(definition)
         canonical = values.encode_json(input, field="saga input", limit=self.settings.payload_limit)
         now = self.now()
         fresh = SagaRecord(saga_id, definition, SagaState.RUNNING, values.decode_json(canonical),
-                           now, now, version=0)
+                           now, now, version=0, parent=parent)
         plan = self._first_write(fresh)
         if plan.before is not None:
             plan.before()
@@ -222,9 +226,12 @@ class Engine:
         for _ in range(4 * len(saga.steps) + 16):
             saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
             if plan is None:
-                return saga
+                break
             plan.run_effects(saga)
-        logger.warning("saga %s: stopped advancing after many decisions", saga_id)
+        else:
+            logger.warning("saga %s: stopped advancing after many decisions", saga_id)
+        if saga.parent is not None:
+            self.children.report(saga)  # a child that settled tells its parent (§3.7)
         return saga
 
     def decision(self, saga: SagaRecord) -> Decision:
@@ -303,6 +310,7 @@ class Engine:
                 if step.state is StepState.EXECUTING:
                     self._send(partial(self.dispatcher.send_step, written.saga_id, step,
                                        written.version))
+            self.children.start_all(written, decision.steps)
 
         reason = "the arguments of the next step would exceed the payload limit"
         return Plan(after=moves.append_steps(saga, decision.steps, now, decision.patches),
@@ -315,8 +323,7 @@ class Engine:
             begun = written.step(step.name)
             assert begun is not None
             self.emit(written, begun, Stage.COMPENSATION, Phase.INTENT)
-            self._send(lambda: self.dispatcher.send_compensation(written.saga_id, begun,
-                                                                 written.version))
+            self._send(self._compensator_sender(written, begun))
 
         return Plan(after=moves.begin_compensation(saga, step.name, now), then=(announce,))
 
@@ -325,16 +332,21 @@ class Engine:
             step = written.step(name)
             assert step is not None
             if compensation:
-                self._send(lambda: self.dispatcher.send_compensation(written.saga_id, step,
-                                                                     written.version))
+                self._send(self._compensator_sender(written, step))
             else:
                 self._send(lambda: self.dispatcher.send_step(written.saga_id, step, written.version))
 
         return send
 
+    def _compensator_sender(self, written: SagaRecord, step: StepRecord) -> Callable[[], None]:
+        """Send a step's compensator; a child step's "compensator" reopens the child (§3.7)."""
+        if step.task == CHILD_TASK:
+            return lambda: self.children.undo(written.saga_id, step)
+        return lambda: self.dispatcher.send_compensation(written.saga_id, step, written.version)
+
     def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
         if isinstance(decision, Complete):
-            return moves.complete(saga, now, decision.patches)
+            return moves.complete(saga, now, decision.patches, decision.result)
         if isinstance(decision, FinishCompensation):
             return moves.finish_compensation(saga, now)
         if isinstance(decision, StartCompensation):
@@ -427,7 +439,8 @@ class Engine:
         def settled(saga: SagaRecord) -> bool:
             return saga.state.final or saga.state is SagaState.COMPENSATING
 
-        return self._operator_move(saga_id, "cancel", moves.cancel, settled)
+        cancelled = self._operator_move(saga_id, "cancel", moves.cancel, settled)
+        return self.children.reconcile(cancelled)  # running children are cancelled too
 
     def resume(self, saga_id: str) -> SagaRecord:
         """Lift manual review (once nothing is unresolved) and drive the saga on."""

@@ -14,6 +14,8 @@ from typing import Any
 __all__ = [
     "APPROVAL",
     "APPROVAL_TASK",
+    "CHILD_TASK",
+    "CHILD_UNDO",
     "SAGA",
     "SIGNAL_TASK",
     "TIMER_TASK",
@@ -40,8 +42,11 @@ APPROVAL = "approval"
 APPROVAL_TASK = "celery_sagas.approval"
 TIMER_TASK = "celery_sagas.sleep"
 SIGNAL_TASK = "celery_sagas.wait_signal"
+CHILD_TASK = "celery_sagas.child"
+# The compensator recorded for a child step: undo the child saga as a unit (docs/design.md §3.7).
+CHILD_UNDO = "celery_sagas.undo_child"
 # Steps that hold a saga without being a side effect (no effect marks, no message).
-WAITING_TASKS = frozenset({APPROVAL_TASK, TIMER_TASK, SIGNAL_TASK})
+WAITING_TASKS = frozenset({APPROVAL_TASK, TIMER_TASK, SIGNAL_TASK, CHILD_TASK})
 
 
 class TextEnum(str, Enum):
@@ -210,6 +215,8 @@ class SagaRecord:
         patches: the ``ctx.patched`` change ids this saga passed on code that had them
             (docs/design.md §3.6).
         signals: the signals sent to it, in the order they were recorded (docs/design.md §3.5).
+        result: the value ``run`` returned, once completed (JSON), or None.
+        parent: the parent saga and step of a child saga (docs/design.md §3.7), or None.
     """
 
     saga_id: str
@@ -225,6 +232,8 @@ class SagaRecord:
     rolling_back: bool = False
     patches: tuple[str, ...] = ()
     signals: tuple[SignalRecord, ...] = ()
+    result: Any = None
+    parent: ParentRef | None = None
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""
@@ -232,6 +241,14 @@ class SagaRecord:
             if step.name == name:
                 return step
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRef:
+    """Which saga, and which of its steps, a child saga reports to (docs/design.md §3.7)."""
+
+    saga_id: str
+    step: str
 
 
 @dataclass(frozen=True, slots=True)

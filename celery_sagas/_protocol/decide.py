@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._records import SagaRecord, SagaState, StepRecord, StepState
+from .._records import CHILD_TASK, SagaRecord, SagaState, StepRecord, StepState
 from . import codes
 from .compensation import plan_compensation
 from .decisions import (
@@ -86,6 +86,11 @@ def _in_flight(
     """The first in-flight step needing action, or the earliest wait, or None if none."""
     waits: list[Wait] = []
     for step in saga.steps:
+        if step.state is StepState.WAITING and step.task == CHILD_TASK:
+            # a child saga runs on its own: it settles this step (cancelled first when rolling
+            # back, docs/design.md §3.7); nothing to decide here
+            waits.append(Wait())
+            continue
         if saga.rolling_back and step.state in (StepState.AWAITING_APPROVAL, StepState.WAITING):
             return Abandon(step)
         if step.state is StepState.WAITING:
@@ -147,7 +152,7 @@ def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Dec
     if isinstance(outcome, Returned):
         if flight is not None:
             return flight
-        return Complete(outcome.patches)
+        return Complete(outcome.patches, outcome.value)
     assert isinstance(outcome, Suspended)
     if outcome.new_steps:
         return Append(outcome.new_steps, outcome.patches)

@@ -112,9 +112,10 @@ class BeginCompensation:
 
 @dataclass(frozen=True, slots=True)
 class Complete:
-    """Every step committed and run() returned."""
+    """Every step committed and run() returned ``result``."""
 
     patches: tuple[str, ...] = ()
+    result: Any = None
 
 
 @dataclass(frozen=True, slots=True)

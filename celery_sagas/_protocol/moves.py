@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
+from .._records import CHILD_TASK, AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
@@ -46,6 +46,8 @@ __all__ = [
     "append_steps",
     "begin_compensation",
     "cancel",
+    "child_review_reason",
+    "child_settled",
     "claim_compensation",
     "claim_step",
     "commit_step",
@@ -61,6 +63,7 @@ __all__ = [
     "one_write",
     "pass_gate",
     "release_step",
+    "reopen",
     "resume",
     "start_compensation",
     "step_ambiguous",
@@ -344,6 +347,43 @@ def wake_step(saga: SagaRecord, name: str, effect_id: str, result: Any, now_ms: 
     return replace(moved, signals=signals)
 
 
+def child_review_reason(child_id: str) -> str:
+    """The reason a parent gives while its child saga waits for an operator."""
+    return f"child saga {child_id!r} needs review"
+
+
+def _lift_child_review(saga: SagaRecord, child_id: str) -> SagaRecord:
+    """A parent in review because of this child goes back the way it was going."""
+    if saga.state is not SagaState.MANUAL_REVIEW or saga.error_code != codes.CHILD_IN_REVIEW:
+        return saga
+    if saga.reason != child_review_reason(child_id):
+        return saga  # in review for another child
+    cause, why = _rollback_cause(saga)
+    return replace(saga, state=direction(saga), error_code=cause, reason=why)
+
+
+def child_settled(saga: SagaRecord, name: str, child_id: str, outcome: StepState, result: Any,
+                  now_ms: int) -> SagaRecord:
+    """A child saga settled (docs/design.md §3.7): its waiting step commits with the child's
+    result (``committed``) or fails (``failed``: the child compensated); a child step being
+    compensated is done (``compensated``). A review that named this child is lifted."""
+    step = saga.step(name)
+    if step is None or step.task != CHILD_TASK or step.kwargs.get("saga_id") != child_id:
+        raise _illegal(saga, "child_settled")
+    _need(saga, step, "child_settled", (StepState.WAITING, StepState.COMPENSATING), _ANY_OPEN)
+    lifted = _lift_child_review(saga, child_id)
+    if step.state is StepState.WAITING and outcome is StepState.COMMITTED:
+        return _step_move(lifted, step, now_ms, state=StepState.COMMITTED, result=result,
+                          committed_at_ms=_commit_stamp(saga, step, now_ms), attempts=1)
+    if step.state is StepState.WAITING and outcome is StepState.FAILED:
+        return _step_move(lifted, step, now_ms, state=StepState.FAILED,
+                          error_code=codes.CHILD_COMPENSATED)
+    if step.state is StepState.COMPENSATING and outcome is StepState.COMPENSATED:
+        return _step_move(lifted, step, now_ms, state=StepState.COMPENSATED, error_code=None,
+                          next_attempt_at_ms=None)
+    raise _illegal(saga, f"child_settled: {outcome}", step)
+
+
 def mark_redispatched(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
     """Note that an unclaimed step or compensator was sent again (so it is not stale)."""
     step = saga.step(name)
@@ -449,14 +489,15 @@ def compensation_ambiguous(saga: SagaRecord, ref: AttemptRef, now_ms: int) -> Sa
 # ---------------------------------------------------------------- saga level
 
 
-def complete(saga: SagaRecord, now_ms: int, patches: Iterable[str] = ()) -> SagaRecord:
-    """Every step committed and run() returned: the saga is completed."""
+def complete(saga: SagaRecord, now_ms: int, patches: Iterable[str] = (),
+             result: Any = None) -> SagaRecord:
+    """Every step committed and run() returned ``result``: the saga is completed."""
     if saga.state is not SagaState.RUNNING or saga.rolling_back:
         raise _illegal(saga, "complete")
     if any(s.state is not StepState.COMMITTED for s in saga.steps):
         raise _illegal(saga, "complete with uncommitted steps")
     return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None,
-                  patches=_with_patches(saga, patches))
+                  patches=_with_patches(saga, patches), result=result)
 
 
 def start_compensation(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:
@@ -490,6 +531,14 @@ def finish_compensation(saga: SagaRecord, now_ms: int) -> SagaRecord:
     if any(s.state not in _UNDONE and not _nothing_to_undo(s) for s in saga.steps):
         raise _illegal(saga, "finish_compensation with steps left")
     return _write(saga, now_ms, state=SagaState.COMPENSATED)
+
+
+def reopen(saga: SagaRecord, now_ms: int) -> SagaRecord:
+    """A completed child saga compensates as a unit because its parent compensates."""
+    if saga.state is not SagaState.COMPLETED or saga.parent is None:
+        raise _illegal(saga, "reopen")
+    return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
+                  error_code=codes.PARENT_COMPENSATING, reason="its parent saga compensates")
 
 
 def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:

@@ -241,6 +241,26 @@ def build(config: Config) -> Shop:
         ctx.wait_signal("go")
         ctx.step(ship, data["id"], plan)
 
+    @sagas.saga("e2e-payment")
+    def payment(ctx: Any, data: dict[str, Any]) -> Any:
+        """A child saga: charge (the plan may decline it)."""
+        return ctx.step(charge, data["amount"], data.get("plan", {}))
+
+    @sagas.saga("e2e-trip")
+    def trip(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve, pay in a child saga, ship."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        paid = ctx.child(payment, {"amount": data["amount"], "plan": data.get("child_plan", {})})
+        ctx.step(ship, data["id"], plan)
+        return paid
+
+    @sagas.saga("e2e-fan")
+    def fan(ctx: Any, data: dict[str, Any]) -> Any:
+        """``n`` child payments at once."""
+        calls = [ctx.call_child(payment, {"amount": i}) for i in range(data["n"])]
+        return [paid["charged"] for paid in ctx.parallel(*calls)]
+
     tasks = {"reserve": reserve, "release": release, "charge": charge,
              "charge_idempotent": charge_idempotent, "refund": refund, "ship": ship}
     return Shop(app, sagas, order, tasks)

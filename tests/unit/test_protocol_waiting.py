@@ -130,7 +130,7 @@ def test_append_and_complete_carry_the_patches_the_replay_passed() -> None:
     new = step("executing-unclaimed", "b")
     record = saga(step(CM_, "a"))
     assert decide(record, lambda: Suspended((new,), ("p1",)), NOW, POLICY) == Append((new,), ("p1",))
-    assert decide(record, lambda: Returned(1, ("p2",)), NOW, POLICY) == Complete(("p2",))
+    assert decide(record, lambda: Returned(1, ("p2",)), NOW, POLICY) == Complete(("p2",), 1)
 
 
 # ---------------------------------------------------------------- the wake move
