@@ -1,5 +1,6 @@
-"""Waiting steps, signals and patches in the pure protocol (docs/design.md §3.4-3.6): the wake
-decision, the wake move over every saga and step state, signal notes, due times, replay."""
+"""Waiting steps, signals, patches and child sagas in the pure protocol (docs/design.md
+§3.4-3.7): the wake decision, the wake move over every saga and step state, signal notes, due
+times, replay, and how a child's end moves its parent."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from celery_sagas._codec import Codec
 from celery_sagas._context import replay
 from celery_sagas._definitions import Registry, SagaDefinition
 from celery_sagas._protocol import moves
+from celery_sagas._protocol.children import child_saga_id, settle
 from celery_sagas._protocol.decide import decide
 from celery_sagas._protocol.decisions import Abandon, Append, Complete, SagaPolicy, Wait, Wake
 from celery_sagas._protocol.due import due_at
@@ -22,8 +24,11 @@ from celery_sagas._protocol.notes import SignalNote, apply_notes, parse_note
 from celery_sagas._protocol.replay import Recorded, Returned, StepCall, Suspended, match_call
 from celery_sagas._protocol.waiting import TIMED_OUT, judge_waiting, timed_out
 from celery_sagas._records import (
+    CHILD_TASK,
+    CHILD_UNDO,
     SIGNAL_TASK,
     TIMER_TASK,
+    ParentRef,
     SagaRecord,
     SagaState,
     SignalRecord,
@@ -301,3 +306,111 @@ def test_a_committed_timeout_raises_signal_timeout_at_the_call_on_every_replay()
         outcome = _replayed(saga(done), run)
         assert getattr(outcome, "value", None) == "late"
     assert caught == ["paid", "paid"]
+
+
+# ---------------------------------------------------------------- child sagas
+
+
+def child_step(name: str = "child:pay", state: StepState = StepState.WAITING, **changes: Any
+               ) -> StepRecord:
+    """A child step of the parent ``order-42`` naming the child ``order-42/2``."""
+    return replace(StepRecord(name, CHILD_TASK, f"fx-{name}", f"cx-{name}", state,
+                              kwargs={"definition": "pay", "input": {}, "saga_id": "order-42/2"},
+                              compensator=CHILD_UNDO), **changes)
+
+
+def child(state: SagaState, result: Any = None) -> SagaRecord:
+    """The child saga ``order-42/2`` in ``state``."""
+    return SagaRecord("order-42/2", "pay", state, {}, T0, T0, result=result,
+                      parent=ParentRef("order-42", "child:pay"))
+
+
+_COMPENSATING_CHILD_STEP = dict(state=StepState.COMPENSATING, compensation_attempts=1,
+                                result={"r": 1}, committed_at_ms=T0 + 5, attempts=1)
+
+
+@pytest.mark.parametrize(("step_state", "child_state", "expected"), [
+    (StepState.WAITING, SagaState.RUNNING, None),
+    (StepState.WAITING, SagaState.COMPENSATING, None),
+    (StepState.WAITING, SagaState.COMPLETED, (StepState.COMMITTED, SagaState.RUNNING)),
+    (StepState.WAITING, SagaState.COMPENSATED, (StepState.FAILED, SagaState.COMPENSATING)),
+    (StepState.WAITING, SagaState.MANUAL_REVIEW, (StepState.WAITING, SagaState.MANUAL_REVIEW)),
+    (StepState.COMPENSATING, SagaState.COMPLETED, None),
+    (StepState.COMPENSATING, SagaState.COMPENSATING, None),
+    (StepState.COMPENSATING, SagaState.COMPENSATED, (StepState.COMPENSATED, SagaState.COMPENSATING)),
+    (StepState.COMPENSATING, SagaState.MANUAL_REVIEW,
+     (StepState.COMPENSATING, SagaState.MANUAL_REVIEW)),
+    (StepState.COMMITTED, SagaState.COMPLETED, None),
+    (StepState.FAILED, SagaState.COMPENSATED, None),
+])
+def test_settle_moves_the_parent_as_its_child_ended(step_state: StepState, child_state: SagaState,
+                                                    expected: Any) -> None:
+    # given
+    compensating = step_state is StepState.COMPENSATING
+    step_ = child_step(**(_COMPENSATING_CHILD_STEP if compensating else {"state": step_state}))
+    parent = saga(step(CM_, "a"), step_, state=SagaState.COMPENSATING if compensating
+                  else SagaState.RUNNING)
+
+    # when
+    after = settle(parent, "child:pay", child(child_state, {"r": 1}), NOW)
+
+    # then
+    if expected is None:
+        assert after is None
+        return
+    assert after is not None and after.version == parent.version + 1
+    assert (after.steps[1].state, after.state) == expected
+    if expected[0] is StepState.COMMITTED:
+        assert after.steps[1].result == {"r": 1}
+    if after.state is SagaState.MANUAL_REVIEW:
+        assert after.error_code == "child_in_review" and "order-42/2" in (after.reason or "")
+
+
+def test_a_review_naming_the_child_is_lifted_when_the_child_ends() -> None:
+    parent = saga(step(CM_, "a"), child_step())
+    in_review = settle(parent, "child:pay", child(SagaState.MANUAL_REVIEW), NOW)
+    assert in_review is not None and in_review.state is SagaState.MANUAL_REVIEW
+    after = settle(in_review, "child:pay", child(SagaState.COMPLETED, 5), NOW + 1)
+    assert after is not None and (after.state, after.error_code) == (SagaState.RUNNING, None)
+
+
+def test_settle_ignores_another_child_and_a_final_parent() -> None:
+    parent = saga(step(CM_, "a"), child_step())
+    stranger = replace(child(SagaState.COMPLETED), saga_id="someone-else")
+    assert settle(parent, "child:pay", stranger, NOW) is None
+    assert settle(replace(parent, state=SagaState.COMPENSATED), "child:pay",
+                  child(SagaState.COMPLETED), NOW) is None
+
+
+def test_a_waiting_child_step_is_waited_for_even_while_rolling_back() -> None:
+    record = saga(step(CM_, "a"), child_step(), state=SagaState.COMPENSATING)
+    assert decide(record, None, NOW, POLICY) == Wait()
+
+
+@pytest.mark.parametrize(("parent_id", "position", "expected"), [
+    ("trip-1", 1, "trip-1/2"),
+    ("t" * 126, 0, "t" * 126 + "/1"),
+])
+def test_a_child_id_derives_from_its_parent_and_position(parent_id: str, position: int,
+                                                         expected: str) -> None:
+    assert child_saga_id(parent_id, position) == expected
+
+
+def test_a_child_id_too_long_to_derive_is_hashed_deterministically() -> None:
+    first, again = child_saga_id("t" * 128, 3), child_saga_id("t" * 128, 3)
+    assert first == again and first.startswith("child-") and len(first) <= 128
+    assert child_saga_id("t" * 128, 4) != first
+
+
+@pytest.mark.parametrize("state", list(SagaState))
+def test_only_a_completed_child_reopens(state: SagaState) -> None:
+    record = replace(child(state), steps=())
+    if state is SagaState.COMPLETED:
+        after = moves.reopen(record, NOW)
+        assert (after.state, after.rolling_back, after.error_code) == (
+            SagaState.COMPENSATING, True, "parent_compensating")
+    else:
+        with pytest.raises(IllegalTransition):
+            moves.reopen(record, NOW)
+    with pytest.raises(IllegalTransition):
+        moves.reopen(replace(record, parent=None, state=SagaState.COMPLETED), NOW)
