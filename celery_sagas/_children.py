@@ -11,8 +11,9 @@ whose parent compensates it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ._protocol import codes, moves
@@ -20,6 +21,7 @@ from ._protocol.children import child_id_of, settle
 from ._records import ParentRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
 from .errors import SagaConflictError, SagaError, SagaNotFound
+from .stores.base import Fence
 
 __all__ = ["ChildSagas", "Host"]
 
@@ -48,6 +50,14 @@ class Host(Protocol):
 
     def cancel(self, saga_id: str) -> SagaRecord:
         """Roll a saga back."""
+        ...
+
+    def fence_for(self, saga_id: str) -> Fence | None:
+        """The fence a write to ``saga_id`` carries now (a sweep's, in its bucket)."""
+        ...
+
+    def fenced(self, fence: Fence | None) -> contextlib.AbstractContextManager[None]:
+        """Writes within carry ``fence`` where it applies."""
         ...
 
 
@@ -99,7 +109,7 @@ class ChildSagas:
             return None if after is None else Plan(after=after)
 
         try:
-            parent, plan = self.host.repository.update(ref.saga_id, decide)
+            parent, plan = self._update(ref.saga_id, decide)
         except SagaNotFound:
             logger.warning("child saga %s: its parent %s is gone", child.saga_id, ref.saga_id)
             return
@@ -130,25 +140,28 @@ class ChildSagas:
                 return None
             return Plan(after=moves.reopen(child, self.host.now()))
 
-        child, plan = self.host.repository.update(child_id, decide)
+        child, plan = self._update(child_id, decide)
         if plan is not None or child.state is SagaState.COMPENSATING:
             self.host.advance(child_id, child)
 
     # ------------------------------------------------------------ repair
 
-    def reconcile(self, saga: SagaRecord) -> SagaRecord:
+    def reconcile(self, saga: SagaRecord, fence: Fence | None = None) -> SagaRecord:
         """Bring every child step of ``saga`` in line with its child (sweep repair, cancel);
-        the parent as it is afterwards."""
+        the parent as it is afterwards. A sweep passes its fence: writes to the parent and to
+        the children in its bucket (default child ids are) carry it."""
         acted = False
-        for step in saga.steps:
-            child_id = child_id_of(step)
-            if child_id is None or step.state not in (StepState.WAITING, StepState.COMPENSATING):
-                continue
-            acted = True
-            try:
-                self._reconcile_step(saga, step, child_id)
-            except SagaError:
-                logger.exception("saga %s: child %s not reconciled", saga.saga_id, child_id)
+        with self.host.fenced(fence):
+            for step in saga.steps:
+                child_id = child_id_of(step)
+                if child_id is None or step.state not in (StepState.WAITING,
+                                                          StepState.COMPENSATING):
+                    continue
+                acted = True
+                try:
+                    self._reconcile_step(saga, step, child_id)
+                except SagaError:
+                    logger.exception("saga %s: child %s not reconciled", saga.saga_id, child_id)
         return self.host.repository.load(saga.saga_id) if acted else saga
 
     def _reconcile_step(self, saga: SagaRecord, step: StepRecord, child_id: str) -> None:
@@ -176,7 +189,7 @@ class ChildSagas:
                 return None
             return Plan(after=moves.abandon_step(parent, step.name, step.effect_id, self.host.now()))
 
-        parent, plan = self.host.repository.update(parent_id, decide)
+        parent, plan = self._update(parent_id, decide)
         if plan is not None:
             self.host.advance(parent_id, parent)
 
@@ -189,4 +202,8 @@ class ChildSagas:
             return Plan(after=moves.to_manual_review(parent, codes.CHILD_ID_TAKEN, reason,
                                                      self.host.now()))
 
-        self.host.repository.update(parent_id, decide)
+        self._update(parent_id, decide)
+
+    def _update(self, saga_id: str, decide: Callable[[SagaRecord], Plan | None]
+                ) -> tuple[SagaRecord, Plan | None]:
+        return self.host.repository.update(saga_id, decide, fence=self.host.fence_for(saga_id))

@@ -114,8 +114,10 @@ class SagaContext:
         new_id: Callable[[], str],
         now_ms: int,
         local_id: Callable[[], str] | None = None,
+        colocate: Callable[[str], str] | None = None,
     ) -> None:
         self._saga = saga
+        self._colocate = colocate or (lambda candidate: candidate)
         self._registry = registry
         self._new_id = new_id
         self._local_id = local_id or new_id
@@ -296,8 +298,8 @@ class SagaContext:
         definition = getattr(call.definition, "name", call.definition)
         if not isinstance(definition, str) or definition not in self._registry.definitions:
             self._misuse(f"{definition!r} is not a saga definition of this process")
-        child_id = call.saga_id if call.saga_id is not None else child_saga_id(self.saga_id,
-                                                                                 position)
+        child_id = call.saga_id if call.saga_id is not None else self._colocate(
+            child_saga_id(self.saga_id, position))
         base = f"child:{definition}" if len(definition) <= 110 else "child"
         name = self._name(None, base)
         child_input = self._checked(lambda: values.json_value(call.input, field=f"input of {name}"))
@@ -353,13 +355,15 @@ def replay(
     new_id: Callable[[], str],
     now_ms: int,
     local_id: Callable[[], str] | None = None,
+    colocate: Callable[[str], str] | None = None,
 ) -> Outcome:
     """Run ``definition.run`` against the record; user errors become outcomes, never escape.
 
     ``new_id`` draws effect ids; ``local_id`` draws ids of records the saga owns (approvals),
-    which must fall in the saga's bucket (docs/design.md §4.2).
+    which must fall in the saga's bucket (docs/design.md §4.2); ``colocate`` moves a default
+    child saga id into it the same way on every replay.
     """
-    ctx = SagaContext(saga, registry, new_id, now_ms, local_id)
+    ctx = SagaContext(saga, registry, new_id, now_ms, local_id, colocate)
     try:
         value = definition.run(ctx, saga.input)
     except _Suspend as suspend:

@@ -10,9 +10,11 @@ between the two, the sweep finds the intent and sends it again under the same ef
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -127,6 +129,7 @@ class Engine:
         self.settings = settings or EngineSettings()
         self.active = active
         self.children = ChildSagas(self)
+        self._ambient = threading.local()  # the fence of the sweep this thread works under
 
     # ------------------------------------------------------------ records
 
@@ -142,6 +145,16 @@ class Engine:
         """The saga record; SagaNotFound when absent."""
         return self.repository.load(saga_id)
 
+    def colocated(self, saga_id: str, candidate: str) -> str:
+        """``candidate``, or ``candidate.1``, ``candidate.2``... the first that falls in the
+        bucket of ``saga_id``: a deterministic id of a record the saga owns (a child saga)."""
+        store = self.repository.store
+        home, found, n = store.bucket_of(saga_id), candidate, 0
+        while store.bucket_of(found) != home:
+            n += 1
+            found = f"{candidate}.{n}"
+        return found
+
     def colocated_id(self, saga_id: str) -> str:
         """A fresh id drawn until it falls in the saga's bucket: what a saga owns lives in its
         slot (docs/design.md §4.2). Expected draws: the store's bucket count."""
@@ -151,6 +164,24 @@ class Engine:
             candidate = uuid.uuid4().hex
             if store.bucket_of(candidate) == home:
                 return candidate
+
+    @contextlib.contextmanager
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Within this block, writes this thread makes to sagas of ``fence``'s bucket carry it
+        (a sweep acting on a parent also moves its children, which live in its bucket)."""
+        previous = getattr(self._ambient, "fence", None)
+        self._ambient.fence = fence if fence is not None else previous
+        try:
+            yield
+        finally:
+            self._ambient.fence = previous
+
+    def fence_for(self, saga_id: str) -> Fence | None:
+        """The fence a write to ``saga_id`` carries now: the sweep's, in its bucket only."""
+        fence: Fence | None = getattr(self._ambient, "fence", None)
+        if fence is None or self.repository.store.bucket_of(saga_id) != fence.bucket:
+            return None
+        return fence
 
     def definition_of(self, saga: SagaRecord) -> SagaDefinition:
         """The definition a saga was started with (must be registered in this process)."""
@@ -222,16 +253,18 @@ class Engine:
     def advance(self, saga_id: str, known: SagaRecord | None = None,
                 fence: Fence | None = None) -> SagaRecord:
         """Write and carry out decisions until the saga waits for something outside this process."""
-        saga = known if known is not None else self.load(saga_id)
-        for _ in range(4 * len(saga.steps) + 16):
-            saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
-            if plan is None:
-                break
-            plan.run_effects(saga)
-        else:
-            logger.warning("saga %s: stopped advancing after many decisions", saga_id)
-        if saga.parent is not None:
-            self.children.report(saga)  # a child that settled tells its parent (§3.7)
+        fence = fence if fence is not None else self.fence_for(saga_id)
+        with self.fenced(fence):
+            saga = known if known is not None else self.load(saga_id)
+            for _ in range(4 * len(saga.steps) + 16):
+                saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
+                if plan is None:
+                    break
+                plan.run_effects(saga)
+            else:
+                logger.warning("saga %s: stopped advancing after many decisions", saga_id)
+            if saga.parent is not None:
+                self.children.report(saga)  # a child that settled tells its parent (§3.7)
         return saga
 
     def decision(self, saga: SagaRecord) -> Decision:
@@ -244,7 +277,8 @@ class Engine:
 
         def run_replay() -> Any:
             return replay(definition, saga, self.registry, self.new_id, now,
-                          lambda: self.colocated_id(saga.saga_id))
+                          lambda: self.colocated_id(saga.saga_id),
+                          lambda candidate: self.colocated(saga.saga_id, candidate))
 
         return decide(saga, run_replay, now, policy, dead_effects(saga.steps, self.active))
 
@@ -469,7 +503,7 @@ class Engine:
                     f"saga {saga_id!r} has an unresolved step; resolve it first ({verb} refused)"
                 ) from exc
 
-        saga, _ = self.repository.update(saga_id, decide_move)
+        saga, _ = self.repository.update(saga_id, decide_move, fence=self.fence_for(saga_id))
         return saga if saga.state.final else self.advance(saga_id, saga)
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,

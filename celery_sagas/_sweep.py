@@ -253,7 +253,7 @@ def _advancing(engine: Engine, state: SagaState | None, window: Window
         if record.state is SagaState.RUNNING:
             current = engine.reconcile_gates(record, fence)
         if current.state in (SagaState.RUNNING, SagaState.COMPENSATING):
-            current = engine.children.reconcile(current)  # child sagas: docs/design.md §3.7
+            current = engine.children.reconcile(current, fence)  # child sagas: design §3.7
         after = engine.advance(record.saga_id, current, fence)
         if after.version != record.version:
             report.acted += 1

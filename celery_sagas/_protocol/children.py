@@ -23,11 +23,12 @@ from . import codes, moves
 
 __all__ = ["child_id_of", "child_saga_id", "settle"]
 
-_MAX_ID = 128
+_MAX_ID = 120  # room for the ".<n>" the engine may add to keep a child in its parent's bucket
 
 
 def child_saga_id(parent_id: str, position: int) -> str:
-    """The default id of the child started at ``position`` (0-based) of its parent's steps."""
+    """The default id of the child started at ``position`` (0-based) of its parent's steps,
+    before the engine moves it into its parent's bucket (docs/design.md §4.2)."""
     candidate = f"{parent_id}/{position + 1}"
     if len(candidate) <= _MAX_ID:
         return candidate

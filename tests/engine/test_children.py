@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from celery import Celery
 
-from celery_sagas import StepNotCommitted
+from celery_sagas import MemoryStore, Sagas, StepNotCommitted
 from celery_sagas._records import ParentRef, SagaState, StepState
-from tests.engine.conftest import Shop
+from celery_sagas.testing.driver import SagaDriver
+from tests.engine.conftest import Shop, register_shop
 
 
 def _define(shop: Shop) -> dict[str, Any]:
@@ -207,3 +209,23 @@ def test_a_run_that_returns_no_json_goes_to_review(shop: Shop) -> None:
 
     record = objecty.start({}, saga_id="obj-1").record
     assert (record.state, record.error_code) == (SagaState.MANUAL_REVIEW, "invalid_result")
+
+
+def test_default_child_ids_live_in_their_parent_bucket(clock: Any, script: Any) -> None:
+    # given: a store of 16 buckets
+    sagas = Sagas(Celery("buckets", set_as_current=False), store=MemoryStore(buckets=16),
+                  allow_non_durable=True, clock=clock)
+    tasks, definitions = register_shop(sagas, script)
+    shop = Shop(sagas, SagaDriver(sagas), clock, script, tasks, definitions)
+    _define(shop)["fan-out"].start({"n": 16}, saga_id="fan-1")
+
+    # when
+    shop.driver.run_until_idle()
+
+    # then
+    parent = shop.record("fan-1")
+    ids = [s.kwargs["saga_id"] for s in parent.steps]
+    store = sagas.store
+    assert parent.state == SagaState.COMPLETED
+    assert all(store.bucket_of(i) == store.bucket_of("fan-1") for i in ids)
+    assert all(i.split(".")[0] == f"fan-1/{n + 1}" for n, i in enumerate(ids))

@@ -16,7 +16,13 @@ from pathlib import Path
 from tests.reliability import faults, probes
 from tests.reliability.cluster import Cluster, make_cluster, new_tag
 from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_load
-from tests.reliability.plans import compensation_plan, hanging_plan, mixed_plan, slow_plan
+from tests.reliability.plans import (
+    compensation_plan,
+    hanging_plan,
+    mixed_plan,
+    slow_plan,
+    waiting_plan,
+)
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,16 @@ def time_limits(workdir: Path, size: Size) -> Report:
                  count_in_logs="Hard time limit").run(workdir)
 
 
+def waiting_kills(workdir: Path, size: Size) -> Report:
+    """Sleeping, signalled and parent/child sagas while pool children are SIGKILLed and
+    whole workers are killed and restarted (docs/design.md §3.4-3.7)."""
+    load = _load(size.n(40, 200), waiting_plan, 0.8, (faults.kill_in_body(), 0.5),
+                 (faults.kill_worker_and_restart, 0.2), (faults.kill_random_child, 0.3),
+                 settle_timeout=120)
+    return Chaos("waiting-kills", "timers, signals and child sagas under SIGKILL", load,
+                 "kill-child-in-body").run(workdir)
+
+
 SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "pool-kills": pool_kills,
     "worker-kills": worker_kills,
@@ -235,4 +251,5 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "cancel-storm": cancel_storm,
     "visibility": visibility_redelivery,
     "time-limits": time_limits,
+    "waiting-kills": waiting_kills,
 }

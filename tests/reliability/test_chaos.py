@@ -111,3 +111,11 @@ def test_operators_cancelling_running_sagas_from_racing_threads_undo_each_effect
 ) -> None:
     report = _clean(scenarios.cancel_storm(tmp_path, scenarios.CI))
     assert report.faults["cancel"] > 0
+
+
+def test_sleeping_signalled_and_parent_child_sagas_keep_every_invariant_under_kills(
+        tmp_path: Path) -> None:
+    report = _clean(scenarios.waiting_kills(tmp_path, scenarios.CI))
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+    assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation",
+                                         "child_in_review"}, report.summary()
