@@ -137,9 +137,15 @@ def decide(
         return plan_compensation(saga, now_ms, policy.max_compensation_attempts)
     if unresolved_ambiguity(saga) is not None:
         return flight or Wait()
-    if replay is None:
+    if replay is None or _held(saga):
+        # a waiting step stops every replay there: nothing new to record until it commits, so
+        # a sleeping saga costs the sweep no replay (docs/design.md §3.4)
         return flight or Wait()
     return _forward(saga, replay(), flight)
+
+
+def _held(saga: SagaRecord) -> bool:
+    return any(step.state is StepState.WAITING for step in saga.steps)
 
 
 def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Decision:

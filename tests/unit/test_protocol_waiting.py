@@ -431,3 +431,12 @@ def test_a_default_child_id_is_moved_into_its_parent_bucket_the_same_way_every_t
                 for _ in range(2)]
     ids = [o.new_steps[0].kwargs["saga_id"] for o in outcomes if isinstance(o, Suspended)]
     assert ids == ["order-42/1.3", "order-42/1.3"]
+
+
+@pytest.mark.parametrize("waiting", [timer(), wait()])
+def test_a_saga_held_by_a_waiting_step_is_not_replayed(waiting: StepRecord) -> None:
+    def never() -> Any:
+        raise AssertionError("replayed")
+
+    record = saga(step(CM_, "a"), waiting)
+    assert isinstance(decide(record, never, NOW, POLICY), Wait)
