@@ -24,6 +24,7 @@ EXPECTED = [
     "LifecycleEvent",
     "MemoryStore",
     "Page",
+    "ParentRef",
     "PendingApproval",
     "Phase",
     "RecordPage",
