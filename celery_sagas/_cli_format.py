@@ -98,6 +98,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "claimed_by": step.claimed_by,
         "approval_id": step.approval_id,
         "group": step.group,
+        "wake_at_ms": step.wake_at_ms,
         "result": step.result,
     }
     if payload:
@@ -107,11 +108,21 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
 
 
 def saga_view(record: SagaRecord, *, payload: bool = False) -> dict[str, Any]:
-    """A saga with its steps; the input only with ``payload``."""
+    """A saga with its steps, patches, parent and signals (their payloads, the input and the
+    result only with ``payload``)."""
     view = saga_summary(record)
     view["steps"] = [step_view(step, payload=payload) for step in record.steps]
+    view["patches"] = list(record.patches)
+    view["parent"] = None if record.parent is None else {
+        "saga_id": record.parent.saga_id, "step": record.parent.step}
+    view["signals"] = [
+        {"signal_id": s.signal_id, "name": s.name, "sent_at_ms": s.sent_at_ms,
+         "consumed_by": s.consumed_by, **({"payload": s.payload} if payload else {})}
+        for s in record.signals
+    ]
     if payload:
         view["input"] = record.input
+        view["result"] = record.result
     return view
 
 
@@ -140,6 +151,11 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
                      f"{step.compensation_attempts}  by {step.compensator}{due}")
     if step.approval_id is not None:
         lines.append(f"    approval      {step.approval_id}")
+    if step.wake_at_ms is not None:
+        lines.append(f"    wakes         {iso(step.wake_at_ms)}")
+    child = step.kwargs.get("saga_id") if step.task == "celery_sagas.child" else None
+    if child is not None:
+        lines.append(f"    child saga    {child}")
     if payload:
         lines.append(f"    args {_compact(list(step.args))}  kwargs {_compact(dict(step.kwargs))}")
         lines.append(f"    result {_compact(step.result)}")
@@ -156,6 +172,14 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
     ]
     if record.reason:
         lines.append(f"reason      {record.reason}")
+    if record.parent is not None:
+        lines.append(f"parent      {record.parent.saga_id} (step {record.parent.step})")
+    if record.patches:
+        lines.append(f"patches     {', '.join(record.patches)}")
+    for signal in record.signals:
+        taken = f"received by {signal.consumed_by}" if signal.consumed_by else "not received yet"
+        lines.append(f"signal      {signal.name} {signal.signal_id} at {iso(signal.sent_at_ms)}, "
+                     f"{taken}")
     lines.append(f"created     {iso(record.created_at_ms)}")
     lines.append(f"updated     {iso(record.updated_at_ms)}  (version {record.version})")
     if payload:

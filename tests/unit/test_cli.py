@@ -468,6 +468,22 @@ def test_signal_records_the_payload_once_per_signal_id(shop: Shop) -> None:
         ("hook-1", "paid", {"amount": 5})]
 
 
+def test_show_lists_signals_without_their_payloads_unless_asked(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+    plugin(shop, "signal", "o-1", "paid", "--payload", '{"card": "4242"}', "--signal-id", "h-1")
+
+    # when
+    text = plugin(shop, "show", "o-1").stdout
+    data = as_json(plugin(shop, "show", "o-1", "--json"))
+    full = as_json(plugin(shop, "show", "o-1", "--json", "--payload"))
+
+    # then
+    assert "signal      paid h-1" in text and "not received yet" in text and "4242" not in text
+    assert data["signals"][0]["signal_id"] == "h-1" and "4242" not in json.dumps(data)
+    assert full["signals"][0]["payload"] == {"card": "4242"}
+
+
 def test_signal_of_an_unknown_saga_exits_3(shop: Shop) -> None:
     # when
     result = plugin(shop, "signal", "nope", "paid")
