@@ -35,6 +35,7 @@ from ._events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
 from ._liveness import PROCESS_ACTIVE, ActiveEffects, dead_effects
 from ._protocol import codes, moves
 from ._protocol.decide import decide
+from ._protocol.due import due_at
 from ._protocol.decisions import (
     Abandon,
     Append,
@@ -57,6 +58,7 @@ from .errors import (
     IllegalTransition,
     PayloadTooLarge,
     SagaConcurrencyError,
+    SagaConfigurationError,
     SagaConflictError,
     SagaNotFound,
     SagaResolutionError,
@@ -212,6 +214,9 @@ class Engine:
             plan, record = fallback, self._create(fallback)
         if record is not None:
             plan.run_effects(record)
+            due = due_at(record)
+            if due is not None and due <= self.now():
+                return self.advance(saga_id, record)  # sleep(0), a past sleep_until
             return record
         return self._existing(saga_id, definition, canonical)
 
@@ -423,7 +428,14 @@ class Engine:
             raise SagaConcurrencyError(f"saga {saga_id!r} holds too many notes; send it again")
         if record.state is not SagaState.RUNNING:
             return record
-        return self.advance(saga_id, record)
+        try:
+            return self.advance(saga_id, record)
+        except SagaConfigurationError:
+            # a process that sends signals without the saga's code: the signal is recorded,
+            # the sweep's running pass delivers it once the saga is stale
+            logger.warning("saga %s: signal recorded; its definition is not in this process",
+                           saga_id)
+            return record
 
     # ------------------------------------------------------------ approval gates
 

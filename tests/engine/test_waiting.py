@@ -383,3 +383,37 @@ def test_a_waiting_saga_is_not_reported_stale(shop: Shop) -> None:
 
     # then
     assert shop.sagas.all_findings() == []
+
+
+def test_a_sleep_already_due_at_start_goes_on_at_once(shop: Shop) -> None:
+    # given
+    charge = shop.tasks["charge"]
+
+    def run(ctx: Any, data: dict[str, Any]) -> Any:
+        ctx.sleep(0)
+        return ctx.step(charge, "card-1", 1)
+
+    # when
+    record = _define(shop, "no-nap", run).start({}, saga_id="z-1").record
+
+    # then: no sweep needed
+    assert record.steps[0].state == StepState.COMMITTED
+    assert kinds(shop.driver.take()) == [("step", "shop.charge")]
+
+
+def test_a_signal_from_a_process_without_the_definition_is_recorded(shop: Shop) -> None:
+    # given
+    _waiter(shop).start({}, saga_id="w-1")
+    shop.driver.run_until_idle()
+    registry = shop.sagas.registry
+    waiter = registry.definitions.pop("waiter")
+
+    # when
+    record = shop.sagas.signal("w-1", "paid", {"amount": 1})
+
+    # then: recorded, delivered later by a process that has the code
+    assert [s.signal_id for s in record.signals] and record.steps[1].state == StepState.WAITING
+    registry.definitions["waiter"] = waiter
+    shop.sweep_when_stale()
+    shop.driver.run_until_idle()
+    assert shop.record("w-1").state == SagaState.COMPLETED
