@@ -35,7 +35,6 @@ from ._events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
 from ._liveness import PROCESS_ACTIVE, ActiveEffects, dead_effects
 from ._protocol import codes, moves
 from ._protocol.decide import decide
-from ._protocol.due import due_at
 from ._protocol.decisions import (
     Abandon,
     Append,
@@ -50,6 +49,7 @@ from ._protocol.decisions import (
     Wait,
     Wake,
 )
+from ._protocol.due import due_at
 from ._protocol.notes import SignalNote
 from ._protocol.resolution import resolve as resolve_outcome
 from ._records import CHILD_TASK, AttemptRef, ParentRef, SagaRecord, SagaState, StepRecord, StepState
