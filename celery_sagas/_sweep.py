@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 from ._engine import Engine
 from ._findings import Window, corrupt_finding, effect_findings, finding_event, window_of
 from ._leases import Leases
+from ._protocol import codes
 from ._protocol.findings import Finding, FindingKind, saga_finding
 from ._records import SAGA, SagaRecord, SagaState
 from ._scans import CorruptRecord, RecordPage, Scans
@@ -242,7 +243,7 @@ def _saga_pass(engine: Engine, scans: Scans, state: SagaState, before: int | Non
         return scans.sagas([state], updated_before_ms=before, bucket=bucket, cursor=cursor,
                            limit=limit)
 
-    handle = _advancing(engine, state, window) if act else _reporting(state, window)
+    handle = _advancing(engine, state, window) if act else _reporting(engine, window)
     return Pass(f"sagas:{state}", fetch, handle)
 
 
@@ -263,8 +264,11 @@ def _advancing(engine: Engine, state: SagaState | None, window: Window
     return act
 
 
-def _reporting(state: SagaState, window: Window) -> Callable[[SagaRecord, Fence, SweepReport], None]:
+def _reporting(engine: Engine, window: Window) -> Callable[[SagaRecord, Fence, SweepReport], None]:
     def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
+        if record.error_code == codes.CHILD_IN_REVIEW:
+            # the child may have ended since and its report been lost (docs/design.md §3.7)
+            record = engine.children.reconcile(record, fence)
         _report(report, record, window)
 
     return act

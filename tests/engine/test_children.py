@@ -229,3 +229,28 @@ def test_default_child_ids_live_in_their_parent_bucket(clock: Any, script: Any) 
     assert parent.state == SagaState.COMPLETED
     assert all(store.bucket_of(i) == store.bucket_of("fan-1") for i in ids)
     assert all(i.split(".")[0] == f"fan-1/{n + 1}" for n, i in enumerate(ids))
+
+
+def test_the_sweep_lifts_a_parent_review_whose_child_ended_unreported(
+        shop: Shop, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: the child went to review, then was settled while its report was lost
+    shop.script.then("charge", RuntimeError("timeout after the request left"))
+    _define(shop)["trip"].start({"card": "visa"}, saga_id="trip-1")
+    shop.driver.run_until_idle()
+    children = shop.sagas.engine.children
+    real_report = children.report
+    monkeypatch.setattr(children, "report", lambda child: None)
+    charge = shop.record("trip-1/2").steps[0]
+    shop.sagas.resolve("trip-1/2", step=charge.name, effect_id=charge.effect_id,
+                       outcome="committed", result={"charge": "ch-x"})
+    shop.sagas.resume("trip-1/2")
+    shop.driver.run_until_idle()
+    assert shop.record("trip-1").state == SagaState.MANUAL_REVIEW
+    monkeypatch.setattr(children, "report", real_report)
+
+    # when
+    shop.sagas.sweep()
+    shop.driver.run_until_idle()
+
+    # then
+    assert shop.record("trip-1").state == SagaState.COMPLETED
