@@ -237,6 +237,15 @@ def waiting_kills(workdir: Path, size: Size) -> Report:
                  "kill-child-in-body").run(workdir)
 
 
+def waiting_cancels(workdir: Path, size: Size) -> Report:
+    """Operators cancel sagas while they sleep, wait for a signal or wait for a child, and
+    running bodies (children's too), while pool children are killed."""
+    load = _load(size.n(40, 200), waiting_plan, 0.3, (faults.cancel_waiting, 0.5),
+                 (faults.cancel_running(2), 0.3), (faults.kill_in_body(), 0.2))
+    return Chaos("waiting-cancels", "cancel sleeping, waiting and parent sagas", load,
+                 "cancel-waiting").run(workdir)
+
+
 SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "pool-kills": pool_kills,
     "worker-kills": worker_kills,
@@ -252,4 +261,5 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "visibility": visibility_redelivery,
     "time-limits": time_limits,
     "waiting-kills": waiting_kills,
+    "waiting-cancels": waiting_cancels,
 }

@@ -119,3 +119,9 @@ def test_sleeping_signalled_and_parent_child_sagas_keep_every_invariant_under_ki
     assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
     assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation",
                                          "child_in_review"}, report.summary()
+
+
+def test_sagas_cancelled_while_they_sleep_wait_or_hold_children_compensate_once(
+        tmp_path: Path) -> None:
+    report = _clean(scenarios.waiting_cancels(tmp_path, scenarios.CI))
+    assert report.outcomes["compensated"] > 0 and report.outcomes["lost"] == 0, report.summary()
