@@ -20,7 +20,7 @@ from typing import Any
 
 from . import _values as values
 from ._protocol.due import due_at
-from ._protocol.notes import apply_notes, parse_note
+from ._protocol.notes import apply_notes, clear_payload, parse_note
 from ._records import (
     APPROVAL,
     SAGA,
@@ -79,18 +79,6 @@ def _patches(value: list[Any]) -> tuple[str, ...]:
     return tuple(values.change_id(v) for v in value)
 
 
-def _signal(value: Any) -> SignalRecord:
-    """A signal read back; ValueError when anything is off."""
-    keys = {"signal_id", "name", "payload", "sent_at_ms", "consumed_by"}
-    if type(value) is not dict or set(value) - keys:
-        raise ValueError("malformed signal")
-    consumed = value.get("consumed_by")
-    return SignalRecord(values.signal_id(value.get("signal_id")),
-                        values.signal_name(value.get("name")), value.get("payload"),
-                        values.timestamp_ms(value.get("sent_at_ms")),
-                        None if consumed is None else values.step_name(consumed))
-
-
 def _parent(value: dict[str, Any]) -> ParentRef:
     """A child saga's parent reference read back; ValueError when anything is off."""
     if set(value) != {"saga_id", "step"}:
@@ -99,7 +87,17 @@ def _parent(value: dict[str, Any]) -> ParentRef:
 
 
 def _signals(value: list[Any]) -> tuple[SignalRecord, ...]:
-    return tuple(_signal(v) for v in value)
+    fail = ValueError("malformed signal")
+    signals = []
+    for item in value:
+        if type(item) is not dict or set(item) - set(_SIGNAL):
+            raise fail
+        try:
+            read = _read(item, _SIGNAL, InvalidRecordError())
+        except InvalidRecordError:
+            raise fail from None
+        signals.append(SignalRecord(**{**read, "payload": item.get("payload")}))
+    return tuple(signals)
 
 
 _STEP: dict[str, _Field] = {
@@ -126,6 +124,14 @@ _STEP: dict[str, _Field] = {
     "wake_at_ms": _maybe(int),
     "execution": _maybe(dict, _mark),
     "compensation": _maybe(dict, _mark),
+}
+
+_SIGNAL: dict[str, _Field] = {
+    "signal_id": _need(str, values.signal_id),
+    "name": _need(str, values.signal_name),
+    "payload": _Field(None, True),
+    "sent_at_ms": _need(int, values.timestamp_ms),
+    "consumed_by": _maybe(str, values.step_name),
 }
 
 _SAGA: dict[str, _Field] = {
@@ -329,7 +335,8 @@ class Codec:
         if not envelope.notes:
             return record
         try:
-            return apply_notes(record, [parse_note(note) for note in envelope.notes])
+            return apply_notes(record, [parse_note(note) for note in envelope.notes],
+                               self.payload_opener(saga_id))
         except (ValueError, TypeError) as exc:
             raise fail from exc
 
@@ -337,6 +344,18 @@ class Codec:
         read = _read(raw, _STEP, fail)
         read["result"] = raw.get("result")
         return StepRecord(**read)
+
+    # ------------------------------------------------------------ payloads outside a body
+
+    def payload_out(self, payload: Any) -> dict[str, Any]:
+        """A payload stored outside a saga body (a signal note, docs/design.md §3.5), as the
+        JSON object to store: ``{"payload": value}``."""
+        return {"payload": payload}
+
+    def payload_opener(self, saga_id: str) -> Callable[[Any], Any]:
+        """What turns a payload ``payload_out`` stored for ``saga_id`` back into the value;
+        ValueError when it is not one this codec stores."""
+        return clear_payload
 
     # ------------------------------------------------------------ approvals
 

@@ -420,7 +420,8 @@ class Engine:
         sent_id = str(uuid.uuid4()) if signal_id is None else values.signal_id(signal_id)
         canonical = values.encode_json(payload, field="signal payload",
                                        limit=max(1, self.settings.payload_limit // 4))
-        note = SignalNote(sent_id, name, values.decode_json(canonical), self.now()).text()
+        stored = self.repository.codec.payload_out(values.decode_json(canonical))
+        note = SignalNote(sent_id, name, stored, self.now()).text()
         record = self.repository.note(saga_id, note, None)
         if record is None:
             if self.repository.get(saga_id) is None:

@@ -9,13 +9,15 @@ it was written for, but a note is judged, not trusted) is ignored by every reade
 
 A signal (docs/design.md §3.5) is a note too, appended at any version: applying it adds the
 signal to the record's ``signals`` unless a signal with its id is there already, so a repeated
-send is one signal.
+send is one signal. Its payload is kept as the codec stored it (``{"payload": value}``, or a
+sealed token where payloads are encrypted, docs/design.md §7): whoever applies notes passes
+``open_payload`` to turn it back into the value.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +26,10 @@ from .._values import effect_id, json_value, signal_id, signal_name, step_name, 
 from ..errors import IllegalTransition
 from .moves import claim_compensation, claim_step
 
-__all__ = ["ClaimNote", "Note", "SignalNote", "apply_notes", "parse_note", "with_signal"]
+__all__ = [
+    "ClaimNote", "Note", "OpenPayload", "SignalNote", "apply_notes", "clear_payload", "parse_note",
+    "with_signal",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +49,28 @@ class ClaimNote:
 
 @dataclass(frozen=True, slots=True)
 class SignalNote:
-    """A signal sent to a saga, appended without a read (docs/design.md §3.5)."""
+    """A signal sent to a saga, appended without a read (docs/design.md §3.5); ``stored`` is
+    its payload as the codec stores a payload outside a body (``{"payload": value}``)."""
 
     signal_id: str
     name: str
-    payload: Any
+    stored: Any
     at_ms: int
 
     def text(self) -> str:
         """The note as stored: one line of JSON."""
-        return json.dumps({"signal": [self.signal_id, self.name, self.payload, self.at_ms]},
+        return json.dumps({"signal": [self.signal_id, self.name, self.stored, self.at_ms]},
                           separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+OpenPayload = Callable[[Any], Any]
+
+
+def clear_payload(stored: Any) -> Any:
+    """The value of a payload stored in clear (``{"payload": value}``); ValueError otherwise."""
+    if type(stored) is not dict or set(stored) != {"payload"}:
+        raise ValueError("not a payload in clear")
+    return stored["payload"]
 
 
 Note = ClaimNote | SignalNote
@@ -81,25 +97,28 @@ def parse_note(text: str) -> Note:
 def _signal_note(fields: Any) -> SignalNote:
     if not isinstance(fields, list) or len(fields) != 4:
         raise ValueError("malformed signal note")
-    sent_id, name, payload, at = fields
+    sent_id, name, stored, at = fields
+    if type(stored) is not dict or len(stored) != 1 or not set(stored) & {"payload", "sealed"}:
+        raise ValueError("malformed signal note")
     try:
         return SignalNote(signal_id(sent_id), signal_name(name),
-                          json_value(payload, field="signal payload"), timestamp_ms(at))
+                          json_value(stored, field="signal payload"), timestamp_ms(at))
     except Exception as exc:
         raise ValueError("malformed signal note") from exc
 
 
-def with_signal(saga: SagaRecord, note: SignalNote) -> SagaRecord:
-    """The record with the signal added, unless one with its id is there already."""
+def with_signal(saga: SagaRecord, note: SignalNote, payload: Any) -> SagaRecord:
+    """The record with the signal (its payload opened) added, unless one with its id is there
+    already."""
     if any(s.signal_id == note.signal_id for s in saga.signals):
         return saga
-    signal = SignalRecord(note.signal_id, note.name, note.payload, note.at_ms)
+    signal = SignalRecord(note.signal_id, note.name, payload, note.at_ms)
     return replace(saga, signals=(*saga.signals, signal))
 
 
-def _apply(saga: SagaRecord, note: Note) -> SagaRecord:
+def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecord:
     if isinstance(note, SignalNote):
-        return with_signal(saga, note)
+        return with_signal(saga, note, open_payload(note.stored))
     step = saga.step(note.step)
     if step is None:
         return saga
@@ -113,9 +132,10 @@ def _apply(saga: SagaRecord, note: Note) -> SagaRecord:
     return saga
 
 
-def apply_notes(saga: SagaRecord, notes: Sequence[Note]) -> SagaRecord:
+def apply_notes(saga: SagaRecord, notes: Sequence[Note],
+                open_payload: OpenPayload = clear_payload) -> SagaRecord:
     """The record with its notes applied in order (its version already counts them)."""
     applied = saga
     for note in notes:
-        applied = _apply(applied, note)
+        applied = _apply(applied, note, open_payload)
     return replace(applied, version=saga.version, updated_at_ms=saga.updated_at_ms)

@@ -215,23 +215,34 @@ def test_a_waiting_saga_is_no_stale_finding() -> None:
 
 
 def test_a_signal_note_round_trips_and_a_repeated_id_is_one_signal() -> None:
-    note = SignalNote("s1", "paid", {"amount": 1}, T0)
-    again = SignalNote("s1", "paid", {"amount": 2}, T0 + 1)
+    note = SignalNote("s1", "paid", {"payload": {"amount": 1}}, T0)
+    again = SignalNote("s1", "paid", {"payload": {"amount": 2}}, T0 + 1)
     assert parse_note(note.text()) == note
     applied = apply_notes(saga(), [parse_note(note.text()), parse_note(again.text())])
     assert applied.signals == (SignalRecord("s1", "paid", {"amount": 1}, T0),)
 
 
 @pytest.mark.parametrize("raw", [
-    {"signal": ["s1", "paid", 1]},
-    {"signal": ["has space", "paid", 1, T0]},
-    {"signal": ["s1", "paid", 1, -1]},
+    {"signal": ["s1", "paid", {"payload": 1}]},
+    {"signal": ["has space", "paid", {"payload": 1}, T0]},
+    {"signal": ["s1", "paid", {"payload": 1}, -1]},
+    {"signal": ["s1", "paid", 1, T0]},
+    {"signal": ["s1", "paid", {"payload": 1, "sealed": "x"}, T0]},
+    {"signal": ["s1", "paid", {"other": 1}, T0]},
     {"signal": "s1"},
-    {"signal": ["s1", "paid", 1, T0], "claim": []},
+    {"signal": ["s1", "paid", {"payload": 1}, T0], "claim": []},
 ])
 def test_a_malformed_signal_note_is_refused(raw: Any) -> None:
     with pytest.raises(ValueError):
         parse_note(json.dumps(raw))
+
+
+def test_a_sealed_signal_note_is_opened_by_the_opener_it_is_applied_with() -> None:
+    note = parse_note(SignalNote("s1", "paid", {"sealed": "token"}, T0).text())
+    with pytest.raises(ValueError):
+        apply_notes(saga(), [note])  # a codec without keys cannot open it
+    applied = apply_notes(saga(), [note], lambda stored: f"opened {stored['sealed']}")
+    assert applied.signals[0].payload == "opened token"
 
 
 def test_signals_patches_and_wake_ups_survive_the_codec() -> None:
