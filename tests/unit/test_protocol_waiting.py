@@ -5,6 +5,7 @@ times, replay, and how a child's end moves its parent."""
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +36,7 @@ from celery_sagas._records import (
     StepRecord,
     StepState,
 )
-from celery_sagas.errors import IllegalTransition
+from celery_sagas.errors import IllegalTransition, StepNotCommitted
 from tests.unit.protocol_builders import NOW, T0, VARIANTS, saga, step
 
 CM_ = "committed"
@@ -451,3 +452,11 @@ def test_a_saga_held_by_a_waiting_step_is_not_replayed(waiting: StepRecord) -> N
 
     record = saga(step(CM_, "a"), waiting)
     assert isinstance(decide(record, never, NOW, POLICY), Wait)
+
+
+def test_signal_timeout_is_a_step_not_committed_that_survives_pickling() -> None:
+    error = SignalTimeout(signal="paid")
+    again = pickle.loads(pickle.dumps(error))
+    assert isinstance(again, StepNotCommitted) and isinstance(again, SignalTimeout)
+    assert (again.signal, again.code, str(again)) == ("paid", "signal_timeout",
+                                                      "no signal 'paid' within the timeout")
