@@ -29,15 +29,17 @@ from ._records import (
     Binding,
     EffectRecord,
     EffectState,
+    ParentRef,
     SagaRecord,
     SagaState,
+    SignalRecord,
     StepRecord,
     StepState,
 )
 from ._reseal import ResealPage
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
-from .errors import SagaUsageError, StepNotCommitted
+from .errors import SagaUsageError, SignalTimeout, StepNotCommitted
 from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 
 __version__ = "0.1.0"
@@ -61,6 +63,7 @@ __all__ = [
     "LifecycleEvent",
     "MemoryStore",
     "Page",
+    "ParentRef",
     "PendingApproval",
     "Phase",
     "RecordPage",
@@ -73,6 +76,8 @@ __all__ = [
     "SagaState",
     "SagaUsageError",
     "Sagas",
+    "SignalRecord",
+    "SignalTimeout",
     "Stage",
     "StepContext",
     "StepNotCommitted",

@@ -9,13 +9,21 @@ key decrypts (``ENCRYPTED``) prints as ``<encrypted>``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from ._protocol import codes
 from ._protocol.findings import Finding, FindingKind, review_advice
-from ._records import ENCRYPTED, ApprovalRecord, SagaRecord, SagaState, StepRecord, StepState
+from ._records import (
+    CHILD_TASK,
+    ENCRYPTED,
+    ApprovalRecord,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
+)
 from ._scans import CorruptRecord
 from ._sweep import SweepReport
 from ._values import printable
@@ -137,6 +145,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "claimed_by": step.claimed_by,
         "approval_id": step.approval_id,
         "group": step.group,
+        "wake_at_ms": step.wake_at_ms,
         "result": shown(step.result),
     }
     if payload:
@@ -146,11 +155,21 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
 
 
 def saga_view(record: SagaRecord, *, payload: bool = False) -> dict[str, Any]:
-    """A saga with its steps; the input only with ``payload``."""
+    """A saga with its steps, patches, parent and signals (their payloads, the input and the
+    result only with ``payload``)."""
     view = saga_summary(record)
     view["steps"] = [step_view(step, payload=payload) for step in record.steps]
+    view["patches"] = list(record.patches)
+    view["parent"] = None if record.parent is None else {
+        "saga_id": record.parent.saga_id, "step": record.parent.step}
+    view["signals"] = [
+        {"signal_id": s.signal_id, "name": s.name, "sent_at_ms": s.sent_at_ms,
+         "consumed_by": s.consumed_by, **({"payload": s.payload} if payload else {})}
+        for s in record.signals
+    ]
     if payload:
         view["input"] = shown(record.input)
+        view["result"] = shown(record.result)
     return view
 
 
@@ -195,6 +214,12 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
         lines.append(f"    approval      {step.approval_id}")
     if step.exception is not None:
         lines.append(f"    raised        {printable(str(step.exception))}")
+    if step.wake_at_ms is not None:
+        lines.append(f"    wakes         {iso(step.wake_at_ms)}")
+    kwargs = step.kwargs if isinstance(step.kwargs, Mapping) else {}  # ENCRYPTED without keys
+    child = kwargs.get("saga_id") if step.task == CHILD_TASK else None
+    if child is not None:
+        lines.append(f"    child saga    {printable(str(child))}")
     if payload:
         lines.append(f"    args {_compact(step.args, list)}  kwargs {_compact(step.kwargs, dict)}")
         lines.append(f"    result {_compact(step.result)}")
@@ -213,6 +238,14 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
         lines.append(f"reason      {printable(record.reason)}")
     if record.exception:
         lines.append(f"raised      {printable(str(record.exception))}")
+    if record.parent is not None:
+        lines.append(f"parent      {record.parent.saga_id} (step {record.parent.step})")
+    if record.patches:
+        lines.append(f"patches     {printable(', '.join(record.patches))}")
+    for signal in record.signals:
+        taken = f"received by {signal.consumed_by}" if signal.consumed_by else "not received yet"
+        lines.append(f"signal      {printable(signal.name)} {printable(signal.signal_id)} at "
+                     f"{iso(signal.sent_at_ms)}, {taken}")
     lines.append(f"created     {iso(record.created_at_ms)}")
     lines.append(f"updated     {iso(record.updated_at_ms)}  (version {record.version})")
     if payload:

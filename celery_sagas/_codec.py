@@ -37,8 +37,10 @@ from ._records import (
     ApprovalState,
     EffectMark,
     EffectState,
+    ParentRef,
     SagaRecord,
     SagaState,
+    SignalRecord,
     StepRecord,
     StepState,
 )
@@ -81,6 +83,32 @@ def _mark(value: dict[str, Any]) -> EffectMark:
                       None if code is None else values.error_code(code))
 
 
+def _patches(value: list[Any]) -> tuple[str, ...]:
+    """The patch ids of a saga read back."""
+    return tuple(values.change_id(v) for v in value)
+
+
+def _parent(value: dict[str, Any]) -> ParentRef:
+    """A child saga's parent reference read back; ValueError when anything is off."""
+    if set(value) != {"saga_id", "step"}:
+        raise ValueError("malformed parent")
+    return ParentRef(values.saga_id(value["saga_id"]), values.step_name(value["step"]))
+
+
+def _signals(value: list[Any]) -> tuple[SignalRecord, ...]:
+    fail = ValueError("malformed signal")
+    signals = []
+    for item in value:
+        if type(item) is not dict or set(item) - set(_SIGNAL):
+            raise fail
+        try:
+            read = _read(item, _SIGNAL, InvalidRecordError())
+        except InvalidRecordError:
+            raise fail from None
+        signals.append(SignalRecord(**{**read, "payload": item.get("payload")}))
+    return tuple(signals)
+
+
 _STEP: dict[str, _Field] = {
     "name": _need(str, values.step_name),
     "task": _need(str),
@@ -102,9 +130,18 @@ _STEP: dict[str, _Field] = {
     "error_code": _maybe(str),
     "approval_id": _maybe(str),
     "group": _maybe(str),
+    "wake_at_ms": _maybe(int),
     "execution": _maybe(dict, _mark),
     "compensation": _maybe(dict, _mark),
     "exception": _maybe(str),
+}
+
+_SIGNAL: dict[str, _Field] = {
+    "signal_id": _need(str, values.signal_id),
+    "name": _need(str, values.signal_name),
+    "payload": _Field(None, True),
+    "sent_at_ms": _need(int, values.timestamp_ms),
+    "consumed_by": _maybe(str, values.step_name),
 }
 
 _SAGA: dict[str, _Field] = {
@@ -116,6 +153,10 @@ _SAGA: dict[str, _Field] = {
     "rolling_back": _maybe(bool),
     "trace_parent": _maybe(str, values.traceparent),
     "exception": _maybe(str),
+    "patches": _maybe(list, _patches),
+    "signals": _maybe(list, _signals),
+    "result": _Field(None, True),
+    "parent": _maybe(dict, _parent),
 }
 
 _APPROVAL: dict[str, _Field] = {
@@ -138,8 +179,9 @@ _APPROVAL: dict[str, _Field] = {
 # list field of the body (``steps``) stands for each of its items. Each entry gives the table
 # its fields are read with and the payload fields; a new payload field is one entry here.
 _PAYLOADS: dict[str | None, tuple[Mapping[str, _Field], tuple[str, ...]]] = {
-    None: (_SAGA, ("input", "exception")),  # an exception's message may quote a payload
+    None: (_SAGA, ("input", "result", "exception")),  # an exception's message may quote a payload
     "steps": (_STEP, ("args", "kwargs", "result", "exception")),
+    "signals": (_SIGNAL, ("payload",)),
 }
 _SEALED = "sealed"  # the body key of the token
 
@@ -168,11 +210,15 @@ def _json(value: Any) -> Any:
         return value
     if isinstance(value, Enum):
         return value.value
-    if isinstance(value, EffectMark):
+    if isinstance(value, (EffectMark, ParentRef)):
         return _body(value, frozenset())
     if isinstance(value, Mapping):
         return dict(value)
     return value
+
+
+# Saga fields added later are left out while empty: older records read back unchanged.
+_OMITTED_WHEN_EMPTY = frozenset({"patches", "signals"})
 
 
 def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:
@@ -180,10 +226,10 @@ def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in _field_names(record.__class__, skip):
         value = getattr(record, name)
-        if value is None:
+        if value is None or (name in _OMITTED_WHEN_EMPTY and not value):
             continue
-        if name == "steps":
-            out[name] = [_body(step, frozenset()) for step in value]
+        if name in ("steps", "signals"):
+            out[name] = [_body(item, frozenset()) for item in value]
         else:
             out[name] = _json(value)
     return out
@@ -401,7 +447,8 @@ class Codec:
             version=envelope.version,
             steps=tuple(self._step(step, fail) for step in steps),
             input=raw.get("input"),
-            **{k: v for k, v in read.items() if k != "input"},
+            **{k: v for k, v in read.items() if k not in ("input", "result")},
+            result=raw.get("result"),
         )
         _check_unique(record, fail)
         if opaque:
@@ -409,7 +456,8 @@ class Codec:
         if not envelope.notes:
             return record
         try:
-            return apply_notes(record, [parse_note(note) for note in envelope.notes])
+            return apply_notes(record, [parse_note(note) for note in envelope.notes],
+                               self.payload_opener(saga_id, display=display))
         except (ValueError, TypeError) as exc:
             raise fail from exc
 
@@ -464,6 +512,11 @@ class Codec:
             return values.decode_json(text)
         except (ValueError, TypeError, RecursionError) as exc:
             raise fail from exc
+
+    def payload_opener(self, saga_id: str, *, display: bool = False) -> Callable[[Any], Any]:
+        """What turns a payload ``payload_out`` stored for ``saga_id`` back into the value."""
+        return lambda stored: self.payload_in(stored, kind=SAGA, record_id=saga_id,
+                                              display=display)
 
     # ------------------------------------------------------------ approvals
 

@@ -20,6 +20,7 @@ from . import _values as values
 from ._definitions import Registry, SagaDefinition
 from ._events import Stage
 from ._protocol import codes
+from ._protocol.children import child_saga_id
 from ._protocol.replay import (
     Crashed,
     Diverged,
@@ -33,11 +34,22 @@ from ._protocol.replay import (
     match_call,
     unreached,
 )
-from ._records import APPROVAL_TASK, SagaRecord, StepRecord, StepState
-from .errors import SagaValidationError, StepNotCommitted
+from ._protocol.waiting import timed_out
+from ._records import (
+    APPROVAL_TASK,
+    CHILD_TASK,
+    CHILD_UNDO,
+    SIGNAL_TASK,
+    TIMER_TASK,
+    SagaRecord,
+    StepRecord,
+    StepState,
+)
+from .errors import SagaValidationError, SignalTimeout, StepNotCommitted
 
 __all__ = [
-    "APPROVAL_TASK", "Call", "SagaContext", "StepContext", "replay", "signature_of", "step_accepts",
+    "APPROVAL_TASK", "Call", "ChildCall", "SagaContext", "StepContext", "replay", "signature_of",
+    "step_accepts",
 ]
 
 logger = logging.getLogger("celery_sagas.engine")
@@ -70,6 +82,15 @@ class Call:
     step_name: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ChildCall:
+    """A child saga to run inside ``ctx.parallel``; made by ``ctx.call_child``."""
+
+    definition: Any
+    input: Any
+    saga_id: str | None = None
+
+
 class _Suspend(BaseException):
     """Stops a replay at uncommitted steps."""
 
@@ -96,8 +117,10 @@ class SagaContext:
         new_id: Callable[[], str],
         now_ms: int,
         local_id: Callable[[], str] | None = None,
+        colocate: Callable[[str], str] | None = None,
     ) -> None:
         self._saga = saga
+        self._colocate = colocate or (lambda candidate: candidate)
         self._registry = registry
         self._new_id = new_id
         self._local_id = local_id or new_id
@@ -105,6 +128,7 @@ class SagaContext:
         self._position = 0
         self._names: dict[str, int] = {}
         self._used: set[str] = set()
+        self.new_patches: list[str] = []
 
     @property
     def saga_id(self) -> str:
@@ -124,14 +148,30 @@ class SagaContext:
         """Describe a step for ``ctx.parallel`` without running it."""
         return Call(task, args, kwargs, step_name)
 
-    def parallel(self, *calls: Call) -> list[Any]:
-        """Run several steps at once; returns their results in order once all committed."""
+    def child(self, definition: Any, input: Any, saga_id: str | None = None) -> Any:
+        """Run the saga ``definition`` (the object ``@sagas.saga`` returned, or its name) with
+        ``input`` as a child of this one and return its result (the value its ``run``
+        returned). The parent holds no worker meanwhile. A child that ends compensated fails
+        this call as not committed (``child_compensated``); when this saga compensates later,
+        a completed child is compensated as a unit. ``saga_id`` defaults to one derived from
+        this saga's id and the call's position (docs/design.md §3.7)."""
+        return self.parallel(self.call_child(definition, input, saga_id))[0]
+
+    def call_child(self, definition: Any, input: Any, saga_id: str | None = None) -> ChildCall:
+        """Describe a child saga for ``ctx.parallel`` (beside ``ctx.call(...)`` steps)."""
+        return ChildCall(definition, input, saga_id)
+
+    def parallel(self, *calls: Call | ChildCall) -> list[Any]:
+        """Run several steps (and child sagas) at once; returns their results in order once
+        all committed."""
         if not calls:
             return []  # a fan-out whose width comes from the input may be empty
-        if not all(isinstance(c, Call) for c in calls):
-            self._misuse("ctx.parallel takes ctx.call(...) values (unpack a list with *)")
+        if not all(isinstance(c, (Call, ChildCall)) for c in calls):
+            self._misuse("ctx.parallel takes ctx.call(...) or ctx.call_child(...) values "
+                         "(unpack a list with *)")
         group = f"parallel-{self._position + 1}" if len(calls) > 1 else None
-        step_calls = [self._step_call(c, group) for c in calls]
+        step_calls = [self._child_call(c, group, self._position + i) if isinstance(c, ChildCall)
+                      else self._step_call(c, group) for i, c in enumerate(calls)]
         matches = [match_call(self._saga, self._position + i, c) for i, c in enumerate(step_calls)]
         self._position += len(calls)
         for match in matches:
@@ -174,17 +214,72 @@ class SagaContext:
         except SagaValidationError as exc:
             raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
         call = StepCall(self._name(name, APPROVAL_TASK), APPROVAL_TASK, (), binding, None)
+        return self._held(call, lambda: {"state": StepState.AWAITING_APPROVAL,
+                                         "approval_id": self._local_id()})
+
+    def sleep(self, seconds: float, *, step_name: str | None = None) -> None:
+        """Park the saga for ``seconds`` (no worker waits, no message is queued): the sweep
+        resumes it once the time has come; on replay a fired timer returns at once."""
+        delay = self._checked(lambda: values.seconds_ms(seconds, field="sleep seconds"))
+        self._timer({"seconds": seconds}, self._now_ms + delay, step_name)
+
+    def sleep_until(self, when: Any, *, step_name: str | None = None) -> None:
+        """Park the saga until ``when`` (an aware ``datetime`` or epoch seconds), as ``sleep``."""
+        until = self._checked(lambda: values.when_ms(when, field="sleep_until time"))
+        self._timer({"until_ms": until}, until, step_name)
+
+    def _timer(self, kwargs: dict[str, Any], wake_at_ms: int, step_name: str | None) -> None:
+        call = StepCall(self._name(step_name or "sleep", TIMER_TASK), TIMER_TASK, (), kwargs, None)
+        self._held(call, lambda: {"state": StepState.WAITING,
+                                  "wake_at_ms": min(wake_at_ms, values.MAX_SAFE_INTEGER)})
+
+    def wait_signal(self, name: str, timeout: float | None = None, *,
+                    step_name: str | None = None) -> Any:
+        """Wait for the signal ``name`` (``sagas.signal(saga_id, name, payload)``) and return
+        its payload: the first signal of that name no earlier wait consumed, sent before or
+        after this call. With ``timeout`` (seconds), raise ``SignalTimeout`` once it passed
+        without one; ``run`` may catch it to take another path."""
+        self._checked(lambda: values.signal_name(name))
+        limit = None if timeout is None else self._checked(
+            lambda: values.seconds_ms(timeout, field="wait_signal timeout"))
+        call = StepCall(self._name(step_name or f"signal:{name}", SIGNAL_TASK), SIGNAL_TASK, (),
+                        {"signal": name, "timeout": timeout}, None)
+        wake = None if limit is None else self._now_ms + limit
+        result = self._held(call, lambda: {"state": StepState.WAITING, "wake_at_ms": wake})
+        if timed_out(result):
+            raise SignalTimeout(signal=name)
+        return result.get("payload") if isinstance(result, dict) else None
+
+    def patched(self, change_id: str) -> bool:
+        """True when this saga reaches this point on code that has the change ``change_id``;
+        False on replay for a saga that passed this point before the change existed, so a
+        deploy can change steps under sagas in flight (docs/design.md §3.6)."""
+        self._checked(lambda: values.change_id(change_id))
+        if change_id in self._saga.patches or change_id in self.new_patches:
+            return True
+        if self._position < len(self._saga.steps):
+            return False  # steps were recorded past this point by code without the change
+        self.new_patches.append(change_id)
+        return True
+
+    def _held(self, call: StepCall, fields: Callable[[], dict[str, Any]]) -> Any:
+        """A step no task runs (a gate, a timer, a signal wait): its committed result, or stop
+        the replay there (recording it, with ``fields``, when it is new)."""
         match = match_call(self._saga, self._position, call)
         self._position += 1
         if isinstance(match, Mismatch):
             raise _Stop(Diverged(match.reason))
         if isinstance(match, New):
-            gate = replace(self._new_step(call), state=StepState.AWAITING_APPROVAL,
-                           approval_id=self._local_id(), dispatched_at_ms=None)
-            raise _Suspend((gate,))
+            raise _Suspend((replace(self._new_step(call), dispatched_at_ms=None, **fields()),))
         if match.step.state is StepState.COMMITTED:
             return match.step.result
         raise _Suspend()
+
+    def _checked(self, check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except SagaValidationError as exc:
+            raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
 
     def _misuse(self, reason: str) -> None:
         raise _Stop(Crashed(codes.INVALID_STEP_CALL, reason))
@@ -202,6 +297,21 @@ class SagaContext:
             raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
         return StepCall(name, task, args, kwargs, options.compensator, options.time_limit_ms, group)
 
+    def _child_call(self, call: ChildCall, group: str | None, position: int) -> StepCall:
+        definition = getattr(call.definition, "name", call.definition)
+        if not isinstance(definition, str) or definition not in self._registry.definitions:
+            self._misuse(f"{definition!r} is not a saga definition of this process")
+        child_id = call.saga_id if call.saga_id is not None else self._colocate(
+            child_saga_id(self.saga_id, position))
+        base = f"child:{definition}" if len(definition) <= 110 else "child"
+        name = self._name(None, base)
+        child_input = self._checked(lambda: values.json_value(call.input, field=f"input of {name}"))
+        self._checked(lambda: values.saga_id(child_id))
+        if child_id == self.saga_id:
+            self._misuse("a child saga cannot have its parent's id")
+        kwargs = {"definition": definition, "input": child_input, "saga_id": child_id}
+        return StepCall(name, CHILD_TASK, (), kwargs, CHILD_UNDO, None, group)
+
     def _name(self, explicit: str | None, task: str) -> str:
         base = explicit if explicit is not None else task
         count = self._names.get(base, 0) + 1
@@ -218,7 +328,7 @@ class SagaContext:
         return name
 
     def _new_step(self, call: StepCall) -> StepRecord:
-        return StepRecord(
+        step = StepRecord(
             name=call.name,
             task=call.task,
             effect_id=self._new_id(),
@@ -231,6 +341,9 @@ class SagaContext:
             dispatched_at_ms=self._now_ms,
             group=call.group,
         )
+        if call.task == CHILD_TASK:  # no task runs: the child saga settles it
+            return replace(step, state=StepState.WAITING, dispatched_at_ms=None)
+        return step
 
     @property
     def calls_made(self) -> int:
@@ -245,17 +358,19 @@ def replay(
     new_id: Callable[[], str],
     now_ms: int,
     local_id: Callable[[], str] | None = None,
+    colocate: Callable[[str], str] | None = None,
 ) -> Outcome:
     """Run ``definition.run`` against the record; user errors become outcomes, never escape.
 
     ``new_id`` draws effect ids; ``local_id`` draws ids of records the saga owns (approvals),
-    which must fall in the saga's bucket (docs/design.md §4.2).
+    which must fall in the saga's bucket (docs/design.md §4.2); ``colocate`` moves a default
+    child saga id into it the same way on every replay.
     """
-    ctx = SagaContext(saga, registry, new_id, now_ms, local_id)
+    ctx = SagaContext(saga, registry, new_id, now_ms, local_id, colocate)
     try:
         value = definition.run(ctx, saga.input)
     except _Suspend as suspend:
-        return Suspended(suspend.new_steps)
+        return Suspended(suspend.new_steps, tuple(ctx.new_patches))
     except _Stop as stop:
         return stop.outcome
     except StepNotCommitted as exc:
@@ -266,7 +381,14 @@ def replay(
                      type(exc).__name__, exc_info=True)
         return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}",
                        values.exception_text(exc))
-    return unreached(saga, ctx.calls_made) or Returned(value)
+    diverged = unreached(saga, ctx.calls_made)
+    if diverged is not None:
+        return diverged
+    try:
+        result = values.json_value(value, field="run() result")
+    except SagaValidationError:
+        return Crashed(codes.INVALID_RESULT, "run() returned a value that is not JSON")
+    return Returned(result, tuple(ctx.new_patches))
 
 
 def _code(exc: StepNotCommitted) -> str:

@@ -10,15 +10,18 @@ between the two, the sweep finds the intent and sends it again under the same ef
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
 from . import _values as values
+from ._children import ChildSagas
 from ._clock import Clock, SystemClock, now_ms
 from ._context import replay
 from ._definitions import (
@@ -45,14 +48,20 @@ from ._protocol.decisions import (
     StartCompensation,
     Vanished,
     Wait,
+    Wake,
 )
+from ._protocol.due import due_at
+from ._protocol.notes import SignalNote
 from ._protocol.resolution import resolve as resolve_outcome
-from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
+from ._records import CHILD_TASK, AttemptRef, ParentRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
 from .errors import (
     IllegalTransition,
     PayloadTooLarge,
+    SagaConcurrencyError,
+    SagaConfigurationError,
     SagaConflictError,
+    SagaNotFound,
     SagaResolutionError,
     SagaValidationError,
 )
@@ -126,6 +135,8 @@ class Engine:
         self.active = active
         # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
         self.draw = draw
+        self.children = ChildSagas(self)
+        self._ambient = threading.local()  # the fence of the sweep this thread works under
 
     # ------------------------------------------------------------ records
 
@@ -142,6 +153,16 @@ class Engine:
         """The saga record; SagaNotFound when absent."""
         return self.repository.load(saga_id)
 
+    def colocated(self, saga_id: str, candidate: str) -> str:
+        """``candidate``, or ``candidate.1``, ``candidate.2``... the first that falls in the
+        bucket of ``saga_id``: a deterministic id of a record the saga owns (a child saga)."""
+        store = self.repository.store
+        home, found, n = store.bucket_of(saga_id), candidate, 0
+        while store.bucket_of(found) != home:
+            n += 1
+            found = f"{candidate}.{n}"
+        return found
+
     def colocated_id(self, saga_id: str) -> str:
         """A fresh id drawn until it falls in the saga's bucket: what a saga owns lives in its
         slot (docs/design.md §4.2). Expected draws: the store's bucket count."""
@@ -152,23 +173,44 @@ class Engine:
             if store.bucket_of(candidate) == home:
                 return candidate
 
+    @contextlib.contextmanager
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Within this block, writes this thread makes to sagas of ``fence``'s bucket carry it
+        (a sweep acting on a parent also moves its children, which live in its bucket)."""
+        previous = getattr(self._ambient, "fence", None)
+        self._ambient.fence = fence if fence is not None else previous
+        try:
+            yield
+        finally:
+            self._ambient.fence = previous
+
+    def fence_for(self, saga_id: str) -> Fence | None:
+        """The fence a write to ``saga_id`` carries now: the sweep's, in its bucket only."""
+        fence: Fence | None = getattr(self._ambient, "fence", None)
+        if fence is None or self.repository.store.bucket_of(saga_id) != fence.bucket:
+            return None
+        return fence
+
     def definition_of(self, saga: SagaRecord) -> SagaDefinition:
         """The definition a saga was started with (must be registered in this process)."""
         return self.registry.definition(saga.definition)
 
     # ------------------------------------------------------------ start
 
-    def start(self, definition: str, input: Any, saga_id: str,
-              trace_parent: str | None = None) -> SagaRecord:
+    def start(self, definition: str, input: Any, saga_id: str, *,
+              trace_parent: str | None = None,
+              parent: ParentRef | None = None) -> SagaRecord:
         """Create the saga with its first step's intent, then send that step (docs/design.md
         §3.1); idempotent for the same definition and input. ``trace_parent`` (a W3C
-        traceparent) is kept in the record; a malformed one is dropped, never an error."""
+        traceparent) is kept in the record; a malformed one is dropped, never an error.
+        ``parent``: the saga and step a child saga reports to (§3.7)."""
         values.saga_id(saga_id)
         self.registry.definition(definition)
         canonical = values.encode_json(input, field="saga input", limit=self.settings.payload_limit)
         now = self.now()
         fresh = SagaRecord(saga_id, definition, SagaState.RUNNING, values.decode_json(canonical),
-                           now, now, version=0, trace_parent=_valid_trace_parent(trace_parent))
+                           now, now, version=0, trace_parent=_valid_trace_parent(trace_parent),
+                           parent=parent)
         plan = self._first_write(fresh)
         if plan.before is not None:
             plan.before()
@@ -184,6 +226,9 @@ class Engine:
             raise _record_too_large(exc, canonical, self.settings.payload_limit) from None
         if record is not None:
             plan.run_effects(record)
+            due = due_at(record)
+            if due is not None and due <= self.now():
+                return self.advance(saga_id, record)  # sleep(0), a past sleep_until
             return record
         return self._existing(saga_id, definition, canonical)
 
@@ -225,13 +270,18 @@ class Engine:
     def advance(self, saga_id: str, known: SagaRecord | None = None,
                 fence: Fence | None = None) -> SagaRecord:
         """Write and carry out decisions until the saga waits for something outside this process."""
-        saga = known if known is not None else self.load(saga_id)
-        for _ in range(4 * len(saga.steps) + 16):
-            saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
-            if plan is None:
-                return saga
-            plan.run_effects(saga)
-        logger.warning("saga %s: stopped advancing after many decisions", saga_id)
+        fence = fence if fence is not None else self.fence_for(saga_id)
+        with self.fenced(fence):
+            saga = known if known is not None else self.load(saga_id)
+            for _ in range(4 * len(saga.steps) + 16):
+                saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
+                if plan is None:
+                    break
+                plan.run_effects(saga)
+            else:
+                logger.warning("saga %s: stopped advancing after many decisions", saga_id)
+            if saga.parent is not None:
+                self.children.report(saga)  # a child that settled tells its parent (§3.7)
         return saga
 
     def decision(self, saga: SagaRecord) -> Decision:
@@ -244,7 +294,8 @@ class Engine:
 
         def run_replay() -> Any:
             return replay(definition, saga, self.registry, self.new_id, now,
-                          lambda: self.colocated_id(saga.saga_id))
+                          lambda: self.colocated_id(saga.saga_id),
+                          lambda candidate: self.colocated(saga.saga_id, candidate))
 
         return decide(saga, run_replay, now, policy, dead_effects(saga.steps, self.active))
 
@@ -280,6 +331,11 @@ class Engine:
             return self._plan_compensation(saga, decision.step, now)
         if isinstance(decision, Vanished):
             return self.vanished(saga, decision, now)
+        if isinstance(decision, Wake):
+            woken = decision.step
+            return Plan(after=moves.wake_step(saga, woken.name, woken.effect_id, decision.result,
+                                              now, decision.signal_id),
+                        then=(lambda w: self.emit(w, woken, Stage.EXECUTION, Phase.COMMITTED),))
         if isinstance(decision, Abandon):
             step = decision.step
             return Plan(after=moves.abandon_step(saga, step.name, step.effect_id, now),
@@ -305,9 +361,10 @@ class Engine:
                 if step.state is StepState.EXECUTING:
                     self._send(partial(self.dispatcher.send_step, written.saga_id, step,
                                        written.version, trace_parent=written.trace_parent))
+            self.children.start_all(written, decision.steps)
 
         reason = "the arguments of the next step would exceed the payload limit"
-        return Plan(after=moves.append_steps(saga, decision.steps, now),
+        return Plan(after=moves.append_steps(saga, decision.steps, now, decision.patches),
                     before=open_gates if gates else None, then=(announce,),
                     too_large=Plan(after=moves.to_manual_review(saga, codes.PAYLOAD_TOO_LARGE,
                                                                 reason, now)))
@@ -317,8 +374,7 @@ class Engine:
             begun = written.step(step.name)
             assert begun is not None
             self.emit(written, begun, Stage.COMPENSATION, Phase.INTENT)
-            self._send(lambda: self.dispatcher.send_compensation(
-                written.saga_id, begun, written.version, trace_parent=written.trace_parent))
+            self._send(self._compensator_sender(written, begun))
 
         return Plan(after=moves.begin_compensation(saga, step.name, now), then=(announce,))
 
@@ -326,15 +382,24 @@ class Engine:
         def send(written: SagaRecord) -> None:
             step = written.step(name)
             assert step is not None
-            send_one = self.dispatcher.send_compensation if compensation else self.dispatcher.send_step
-            self._send(lambda: send_one(written.saga_id, step, written.version,
-                                        trace_parent=written.trace_parent))
+            if compensation:
+                self._send(self._compensator_sender(written, step))
+            else:
+                self._send(lambda: self.dispatcher.send_step(
+                    written.saga_id, step, written.version, trace_parent=written.trace_parent))
 
         return send
 
+    def _compensator_sender(self, written: SagaRecord, step: StepRecord) -> Callable[[], None]:
+        """Send a step's compensator; a child step's "compensator" reopens the child (§3.7)."""
+        if step.task == CHILD_TASK:
+            return lambda: self.children.undo(written.saga_id, step)
+        return lambda: self.dispatcher.send_compensation(written.saga_id, step, written.version,
+                                                         trace_parent=written.trace_parent)
+
     def _saga_move(self, saga: SagaRecord, decision: Decision, now: int) -> SagaRecord:
         if isinstance(decision, Complete):
-            return moves.complete(saga, now)
+            return moves.complete(saga, now, decision.patches, decision.result)
         if isinstance(decision, FinishCompensation):
             return moves.finish_compensation(saga, now)
         if isinstance(decision, StartCompensation):
@@ -357,6 +422,36 @@ class Engine:
                      else moves.step_ambiguous(saga, ref, decision.error_code, now))
         phase = Phase.FAILED if decision.retry else Phase.AMBIGUOUS
         return Plan(after=after, then=(lambda w: self.emit(w, step, stage, phase, decision.error_code),))
+
+    # ------------------------------------------------------------ signals
+
+    def signal(self, saga_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> SagaRecord:
+        """Record a signal for a saga (docs/design.md §3.5): one note appended without a read
+        (a repeated ``signal_id`` is one signal), then advance the saga so a wait for it
+        commits at once. The record after that."""
+        values.saga_id(saga_id)
+        values.signal_name(name)
+        sent_id = str(uuid.uuid4()) if signal_id is None else values.signal_id(signal_id)
+        canonical = values.encode_json(payload, field="signal payload",
+                                       limit=max(1, self.settings.payload_limit // 4))
+        stored = self.repository.codec.payload_out(values.decode_json(canonical))
+        note = SignalNote(sent_id, name, stored, self.now()).text()
+        record = self.repository.note(saga_id, note, None)
+        if record is None:
+            if self.repository.get(saga_id) is None:
+                raise SagaNotFound(saga_id=saga_id)
+            raise SagaConcurrencyError(f"saga {saga_id!r} holds too many notes; send it again")
+        if record.state is not SagaState.RUNNING:
+            return record
+        try:
+            return self.advance(saga_id, record)
+        except SagaConfigurationError:
+            # a process that sends signals without the saga's code: the signal is recorded,
+            # the sweep's running pass delivers it once the saga is stale
+            logger.warning("saga %s: signal recorded; its definition is not in this process",
+                           saga_id)
+            return record
 
     # ------------------------------------------------------------ approval gates
 
@@ -423,7 +518,8 @@ class Engine:
         def settled(saga: SagaRecord) -> bool:
             return saga.state.final or saga.state is SagaState.COMPENSATING
 
-        return self._operator_move(saga_id, "cancel", moves.cancel, settled)
+        cancelled = self._operator_move(saga_id, "cancel", moves.cancel, settled)
+        return self.children.reconcile(cancelled)  # running children are cancelled too
 
     def resume(self, saga_id: str) -> SagaRecord:
         """Lift manual review (once nothing is unresolved) and drive the saga on."""
@@ -452,7 +548,7 @@ class Engine:
                     f"saga {saga_id!r} has an unresolved step; resolve it first ({verb} refused)"
                 ) from exc
 
-        saga, _ = self.repository.update(saga_id, decide_move)
+        saga, _ = self.repository.update(saga_id, decide_move, fence=self.fence_for(saga_id))
         return saga if saga.state.final else self.advance(saga_id, saga)
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,

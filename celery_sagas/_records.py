@@ -14,8 +14,13 @@ from typing import Any
 __all__ = [
     "APPROVAL",
     "APPROVAL_TASK",
+    "CHILD_TASK",
+    "CHILD_UNDO",
     "ENCRYPTED",
     "SAGA",
+    "SIGNAL_TASK",
+    "TIMER_TASK",
+    "WAITING_TASKS",
     "ApprovalRecord",
     "ApprovalState",
     "AttemptRef",
@@ -26,6 +31,7 @@ __all__ = [
     "Encrypted",
     "SagaRecord",
     "SagaState",
+    "SignalRecord",
     "StepRecord",
     "StepState",
     "TextEnum",
@@ -34,8 +40,15 @@ __all__ = [
 SAGA = "saga"
 APPROVAL = "approval"
 
-# The task name recorded for approval gates: steps no task runs.
+# The task names recorded for steps no task runs: approval gates, timers, signal waits.
 APPROVAL_TASK = "celery_sagas.approval"
+TIMER_TASK = "celery_sagas.sleep"
+SIGNAL_TASK = "celery_sagas.wait_signal"
+CHILD_TASK = "celery_sagas.child"
+# The compensator recorded for a child step: undo the child saga as a unit (docs/design.md §3.7).
+CHILD_UNDO = "celery_sagas.undo_child"
+# Steps that hold a saga without being a side effect (no effect marks, no message).
+WAITING_TASKS = frozenset({APPROVAL_TASK, TIMER_TASK, SIGNAL_TASK, CHILD_TASK})
 
 
 class Encrypted:
@@ -96,6 +109,7 @@ class StepState(TextEnum):
     """Step states (docs/design.md §2.2)."""
 
     EXECUTING = "executing"
+    WAITING = "waiting"
     AWAITING_APPROVAL = "awaiting-approval"
     COMMITTED = "committed"
     FAILED = "failed"
@@ -156,7 +170,7 @@ class StepRecord:
         effect_id: the execution's effect id: the step task's Celery task id, the same for
             every attempt, and the idempotency key to hand the provider (``saga.effect_id``).
         compensation_effect_id: the compensator task's Celery task id (drawn with the intent).
-        state: a ``StepState``: ``executing``, ``awaiting-approval``, ``committed``,
+        state: a ``StepState``: ``executing``, ``waiting``, ``awaiting-approval``, ``committed``,
             ``failed``, ``ambiguous``, ``compensating``, ``compensation-failed`` or
             ``compensated`` (docs/design.md §2.2).
         args: the positional arguments recorded with the intent; the step task and its
@@ -179,6 +193,8 @@ class StepRecord:
         approval_id: the approval record of an approval gate step, or None.
         group: the parallel group (``parallel-N``) of a step started by ``ctx.parallel``, or
             None.
+        wake_at_ms: when a ``waiting`` step falls due: a timer's wake-up, a signal wait's
+            timeout (docs/design.md §3.4, §3.5); None while it waits without a time.
         execution: where the execution effect stands (an ``EffectMark``).
         compensation: where the compensation effect stands, once compensation began.
         exception: the type and message of the exception the step's body (or its compensator)
@@ -206,6 +222,7 @@ class StepRecord:
     error_code: str | None = None
     approval_id: str | None = None
     group: str | None = None
+    wake_at_ms: int | None = None
     execution: EffectMark | None = None
     compensation: EffectMark | None = None
     exception: str | None = None
@@ -238,6 +255,11 @@ class SagaRecord:
             an operator) joins the saga's trace through it. Ids only, never a payload.
         exception: the type and message of the exception ``run`` raised (``run_failed``),
             or None.
+        patches: the ``ctx.patched`` change ids this saga passed on code that had them
+            (docs/design.md §3.6).
+        signals: the signals sent to it, in the order they were recorded (docs/design.md §3.5).
+        result: the value ``run`` returned, once completed (JSON), or None.
+        parent: the parent saga and step of a child saga (docs/design.md §3.7), or None.
     """
 
     saga_id: str
@@ -253,6 +275,10 @@ class SagaRecord:
     rolling_back: bool = False
     trace_parent: str | None = None
     exception: str | None = None
+    patches: tuple[str, ...] = ()
+    signals: tuple[SignalRecord, ...] = ()
+    result: Any = None
+    parent: ParentRef | None = None
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""
@@ -260,6 +286,34 @@ class SagaRecord:
             if step.name == name:
                 return step
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRef:
+    """Which saga, and which of its steps, a child saga reports to (docs/design.md §3.7)."""
+
+    saga_id: str
+    step: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRecord:
+    """A signal sent to a saga (docs/design.md §3.5): ``sagas.signal`` records it once per
+    ``signal_id``; a ``ctx.wait_signal`` of its name consumes it.
+
+    Attributes:
+        signal_id: the id that makes a repeated send one signal.
+        name: the signal's name, as ``ctx.wait_signal(name)`` asks for it.
+        payload: the JSON value sent with it.
+        sent_at_ms: when it was recorded (ms since the epoch).
+        consumed_by: the name of the waiting step that received it, or None while unconsumed.
+    """
+
+    signal_id: str
+    name: str
+    payload: Any
+    sent_at_ms: int
+    consumed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,7 +161,9 @@ class SagaRepository:
         if known is not None and known.version == expected_version == envelope.version - 1:
             # The note went onto the very record this process holds: apply it here rather
             # than decode the body the store sent back (the same record, without the work).
-            record = replace(apply_notes(known, [parse_note(note)]), version=envelope.version)
+            opener = self.codec.payload_opener(saga_id)
+            record = replace(apply_notes(known, [parse_note(note)], opener),
+                             version=envelope.version)
         else:
             record = self.codec.saga(envelope, saga_id)
         self.recent.remember(record, len(envelope.body))

@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 from ._engine import Engine
 from ._findings import Window, corrupt_finding, effect_findings, finding_event, window_of
 from ._leases import Leases
+from ._protocol import codes
 from ._protocol.findings import Finding, FindingKind, saga_finding
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._scans import CorruptRecord, RecordPage, Scans
@@ -297,7 +298,7 @@ def _saga_pass(engine: Engine, scans: Scans, state: SagaState, before: int | Non
         return scans.sagas([state], updated_before_ms=before, bucket=bucket, cursor=cursor,
                            limit=limit)
 
-    handle = _advancing(engine, state, window) if act else _reporting(state, window)
+    handle = _advancing(engine, state, window) if act else _reporting(engine, window)
     return Pass(f"sagas:{state}", fetch, handle)
 
 
@@ -307,6 +308,8 @@ def _advancing(engine: Engine, state: SagaState | None, window: Window
         current = record
         if record.state is SagaState.RUNNING:
             current = engine.reconcile_gates(record, fence)
+        if current.state in (SagaState.RUNNING, SagaState.COMPENSATING):
+            current = engine.children.reconcile(current, fence)  # child sagas: design §3.7
         after = engine.advance(record.saga_id, current, fence)
         if after.version != record.version:
             report.acted += 1
@@ -316,8 +319,11 @@ def _advancing(engine: Engine, state: SagaState | None, window: Window
     return act
 
 
-def _reporting(state: SagaState, window: Window) -> Callable[[SagaRecord, Fence, SweepReport], None]:
+def _reporting(engine: Engine, window: Window) -> Callable[[SagaRecord, Fence, SweepReport], None]:
     def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
+        if record.error_code == codes.CHILD_IN_REVIEW:
+            # the child may have ended since and its report been lost (docs/design.md §3.7)
+            record = engine.children.reconcile(record, fence)
         _report(report, record, window)
 
     return act

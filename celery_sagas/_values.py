@@ -7,6 +7,7 @@ everything before the first write.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import re
@@ -20,6 +21,7 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "approval_id",
     "capability",
+    "change_id",
     "decode_json",
     "definition_name",
     "digest",
@@ -34,12 +36,16 @@ __all__ = [
     "principal_id",
     "printable",
     "saga_id",
+    "seconds_ms",
+    "signal_id",
+    "signal_name",
     "step_name",
     "target",
     "tenant_id",
     "timestamp_ms",
     "token",
     "traceparent",
+    "when_ms",
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -98,6 +104,21 @@ def definition_name(value: object) -> str:
 def step_name(value: object) -> str:
     """A step name: token of at most 128 characters."""
     return token(value, field="step name", max_len=128)
+
+
+def signal_name(value: object) -> str:
+    """A signal name: token of at most 128 characters."""
+    return token(value, field="signal name", max_len=128)
+
+
+def signal_id(value: object) -> str:
+    """A signal id: token of at most 128 characters."""
+    return token(value, field="signal id", max_len=128)
+
+
+def change_id(value: object) -> str:
+    """A ``ctx.patched`` change id: token of at most 128 characters."""
+    return token(value, field="change id", max_len=128)
 
 
 def approval_id(value: object) -> str:
@@ -201,6 +222,26 @@ def timestamp_ms(value: object, *, field: str = "timestamp") -> int:
 def duration_ms(value: object, *, field: str = "duration") -> int:
     """A positive integer number of milliseconds."""
     return _integer(value, field=field, low=1)
+
+
+def seconds_ms(value: object, *, field: str) -> int:
+    """A finite, non-negative number of seconds (at most a year) as integer milliseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SagaValidationError(f"{field} must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0 <= value <= 366 * 86_400):
+        raise SagaValidationError(f"{field} must be 0..31622400 seconds, got {_shown(value)}")
+    return math.ceil(value * 1000)
+
+
+def when_ms(value: object, *, field: str) -> int:
+    """A moment as integer milliseconds since the epoch: an aware ``datetime`` or epoch seconds."""
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise SagaValidationError(f"{field} must be an aware datetime (give it a tzinfo)")
+        return timestamp_ms(math.ceil(value.timestamp() * 1000), field=field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SagaValidationError(f"{field} must be an aware datetime or epoch seconds")
+    return timestamp_ms(math.ceil(value * 1000), field=field)
 
 
 # Integers of more than 4300 digits are refused by int <-> str conversion (CPython's default

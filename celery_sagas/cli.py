@@ -231,13 +231,13 @@ def _outcome(committed: bool, not_committed: bool, compensated: bool, not_compen
     return chosen[0]
 
 
-def _json_result(text: str | None) -> Any:
+def _json_result(text: str | None, hint: str = "--result") -> Any:
     if text is None:
         return None
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--result") from None
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from None
 
 
 def _changed(as_json: bool, record: SagaRecord, did: str) -> None:
@@ -368,6 +368,22 @@ def resume(ctx: click.Context, saga_id: str, as_json: bool) -> None:
     _changed(as_json, sagas_.resume(saga_id), "resumed")
 
 
+@click.command("signal")
+@click.argument("saga_id")
+@click.argument("name")
+@click.option("--payload", "payload_json", metavar="JSON", help="The signal's payload (JSON).")
+@click.option("--signal-id", help="Sending again with the same id is one signal.")
+@json_option
+@click.pass_context
+@_operation
+def signal(ctx: click.Context, saga_id: str, name: str, payload_json: str | None,
+           signal_id: str | None, as_json: bool) -> None:
+    """Send the signal NAME to a saga (ctx.wait_signal receives its payload)."""
+    payload = _json_result(payload_json, "--payload")
+    record = _session(ctx).sagas.signal(saga_id, name, payload, signal_id=signal_id)
+    _changed(as_json, record, f"signalled {name}")
+
+
 @click.command("sweep")
 @json_option
 @click.pass_context
@@ -446,7 +462,8 @@ def web(ctx: click.Context, host: str, port: int) -> None:
     serve(create_app(_session(ctx).sagas), host, port)
 
 
-COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, sweep, reseal)
+COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, signal, sweep,
+            reseal)
 
 
 # ---------------------------------------------------------------- the two entry points

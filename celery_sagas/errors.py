@@ -19,6 +19,7 @@
     ├── SagaConfigurationError               a definition or setting is unusable
     ├── SagaUsageError                       a saga task used outside a saga (called directly)
     ├── StepNotCommitted                     raised by step code: provably nothing happened
+    │   └── SignalTimeout                    ctx.wait_signal saw no signal within its timeout
     ├── LeaseError                           a lease operation failed
     │   └── LeaseLost                        renewal failed: stop at once
     └── ApprovalError
@@ -66,6 +67,7 @@ __all__ = [
     "SagaResolutionError",
     "SagaUsageError",
     "SagaValidationError",
+    "SignalTimeout",
     "StepNotCommitted",
     "StoreError",
     "StoreUnavailable",
@@ -253,6 +255,25 @@ class StepNotCommitted(SagaError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self._fields["code"], self._fields["message"]))
+
+
+class SignalTimeout(StepNotCommitted):
+    """``ctx.wait_signal(name, timeout)`` saw no signal ``name`` within ``timeout`` seconds.
+
+    ``run`` may catch it to take another path; left uncaught it rolls the saga back (code
+    ``signal_timeout``), like any step that did not commit.
+    """
+
+    signal: str
+
+    def __init__(self, signal: str = "", message: str = "") -> None:
+        SagaError.__init__(self, message, code="signal_timeout", signal=signal)
+
+    def render(self) -> str:
+        return f"no signal {self._fields['signal']!r} within the timeout"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._fields["signal"], self._fields["message"]))
 
 
 class LeaseError(SagaError):

@@ -378,6 +378,24 @@ class Sagas:
             trace_parent=self._trace_parent_of(saga_id),
         )
 
+    def signal(self, saga_id: str, name: str, payload: Any = None,
+               signal_id: str | None = None) -> SagaRecord:
+        """Send the signal ``name`` to a saga (docs/design.md §3.5); returns the saga record.
+
+        The signal is recorded durably with one write and no read; a ``ctx.wait_signal(name)``
+        of the saga, waiting now or later, receives ``payload``. Sending again with the same
+        ``signal_id`` (say, a webhook delivery id) is one signal; without one each call is a
+        new signal. A saga waiting for it is advanced at once, in this process.
+
+        Raises:
+            SagaValidationError: a bad id or name, or a payload that is not JSON or is over a
+                quarter of ``sagas_payload_limit``; nothing is written.
+            SagaNotFound: no saga has that id.
+        """
+        return self._operation("saga.signal", saga_id,
+                               lambda: self.engine.signal(saga_id, name, payload, signal_id),
+                               signal=name)
+
     def _trace_parent_of(self, saga_id: str) -> Callable[[], str | None]:
         """Reads the saga's stored traceparent (tracing calls it only when it records a span)."""
 

@@ -22,6 +22,12 @@ WORKER_LOST = "worker_lost"
 TIME_LIMIT = "time_limit"
 APPROVAL_DENIED = "approval_denied"
 APPROVAL_EXPIRED = "approval_expired"
+SIGNAL_TIMEOUT = "signal_timeout"
+CHILD_COMPENSATED = "child_compensated"
+CHILD_IN_REVIEW = "child_in_review"
+CHILD_ID_TAKEN = "child_id_taken"
+PARENT_COMPENSATING = "parent_compensating"
+INVALID_RESULT = "invalid_result"
 
 # Manual review caused only by an unknown outcome lifts itself once that outcome is known.
 AUTO_LIFTED = frozenset({AMBIGUOUS_STEP, AMBIGUOUS_COMPENSATION})

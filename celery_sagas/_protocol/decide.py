@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._records import SagaRecord, SagaState, StepRecord, StepState
+from .._records import CHILD_TASK, SagaRecord, SagaState, StepRecord, StepState
 from . import codes
 from .compensation import plan_compensation
 from .decisions import (
@@ -32,6 +32,7 @@ from .decisions import (
 )
 from .moves import unresolved_ambiguity
 from .replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
+from .waiting import judge_waiting
 
 __all__ = ["decide", "judge_in_flight"]
 
@@ -85,8 +86,19 @@ def _in_flight(
     """The first in-flight step needing action, or the earliest wait, or None if none."""
     waits: list[Wait] = []
     for step in saga.steps:
-        if saga.rolling_back and step.state is StepState.AWAITING_APPROVAL:
+        if step.state is StepState.WAITING and step.task == CHILD_TASK:
+            # a child saga runs on its own: it settles this step (cancelled first when rolling
+            # back, docs/design.md §3.7); nothing to decide here
+            waits.append(Wait())
+            continue
+        if saga.rolling_back and step.state in (StepState.AWAITING_APPROVAL, StepState.WAITING):
             return Abandon(step)
+        if step.state is StepState.WAITING:
+            woken = judge_waiting(saga, step, now_ms)
+            if not isinstance(woken, Wait):
+                return woken
+            waits.append(woken)
+            continue
         live = step.state is StepState.EXECUTING or (
             step.state is StepState.COMPENSATING and step.error_code != codes.AMBIGUOUS_COMPENSATION
         )
@@ -125,9 +137,15 @@ def decide(
         return plan_compensation(saga, now_ms, policy.max_compensation_attempts)
     if unresolved_ambiguity(saga) is not None:
         return flight or Wait()
-    if replay is None:
+    if replay is None or _held(saga):
+        # a waiting step stops every replay there: nothing new to record until it commits, so
+        # a sleeping saga costs the sweep no replay (docs/design.md §3.4)
         return flight or Wait()
     return _forward(saga, replay(), flight)
+
+
+def _held(saga: SagaRecord) -> bool:
+    return any(step.state is StepState.WAITING for step in saga.steps)
 
 
 def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Decision:
@@ -140,8 +158,8 @@ def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Dec
     if isinstance(outcome, Returned):
         if flight is not None:
             return flight
-        return Complete()
+        return Complete(outcome.patches, outcome.value)
     assert isinstance(outcome, Suspended)
     if outcome.new_steps:
-        return Append(outcome.new_steps)
+        return Append(outcome.new_steps, outcome.patches)
     return flight or Wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._records import StepRecord
 
@@ -22,6 +23,7 @@ __all__ = [
     "StepPolicy",
     "Vanished",
     "Wait",
+    "Wake",
 ]
 
 
@@ -59,9 +61,21 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Record these new steps as executing, then dispatch them."""
+    """Record these new steps as executing (or waiting), then dispatch the executing ones;
+    ``patches`` are the ``ctx.patched`` ids the replay passed first (docs/design.md §3.6)."""
 
     steps: tuple[StepRecord, ...]
+    patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Commit a waiting step with ``result`` (a timer fired, a signal came, a wait timed out);
+    ``signal_id`` is the signal it consumes."""
+
+    step: StepRecord
+    result: Any
+    signal_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +112,10 @@ class BeginCompensation:
 
 @dataclass(frozen=True, slots=True)
 class Complete:
-    """Every step committed and run() returned."""
+    """Every step committed and run() returned ``result``."""
+
+    patches: tuple[str, ...] = ()
+    result: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +146,7 @@ Decision = (
     | Redispatch
     | Vanished
     | Abandon
+    | Wake
     | BeginCompensation
     | Complete
     | FinishCompensation

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .._records import (
-    APPROVAL_TASK,
+    WAITING_TASKS,
     EffectMark,
     EffectRecord,
     EffectState,
@@ -168,8 +168,9 @@ def marked(saga: SagaRecord, now_ms: int) -> SagaRecord:
 
 
 def _marked_step(step: StepRecord, now_ms: int) -> StepRecord:
-    if step.task == APPROVAL_TASK:
-        return step  # an approval gate is no side effect: its approval record says where it stands
+    if step.task in WAITING_TASKS:
+        # an approval gate, a timer or a signal wait is no side effect: nothing to mark
+        return step
     execution = _moved(step.execution, _execution_target(step), step.attempts, step.error_code,
                        now_ms)
     compensation = _moved(step.compensation, _compensation_target(step),

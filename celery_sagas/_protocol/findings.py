@@ -137,6 +137,8 @@ def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:
             return found(FindingKind.MANUAL_REVIEW, exhausted.name,
                          exhausted.compensation_effect_id)
         return found(FindingKind.MANUAL_REVIEW)
+    if any(step.state is StepState.WAITING for step in saga.steps):
+        return None  # a timer or a signal wait: quiet by design, not stale
     if saga.updated_at_ms < stale_before_ms:
         return found(FindingKind.STALE)
     return None

@@ -13,6 +13,8 @@ Step moves, forward:
                      |                     |---ambiguous--> ambiguous --late commit/fail-->
                      |                     '----release---> executing (idempotent retry)
                      '----abandon (rolling back, never claimed)--> failed
+    (intent) --> waiting --wake (timer due, signal came, wait timed out)--> committed
+                     '----abandon (rolling back)--> failed
 
 Compensation, for a committed step:
 
@@ -33,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
+from .._records import CHILD_TASK, AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
@@ -44,6 +46,8 @@ __all__ = [
     "append_steps",
     "begin_compensation",
     "cancel",
+    "child_review_reason",
+    "child_settled",
     "claim_compensation",
     "claim_step",
     "commit_step",
@@ -59,16 +63,20 @@ __all__ = [
     "one_write",
     "pass_gate",
     "release_step",
+    "reopen",
     "resume",
     "start_compensation",
     "step_ambiguous",
     "to_manual_review",
     "unknown_task",
     "unresolved_ambiguity",
+    "wake_step",
     "with_exception",
 ]
 
 _LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
+# The states a step is recorded in; the last two hold the saga without a task.
+_INTENT_STATES = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL)
 _ANY_OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 
 
@@ -193,8 +201,16 @@ def _step_move(saga: SagaRecord, step: StepRecord, now_ms: int, **changes: Any) 
 # ---------------------------------------------------------------- forward
 
 
-def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int) -> SagaRecord:
-    """Record the intent of new steps (executing, attempts 0) before their dispatch."""
+def _with_patches(saga: SagaRecord, patches: Iterable[str]) -> tuple[str, ...]:
+    """The saga's patch ids and the new ones passed by a replay (docs/design.md §3.6)."""
+    new = [p for p in dict.fromkeys(patches) if p not in saga.patches]
+    return (*saga.patches, *new)
+
+
+def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int,
+                 patches: Iterable[str] = ()) -> SagaRecord:
+    """Record the intent of new steps (executing or waiting, attempts 0) before their
+    dispatch, with the patch ids the replay passed before them."""
     new = tuple(steps)
     if saga.state is not SagaState.RUNNING or saga.rolling_back or not new:
         raise _illegal(saga, "append_steps")
@@ -203,9 +219,9 @@ def append_steps(saga: SagaRecord, steps: Iterable[StepRecord], now_ms: int) -> 
     if len(set(names)) != len(names) or len(set(ids)) != len(ids):
         raise _illegal(saga, "append_steps: repeated step name or effect id")
     for step in new:
-        if step.state not in (StepState.EXECUTING, StepState.AWAITING_APPROVAL) or step.attempts:
+        if step.state not in _INTENT_STATES or step.attempts:
             raise _illegal(saga, "append_steps", step)
-    return _write(saga, now_ms, steps=(*saga.steps, *new))
+    return _write(saga, now_ms, steps=(*saga.steps, *new), patches=_with_patches(saga, patches))
 
 
 def claim_step(saga: SagaRecord, name: str, effect_id: str, claimer: str, now_ms: int) -> SagaRecord:
@@ -305,13 +321,69 @@ def release_step(
 def abandon_step(saga: SagaRecord, name: str, effect_id: str, now_ms: int) -> SagaRecord:
     """While rolling back, a step never claimed is failed before it can begin."""
     step = _find(saga, name, effect_id, "abandon_step", compensation=False)
-    _need(saga, step, "abandon_step", (StepState.EXECUTING, StepState.AWAITING_APPROVAL),
-          started=False)
+    _need(saga, step, "abandon_step", _INTENT_STATES, started=False)
     if not saga.rolling_back:
         raise _illegal(saga, "abandon_step while going forward", step)
     if step.attempts > 0:  # an earlier attempt began: its outcome is not "never happened"
         raise _illegal(saga, "abandon_step after an attempt", step)
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=codes.NOT_STARTED)
+
+
+def wake_step(saga: SagaRecord, name: str, effect_id: str, result: Any, now_ms: int,
+              signal_id: str | None = None) -> SagaRecord:
+    """A waiting step commits with ``result`` (a timer fired, a signal came or the wait timed
+    out); the signal it received, if any, is marked consumed by it in the same write."""
+    step = _find(saga, name, effect_id, "wake_step", compensation=False)
+    _need(saga, step, "wake_step", (StepState.WAITING,), (SagaState.RUNNING,))
+    if saga.rolling_back:
+        raise _illegal(saga, "wake_step while rolling back", step)
+    signals = saga.signals
+    if signal_id is not None:
+        found = [s for s in signals if s.signal_id == signal_id and s.consumed_by is None]
+        if not found:
+            raise _illegal(saga, "wake_step with a signal not there or consumed", step)
+        signals = tuple(replace(s, consumed_by=name) if s.signal_id == signal_id else s
+                        for s in signals)
+    moved = _step_move(saga, step, now_ms, state=StepState.COMMITTED, result=result,
+                       committed_at_ms=_commit_stamp(saga, step, now_ms), attempts=1)
+    return replace(moved, signals=signals)
+
+
+def child_review_reason(child_id: str) -> str:
+    """The reason a parent gives while its child saga waits for an operator."""
+    return f"child saga {child_id!r} needs review"
+
+
+def _lift_child_review(saga: SagaRecord, child_id: str) -> SagaRecord:
+    """A parent in review because of this child goes back the way it was going."""
+    if saga.state is not SagaState.MANUAL_REVIEW or saga.error_code != codes.CHILD_IN_REVIEW:
+        return saga
+    if saga.reason != child_review_reason(child_id):
+        return saga  # in review for another child
+    cause, why = _rollback_cause(saga)
+    return replace(saga, state=direction(saga), error_code=cause, reason=why)
+
+
+def child_settled(saga: SagaRecord, name: str, child_id: str, outcome: StepState, result: Any,
+                  now_ms: int) -> SagaRecord:
+    """A child saga settled (docs/design.md §3.7): its waiting step commits with the child's
+    result (``committed``) or fails (``failed``: the child compensated); a child step being
+    compensated is done (``compensated``). A review that named this child is lifted."""
+    step = saga.step(name)
+    if step is None or step.task != CHILD_TASK or step.kwargs.get("saga_id") != child_id:
+        raise _illegal(saga, "child_settled")
+    _need(saga, step, "child_settled", (StepState.WAITING, StepState.COMPENSATING), _ANY_OPEN)
+    lifted = _lift_child_review(saga, child_id)
+    if step.state is StepState.WAITING and outcome is StepState.COMMITTED:
+        return _step_move(lifted, step, now_ms, state=StepState.COMMITTED, result=result,
+                          committed_at_ms=_commit_stamp(saga, step, now_ms), attempts=1)
+    if step.state is StepState.WAITING and outcome is StepState.FAILED:
+        return _step_move(lifted, step, now_ms, state=StepState.FAILED,
+                          error_code=codes.CHILD_COMPENSATED)
+    if step.state is StepState.COMPENSATING and outcome is StepState.COMPENSATED:
+        return _step_move(lifted, step, now_ms, state=StepState.COMPENSATED, error_code=None,
+                          next_attempt_at_ms=None)
+    raise _illegal(saga, f"child_settled: {outcome}", step)
 
 
 def mark_redispatched(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
@@ -443,13 +515,15 @@ def unknown_task(saga: SagaRecord, name: str, effect_id: str, task: str, now_ms:
 # ---------------------------------------------------------------- saga level
 
 
-def complete(saga: SagaRecord, now_ms: int) -> SagaRecord:
-    """Every step committed and run() returned: the saga is completed."""
+def complete(saga: SagaRecord, now_ms: int, patches: Iterable[str] = (),
+             result: Any = None) -> SagaRecord:
+    """Every step committed and run() returned ``result``: the saga is completed."""
     if saga.state is not SagaState.RUNNING or saga.rolling_back:
         raise _illegal(saga, "complete")
     if any(s.state is not StepState.COMMITTED for s in saga.steps):
         raise _illegal(saga, "complete with uncommitted steps")
-    return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None)
+    return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None,
+                  patches=_with_patches(saga, patches), result=result)
 
 
 def start_compensation(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:
@@ -483,6 +557,14 @@ def finish_compensation(saga: SagaRecord, now_ms: int) -> SagaRecord:
     if any(s.state not in _UNDONE and not _nothing_to_undo(s) for s in saga.steps):
         raise _illegal(saga, "finish_compensation with steps left")
     return _write(saga, now_ms, state=SagaState.COMPENSATED)
+
+
+def reopen(saga: SagaRecord, now_ms: int) -> SagaRecord:
+    """A completed child saga compensates as a unit because its parent compensates."""
+    if saga.state is not SagaState.COMPLETED or saga.parent is None:
+        raise _illegal(saga, "reopen")
+    return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
+                  error_code=codes.PARENT_COMPENSATING, reason="its parent saga compensates")
 
 
 def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int) -> SagaRecord:

@@ -6,20 +6,30 @@ store bumps the record's version. Whoever reads the record next applies its note
 so every reader sees the same record; the next compare-and-set writes the result and clears
 them. A claim that no longer applies (the saga moved on in between: impossible at the version
 it was written for, but a note is judged, not trusted) is ignored by every reader alike.
+
+A signal (docs/design.md §3.5) is a note too, appended at any version: applying it adds the
+signal to the record's ``signals`` unless a signal with its id is there already, so a repeated
+send is one signal. Its payload is kept as the codec stored it (``{"payload": value}``, or a
+sealed token where payloads are encrypted, docs/design.md §7): whoever applies notes passes
+``open_payload`` to turn it back into the value.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from .._records import SagaRecord
-from .._values import effect_id, step_name, timestamp_ms, token
+from .._records import SagaRecord, SignalRecord
+from .._values import effect_id, json_value, signal_id, signal_name, step_name, timestamp_ms, token
 from ..errors import IllegalTransition
 from .moves import claim_compensation, claim_step
 
-__all__ = ["ClaimNote", "Note", "apply_notes", "parse_note"]
+__all__ = [
+    "ClaimNote", "Note", "OpenPayload", "SignalNote", "apply_notes", "clear_payload", "parse_note",
+    "with_signal",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +47,40 @@ class ClaimNote:
                           separators=(",", ":"))
 
 
-Note = ClaimNote
+@dataclass(frozen=True, slots=True)
+class SignalNote:
+    """A signal sent to a saga, appended without a read (docs/design.md §3.5); ``stored`` is
+    its payload as the codec stores a payload outside a body (``{"payload": value}``)."""
+
+    signal_id: str
+    name: str
+    stored: Any
+    at_ms: int
+
+    def text(self) -> str:
+        """The note as stored: one line of JSON."""
+        return json.dumps({"signal": [self.signal_id, self.name, self.stored, self.at_ms]},
+                          separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+OpenPayload = Callable[[Any], Any]
+
+
+def clear_payload(stored: Any) -> Any:
+    """The value of a payload stored in clear (``{"payload": value}``); ValueError otherwise."""
+    if type(stored) is not dict or set(stored) != {"payload"}:
+        raise ValueError("not a payload in clear")
+    return stored["payload"]
+
+
+Note = ClaimNote | SignalNote
 
 
 def parse_note(text: str) -> Note:
     """Read a stored note; ValueError when it is not one this version writes."""
     raw = json.loads(text)
+    if isinstance(raw, dict) and set(raw) == {"signal"}:
+        return _signal_note(raw["signal"])
     if not isinstance(raw, dict) or set(raw) != {"claim"}:
         raise ValueError("unknown note")
     fields = raw["claim"]
@@ -56,7 +94,31 @@ def parse_note(text: str) -> Note:
         raise ValueError("malformed claim note") from exc
 
 
-def _apply(saga: SagaRecord, note: Note) -> SagaRecord:
+def _signal_note(fields: Any) -> SignalNote:
+    if not isinstance(fields, list) or len(fields) != 4:
+        raise ValueError("malformed signal note")
+    sent_id, name, stored, at = fields
+    if type(stored) is not dict or len(stored) != 1 or not set(stored) & {"payload", "sealed"}:
+        raise ValueError("malformed signal note")
+    try:
+        return SignalNote(signal_id(sent_id), signal_name(name),
+                          json_value(stored, field="signal payload"), timestamp_ms(at))
+    except Exception as exc:
+        raise ValueError("malformed signal note") from exc
+
+
+def with_signal(saga: SagaRecord, note: SignalNote, payload: Any) -> SagaRecord:
+    """The record with the signal (its payload opened) added, unless one with its id is there
+    already."""
+    if any(s.signal_id == note.signal_id for s in saga.signals):
+        return saga
+    signal = SignalRecord(note.signal_id, note.name, payload, note.at_ms)
+    return replace(saga, signals=(*saga.signals, signal))
+
+
+def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecord:
+    if isinstance(note, SignalNote):
+        return with_signal(saga, note, open_payload(note.stored))
     step = saga.step(note.step)
     if step is None:
         return saga
@@ -70,9 +132,10 @@ def _apply(saga: SagaRecord, note: Note) -> SagaRecord:
     return saga
 
 
-def apply_notes(saga: SagaRecord, notes: Sequence[Note]) -> SagaRecord:
+def apply_notes(saga: SagaRecord, notes: Sequence[Note],
+                open_payload: OpenPayload = clear_payload) -> SagaRecord:
     """The record with its notes applied in order (its version already counts them)."""
     applied = saga
     for note in notes:
-        applied = _apply(applied, note)
+        applied = _apply(applied, note, open_payload)
     return replace(applied, version=saga.version, updated_at_ms=saga.updated_at_ms)

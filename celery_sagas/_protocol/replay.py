@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._records import SagaRecord, StepRecord
+from .._records import TIMER_TASK, SagaRecord, StepRecord
 
 __all__ = [
     "Crashed",
@@ -74,6 +74,10 @@ def match_call(saga: SagaRecord, position: int, call: StepCall) -> Recorded | Ne
         )
     if step.compensator != call.compensator:
         return Mismatch(f"step {step.name!r} no longer has compensator {step.compensator!r}")
+    if step.task == TIMER_TASK:
+        # A timer's wake-up was fixed when it was recorded; sleep_until(now + x) need not
+        # repeat it to the millisecond (docs/design.md §3.4).
+        return Recorded(step)
     if list(step.args) != list(call.args) or dict(step.kwargs) != dict(call.kwargs):
         return Mismatch(f"step {step.name!r} is asked for with other arguments than recorded")
     if step.group != call.group:
@@ -90,16 +94,20 @@ def unreached(saga: SagaRecord, calls: int) -> Diverged | None:
 
 @dataclass(frozen=True, slots=True)
 class Returned:
-    """run() returned: every step it asked for is committed."""
+    """run() returned: every step it asked for is committed; ``patches`` are the
+    ``ctx.patched`` ids it passed that the record does not hold yet."""
 
     value: Any = None
+    patches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Suspended:
-    """run() stopped at uncommitted steps; ``new_steps`` are to be recorded and dispatched."""
+    """run() stopped at uncommitted steps; ``new_steps`` are to be recorded and dispatched
+    (with the new ``patches`` passed before them)."""
 
     new_steps: tuple[StepRecord, ...] = ()
+    patches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,8 @@ ROW_HEIGHT = 34.0
 TOP = 26.0
 MIN_BAR = 3.0
 TIMES = "\N{MULTIPLICATION SIGN}"
-_FORWARD = (StepState.EXECUTING, StepState.AWAITING_APPROVAL, StepState.COMMITTED,
-            StepState.FAILED, StepState.AMBIGUOUS)
+_FORWARD = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
+            StepState.COMMITTED, StepState.FAILED, StepState.AMBIGUOUS)
 _COMPENSATION = (StepState.COMPENSATING, StepState.COMPENSATION_FAILED, StepState.COMPENSATED)
 
 
@@ -152,6 +152,9 @@ def _forward(record: SagaRecord, index: int, now: int, scale: _Scale,
         if step.state is StepState.FAILED:  # denied or expired; a gate has no effect marks
             right = bars[-1].x + bars[-1].width + 8
             marks.append(Mark(right, top + 10, "✕", "failed", f"gate closed ({step.error_code})"))
+    elif step.task.startswith("celery_sagas."):  # a timer or a signal wait: no task runs
+        end = step.committed_at_ms or (now if step.state is StepState.WAITING else begin)
+        bars.append(scale.bar(begin, end, top, height, "wait", f"{step.name}: {step.state}"))
     elif step.state is StepState.EXECUTING and started is None and step.next_attempt_at_ms:
         bars.append(scale.bar(begin, step.next_attempt_at_ms, top, height, "retry",
                               f"{step.name}: retry due at {_clock(step.next_attempt_at_ms)} UTC"))
@@ -175,7 +178,8 @@ def _forward_end(step: StepRecord, run_from: int, now: int) -> int:
     mark = step.execution
     if mark is not None and mark.state is EffectState.FAILED:
         return max(run_from, mark.at_ms)
-    if step.state in (StepState.EXECUTING, StepState.AWAITING_APPROVAL, StepState.AMBIGUOUS):
+    if step.state in (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
+                      StepState.AMBIGUOUS):
         return now
     return run_from
 

@@ -174,8 +174,8 @@ class LifecycleRow:
     error_code: str | None = None
 
 
-_FORWARD = (StepState.EXECUTING, StepState.AWAITING_APPROVAL, StepState.COMMITTED,
-            StepState.FAILED, StepState.AMBIGUOUS)
+_FORWARD = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
+            StepState.COMMITTED, StepState.FAILED, StepState.AMBIGUOUS)
 _PHASE_OF = {EffectState.COMMITTED: Phase.COMMITTED, EffectState.FAILED: Phase.FAILED,
              EffectState.UNKNOWN: Phase.AMBIGUOUS}
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_sagas import SagaContext
+from celery_sagas import SagaContext, SignalTimeout
 
 from .app import sagas
 from .tasks import charge_card, reserve_stock, ship
 
 # Orders above this total need a manager's approval before the card is charged.
 APPROVAL_LIMIT = 500
+# How long a tracked order waits for the carrier's "delivered" webhook.
+DELIVERY_TIMEOUT_S = 14 * 24 * 3600
 
 
 @sagas.saga("place-order")
@@ -27,4 +29,11 @@ def place_order(ctx: SagaContext, order: dict[str, Any]) -> dict[str, Any]:
         )
     charge = ctx.step(charge_card, order["card"], order["total"])
     shipment = ctx.step(ship, order["id"], stock["reservation"])
-    return {"charge": charge["charge"], "tracking": shipment["tracking"]}
+    outcome = {"charge": charge["charge"], "tracking": shipment["tracking"]}
+    if order.get("track_delivery"):
+        # Parked without a worker until the carrier's webhook signals it (POST /webhooks/carrier).
+        try:
+            outcome["delivery"] = ctx.wait_signal("delivered", timeout=DELIVERY_TIMEOUT_S)
+        except SignalTimeout:
+            outcome["delivery"] = "lost"  # a path of its own: no refund of a shipped order here
+    return outcome

@@ -7,6 +7,8 @@
     GET  /orders/<id>/approval      → the pending approval of a large order, with its token
     POST /approvals/<id>/decision   {"decision": "approved"|"denied", "decided_by", "tenant_id"}
     POST /orders/<id>/resume        {"token", "principal_id", "tenant_id"} → continue the order
+    POST /webhooks/carrier          {"order_id", "event": "delivered", "delivery_id", ...}
+                                    → signal the order (a repeated delivery_id counts once)
 
 Authentication is left out: a real shop shows the token only to the customer who placed the
 order and lets only managers decide.
@@ -118,6 +120,26 @@ def decide_approval(approval_id: str) -> Any:
     except ApprovalError as exc:
         return jsonify(error=type(exc).__name__, detail=str(exc)), 409
     return jsonify(approval_id=record.approval_id, state=str(record.state))
+
+
+@web.post("/webhooks/carrier")
+def carrier_webhook() -> Any:
+    """The carrier reports a delivery: signal the order that waits for it (``track_delivery``).
+
+    Carriers retry webhooks; their delivery id is the signal id, so a retry is one signal.
+    """
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict) or body.get("event") != "delivered":
+        return jsonify(error="expected {order_id, event: delivered, delivery_id}"), 400
+    try:
+        record = sagas.signal(str(body.get("order_id")), "delivered",
+                              {"at": body.get("at"), "signed_by": body.get("signed_by")},
+                              signal_id=body.get("delivery_id"))
+    except SagaNotFound:
+        return jsonify(error="no such order"), 404
+    except SagaValidationError as exc:
+        return jsonify(error=str(exc)), 400
+    return jsonify(saga_id=record.saga_id, state=str(record.state)), 202
 
 
 @web.post("/orders/<saga_id>/resume")

@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_sagas import Sagas, StepNotCommitted
+from celery_sagas import Sagas, SignalTimeout, StepNotCommitted
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Config:
     sweep_interval: float = 1.0
     stale_after: float = 2.0
     encryption_keys: tuple[str, ...] = ()
+    code_version: int = 1  # which version of the e2e-patched saga's code this process runs
 
     @classmethod
     def from_env(cls) -> Config:
@@ -54,6 +55,7 @@ class Config:
             sweep_interval=float(env.get("E2E_SWEEP_INTERVAL", "1")),
             stale_after=float(env.get("E2E_STALE_AFTER", "2")),
             encryption_keys=tuple(k for k in env.get("E2E_ENCRYPTION_KEYS", "").split(",") if k),
+            code_version=int(env.get("E2E_CODE_VERSION", "1")),
         )
 
     def environ(self) -> dict[str, str]:
@@ -68,6 +70,7 @@ class Config:
             "E2E_SWEEP_INTERVAL": str(self.sweep_interval),
             "E2E_STALE_AFTER": str(self.stale_after),
             "E2E_ENCRYPTION_KEYS": ",".join(self.encryption_keys),
+            "E2E_CODE_VERSION": str(self.code_version),
         }
 
 
@@ -211,6 +214,58 @@ def build(config: Config) -> Shop:
         charge_task = charge_idempotent if plan.get("idempotent") else charge
         ctx.step(charge_task, data["amount"], plan)
         ctx.step(ship, data["id"], plan)
+
+    @sagas.saga("e2e-sleep")
+    def sleeper(ctx: Any, data: dict[str, Any]) -> None:
+        """Reserve, sleep ``seconds`` (a durable timer), charge."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        ctx.sleep(data["seconds"])
+        ctx.step(charge, data["amount"], plan)
+
+    @sagas.saga("e2e-signal")
+    def waiter(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve, wait for ``waits`` signals "go" (a timeout ships instead), charge their sum."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        got = []
+        for _ in range(data.get("waits", 1)):
+            try:
+                got.append(ctx.wait_signal("go", timeout=data.get("timeout")))
+            except SignalTimeout:
+                return ctx.step(ship, data["id"], plan)
+        ctx.step(charge, sum(g["amount"] for g in got), plan)
+        return got
+
+    @sagas.saga("e2e-patched")
+    def patched(ctx: Any, data: dict[str, Any]) -> None:
+        """Version 1: reserve, wait for "go", ship. Version 2 charges before the wait."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        if config.code_version >= 2 and ctx.patched("charge-before-go"):
+            ctx.step(charge, data["amount"], plan)
+        ctx.wait_signal("go")
+        ctx.step(ship, data["id"], plan)
+
+    @sagas.saga("e2e-payment")
+    def payment(ctx: Any, data: dict[str, Any]) -> Any:
+        """A child saga: charge (the plan may decline it)."""
+        return ctx.step(charge, data["amount"], data.get("plan", {}))
+
+    @sagas.saga("e2e-trip")
+    def trip(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve, pay in a child saga, ship."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        paid = ctx.child(payment, {"amount": data["amount"], "plan": data.get("child_plan", {})})
+        ctx.step(ship, data["id"], plan)
+        return paid
+
+    @sagas.saga("e2e-fan")
+    def fan(ctx: Any, data: dict[str, Any]) -> Any:
+        """``n`` child payments at once."""
+        calls = [ctx.call_child(payment, {"amount": i}) for i in range(data["n"])]
+        return [paid["charged"] for paid in ctx.parallel(*calls)]
 
     tasks = {"reserve": reserve, "release": release, "charge": charge,
              "charge_idempotent": charge_idempotent, "refund": refund, "ship": ship}

@@ -119,6 +119,23 @@ def run_every_path(shop: Shop) -> str:
     sagas.approvals.resume("m-6", pending.token, **BINDING)
     shop.driver.run_until_idle()
 
+    # a signal with a marked payload wakes a waiting child saga; the parent gets its result
+    @sagas.saga("marked-child")
+    def waiting_child(ctx: Any, data: dict[str, Any]) -> Any:
+        ctx.sleep(1)
+        return ctx.wait_signal("paid")
+
+    @sagas.saga("marked-parent")
+    def parent(ctx: Any, data: dict[str, Any]) -> Any:
+        return ctx.child(waiting_child, {"secret": f"{MARK}-INPUT-child"})
+
+    parent.start({}, saga_id="m-8")
+    later(shop, 1_000)
+    child_id = shop.record("m-8").steps[0].kwargs["saga_id"]
+    sagas.signal(child_id, "paid", {"card": f"{MARK}-SIGNAL-payload"}, signal_id="sig-1")
+    shop.driver.run_until_idle()
+    assert shop.record("m-8").result == {"card": f"{MARK}-SIGNAL-payload"}
+
     # a corrupt record whose body holds a marker
     body = f'{{"definition": "place-order", "input": "{MARK}-INPUT-corrupt"'
     assert shop.sagas.store.create(Envelope("saga", "m-7", 1, "manual-review", shop.clock.now_ms(), body))
@@ -147,10 +164,11 @@ def test_no_event_log_record_metric_or_effect_record_carries_a_payload_or_token(
     token = run_every_path(shop)
 
     # then: the sagas took every path ...
-    states = {saga_id: shop.record(saga_id).state for saga_id in ("m-1", "m-2", "m-3", "m-4", "m-6")}
+    states = {saga_id: shop.record(saga_id).state
+              for saga_id in ("m-1", "m-2", "m-3", "m-4", "m-6", "m-8")}
     assert states == {"m-1": SagaState.COMPLETED, "m-2": SagaState.COMPENSATED,
                       "m-3": SagaState.COMPLETED, "m-4": SagaState.COMPLETED,
-                      "m-6": SagaState.COMPLETED}
+                      "m-6": SagaState.COMPLETED, "m-8": SagaState.COMPLETED}
     assert shop.record("m-5").state == SagaState.MANUAL_REVIEW
     phases = {(e.stage, e.phase) for e in capture.events}
     assert phases >= {("execution", p) for p in ("intent", "executing", "committed", "failed", "ambiguous")}

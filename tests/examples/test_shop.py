@@ -81,6 +81,31 @@ def test_a_large_order_waits_for_a_manager_then_resumes_with_its_token(shop: Any
     assert replay.get_json() == {"error": "ApprovalTokenReplay"}
 
 
+def test_a_tracked_order_waits_for_the_carrier_webhook_and_a_retried_hook_counts_once(
+        shop: Any) -> None:
+    client, driver = shop
+    client.post("/orders", json={"id": "web-4", "sku": "D", "qty": 1, "card": "4242",
+                                 "total": 10, "track_delivery": True})
+    driver.run_until_idle()
+    body = client.get("/orders/web-4").get_json()
+    assert (body["state"], body["steps"][-1]["state"]) == ("running", "waiting")
+    hook = {"order_id": "web-4", "event": "delivered", "delivery_id": "dlv-1", "at": "noon"}
+    assert client.post("/webhooks/carrier", json=hook).status_code == 202
+    assert client.post("/webhooks/carrier", json={**hook, "at": "retry"}).status_code == 202
+    driver.run_until_idle()
+    record = web_sagas().get("web-4")
+    assert record.state == "completed"
+    assert [s.payload["at"] for s in record.signals] == ["noon"]
+    assert client.post("/webhooks/carrier", json={**hook, "order_id": "nope"}).status_code == 404
+    assert client.post("/webhooks/carrier", json={"event": "lost"}).status_code == 400
+
+
+def web_sagas() -> Any:
+    from examples.shop import web
+
+    return web.sagas
+
+
 def test_the_readme_demo_runs_without_services(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOP_")}
     env["SHOP_PROVIDER_DB"] = str(tmp_path / "provider.db")

@@ -24,6 +24,7 @@ writes land in the fence trace the invariant checker reads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -32,11 +33,12 @@ from typing import Any
 
 from celery import Celery
 
-from celery_sagas import Sagas, StepNotCommitted
+from celery_sagas import Sagas, SignalTimeout, StepNotCommitted
 from tests.e2e.app import worker_app
 from tests.reliability.recording import SkewedClock, TracingStore, append_line
 
 DEFINITION = "rel-order"
+CHILD_DEFINITION = "rel-payment"
 STEP_NAMES = {
     "reserve": "rel.reserve", "charge": "rel.charge", "charge_idem": "rel.charge_idem",
     "ship": "rel.ship",
@@ -249,18 +251,34 @@ def build(config: Config) -> Shop:
         """Ship the order (nothing to undo; may decline)."""
         return behave("ship", plan, saga, False)
 
+    @sagas.saga(CHILD_DEFINITION)
+    def payment(ctx: Any, data: dict[str, Any]) -> Any:
+        """The charge as a child saga of its own (plan ``child``)."""
+        plan = data.get("plan", {})
+        charge_task = charge_idem if plan.get("idempotent") else charge
+        return ctx.step(charge_task, data["amount"], plan)
+
     @sagas.saga(DEFINITION)
     def order(ctx: Any, data: dict[str, Any]) -> None:
         """Reserve, charge, ship; with ``parallel`` a second reservation runs beside the
-        charge. The plan in the input scripts the providers."""
+        charge. The plan in the input scripts the providers; ``nap`` sleeps (ms, a durable
+        timer) and ``signal`` waits for the signal "go" (``signal_timeout`` s, then goes on)
+        after the reservation; ``child`` charges in a child saga."""
         plan = data.get("plan", {})
         ctx.step(reserve, data["sku"], plan)
+        if plan.get("nap"):
+            ctx.sleep(plan["nap"] / 1000)
+        if plan.get("signal"):
+            with contextlib.suppress(SignalTimeout):
+                ctx.wait_signal("go", timeout=plan.get("signal_timeout"))
         charge_task = charge_idem if plan.get("idempotent") else charge
+        charging = (ctx.call_child(payment, {"amount": data["amount"], "plan": plan})
+                    if plan.get("child") else ctx.call(charge_task, data["amount"], plan))
         if plan.get("parallel"):
             ctx.parallel(ctx.call(reserve, data["sku"] + "-b", plan, step_name=SECOND_RESERVE),
-                         ctx.call(charge_task, data["amount"], plan))
+                         charging)
         else:
-            ctx.step(charge_task, data["amount"], plan)
+            ctx.parallel(charging)
         ctx.step(ship, data["id"], plan)
 
     return Shop(app, sagas, order, store)

@@ -25,11 +25,20 @@ from tests.reliability.app import Config, Shop, build
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    """A TCP port on 127.0.0.1 nobody listens on right now: from ``CELERY_SAGAS_TEST_PORTS``
+    (``7601-7699``) when set, so runs sharing a machine keep to their own ports, else any."""
+    wanted = os.environ.get("CELERY_SAGAS_TEST_PORTS", "")
+    if wanted:
+        low, _, high = wanted.partition("-")
+        for port in range(int(low), int(high or low) + 1):
+            with socket.socket() as sock, contextlib.suppress(OSError):
+                sock.bind(("127.0.0.1", port))
+                return port
+        raise RuntimeError(f"no free port in CELERY_SAGAS_TEST_PORTS={wanted}")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        free: int = sock.getsockname()[1]
+        return free
 
 
 def _answers(port: int) -> bool:

@@ -113,6 +113,23 @@ def cancel_running(racers: int = 4) -> Injector:
     return inject
 
 
+def cancel_waiting(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """An operator cancels a saga held by a timer, a signal wait or a child saga."""
+    try:
+        page = cluster.sagas.browse(states=["running"], limit=200)
+    except SagaError:
+        return
+    held = [r.saga_id for r in page.records if any(s.state == "waiting" for s in r.steps)]
+    if not held:
+        return
+    saga_id = rng.choice(held)
+    try:
+        outcome = str(cluster.sagas.cancel(saga_id).state)
+    except SagaError as exc:
+        outcome = type(exc).__name__
+    log.add("cancel-waiting", f"{saga_id}: {outcome}")
+
+
 def kill_random_child(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     """SIGKILL any pool child (it may be idle, advancing, sweeping or in a body)."""
     children = sorted(cluster.pool_children())

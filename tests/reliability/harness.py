@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_sagas._records import SagaRecord
+from celery_sagas._records import CHILD_TASK, SagaRecord
 from celery_sagas.errors import SagaError
 from tests.reliability.app import DEFINITION
 from tests.reliability.cluster import Cluster
@@ -322,6 +322,28 @@ def _submit(cluster: Cluster, load: Load, rng: random.Random, tracker: Tracker) 
         retrying(lambda s=saga_id, d=data: cluster.sagas.start(DEFINITION, d, saga_id=s),
                  f"start {saga_id}")
         tracker.add(saga_id)
+        _signal_later(cluster, saga_id, data["plan"], rng)
+
+
+def _signal_later(cluster: Cluster, saga_id: str, plan: dict[str, Any],
+                  rng: random.Random) -> None:
+    """Send the signal "go" a plan waits for, twice under one id: at once (most likely before
+    the wait) or after 0.5-2 s (most likely after it); a "timeout" plan gets none."""
+    when = plan.get("signal")
+    if when not in ("early", "late"):
+        return
+
+    def send() -> None:
+        for _ in range(2):
+            retrying(lambda: cluster.sagas.signal(saga_id, "go", {"by": "harness"},
+                                                  signal_id=f"{saga_id}-go"), f"signal {saga_id}")
+
+    if when == "early":
+        send()
+    else:
+        timer = threading.Timer(rng.uniform(0.5, 2.0), send)
+        timer.daemon = True
+        timer.start()
 
 
 def _drain(tracker: Tracker, remaining: int, timeout: float) -> None:
@@ -347,11 +369,24 @@ def finish(cluster: Cluster, started: list[str], report: Report) -> Report:
     return report
 
 
+def started_children(record: SagaRecord | None) -> list[str]:
+    """The ids of the child sagas a parent started (a child step failed before it began has
+    none)."""
+    if record is None:
+        return []
+    return [str(step.kwargs["saga_id"]) for step in record.steps
+            if step.task == CHILD_TASK and step.error_code != "not_started"]
+
+
 def _collect(cluster: Cluster, tracker: Tracker, report: Report) -> None:
     records = {
         saga_id: retrying(lambda s=saga_id: cluster.sagas.get(s), "read back")
         for saga_id in tracker.started
     }
+    children = [child for record in records.values() for child in started_children(record)]
+    for child_id in children:
+        records[child_id] = retrying(lambda s=child_id: cluster.sagas.get(s), "read back")
+    tracker.started.extend(children)
     ledger = read_lines(cluster.config.ledger)
     trace = read_lines(cluster.config.fences)
     report.sagas = len(tracker.started)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery_sagas._records import SagaRecord, SagaState, StepState
+from celery_sagas._records import WAITING_TASKS, SagaRecord, SagaState, StepState
 from tests.reliability.app import NON_IDEMPOTENT_STEPS
 
 SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
@@ -119,6 +119,8 @@ def _compensation_rules(records: Mapping[str, SagaRecord | None],
         if record is None:
             continue
         for step in record.steps:
+            if step.task in WAITING_TASKS:
+                continue  # a timer, a signal wait or a child step: no provider effect of its own
             if step.state in _COMMITTED_ONCE and step.effect_id not in applied:
                 found.append(Violation("phantom-commit", saga_id,
                                        f"{step.name} is {step.state}, never applied"))

@@ -59,3 +59,21 @@ def hanging_plan(rng: random.Random, index: int) -> dict[str, Any]:
     if rng.random() < 0.25:
         return {"sleep": {"charge": 4000, "charge_idem": 4000}, "idempotent": rng.random() < 0.3}
     return mixed_plan(rng, index)
+
+
+def waiting_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """The mixed plans, with timers, signals and child sagas: one saga in four sleeps (a
+    durable timer of 0.2-1.5 s), one in four waits for a signal (sent before or after the wait,
+    each sent twice under one id, or never: a 1 s timeout taken as a path), one in three
+    charges in a child saga."""
+    plan = mixed_plan(rng, index)
+    roll = rng.random()
+    if roll < 0.25:
+        plan["nap"] = rng.randint(200, 1500)
+    elif roll < 0.5:
+        plan["signal"] = rng.choice(("early", "late", "timeout"))
+        if plan["signal"] == "timeout":
+            plan["signal_timeout"] = 1.0
+    if rng.random() < 0.33:
+        plan["child"] = True
+    return plan

@@ -17,7 +17,13 @@ from tests.redis_cluster import RedisCluster as RedisClusterNodes
 from tests.reliability import faults, probes
 from tests.reliability.cluster import Cluster, make_cluster, new_tag
 from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_load
-from tests.reliability.plans import compensation_plan, hanging_plan, mixed_plan, slow_plan
+from tests.reliability.plans import (
+    compensation_plan,
+    hanging_plan,
+    mixed_plan,
+    slow_plan,
+    waiting_plan,
+)
 
 FAILOVER_PORT = 7111  # first of the six ports of the failover scenarios' private cluster
 
@@ -255,6 +261,25 @@ def time_limits(workdir: Path, size: Size) -> Report:
                  count_in_logs="Hard time limit").run(workdir)
 
 
+def waiting_kills(workdir: Path, size: Size) -> Report:
+    """Sleeping, signalled and parent/child sagas while pool children are SIGKILLed and
+    whole workers are killed and restarted (docs/design.md §3.4-3.7)."""
+    load = _load(size.n(40, 200), waiting_plan, 0.8, (faults.kill_in_body(), 0.5),
+                 (faults.kill_worker_and_restart, 0.2), (faults.kill_random_child, 0.3),
+                 settle_timeout=120)
+    return Chaos("waiting-kills", "timers, signals and child sagas under SIGKILL", load,
+                 "kill-child-in-body").run(workdir)
+
+
+def waiting_cancels(workdir: Path, size: Size) -> Report:
+    """Operators cancel sagas while they sleep, wait for a signal or wait for a child, and
+    running bodies (children's too), while pool children are killed."""
+    load = _load(size.n(40, 200), waiting_plan, 0.3, (faults.cancel_waiting, 0.5),
+                 (faults.cancel_running(2), 0.3), (faults.kill_in_body(), 0.2))
+    return Chaos("waiting-cancels", "cancel sleeping, waiting and parent sagas", load,
+                 "cancel-waiting").run(workdir)
+
+
 SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "pool-kills": pool_kills,
     "worker-kills": worker_kills,
@@ -271,4 +296,6 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "time-limits": time_limits,
     "cluster-failover": cluster_failovers,
     "cluster-kill": lambda workdir, size: cluster_failovers(workdir, size, kill=True),
+    "waiting-kills": waiting_kills,
+    "waiting-cancels": waiting_cancels,
 }

@@ -117,3 +117,17 @@ def test_operators_cancelling_running_sagas_from_racing_threads_undo_each_effect
 ) -> None:
     report = _clean(scenarios.cancel_storm(tmp_path, scenarios.CI))
     assert report.faults["cancel"] > 0
+
+
+def test_sleeping_signalled_and_parent_child_sagas_keep_every_invariant_under_kills(
+        tmp_path: Path) -> None:
+    report = _clean(scenarios.waiting_kills(tmp_path, scenarios.CI))
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+    assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation",
+                                         "child_in_review"}, report.summary()
+
+
+def test_sagas_cancelled_while_they_sleep_wait_or_hold_children_compensate_once(
+        tmp_path: Path) -> None:
+    report = _clean(scenarios.waiting_cancels(tmp_path, scenarios.CI))
+    assert report.outcomes["compensated"] > 0 and report.outcomes["lost"] == 0, report.summary()

@@ -620,6 +620,57 @@ def test_cancel_and_resume_of_an_unknown_saga_exit_3(shop: Shop, command: str) -
     assert (result.exit_code, result.stderr) == (EXIT_NOT_FOUND, "error: no saga 'nope'\n")
 
 
+def test_signal_records_the_payload_once_per_signal_id(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+
+    # when
+    for _ in range(2):
+        data = as_json(plugin(shop, "signal", "o-1", "paid", "--payload", '{"amount": 5}',
+                              "--signal-id", "hook-1", "--json"))
+
+    # then
+    assert data["saga_id"] == "o-1"
+    assert [(s.signal_id, s.name, s.payload) for s in shop.record().signals] == [
+        ("hook-1", "paid", {"amount": 5})]
+
+
+def test_show_lists_signals_without_their_payloads_unless_asked(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+    plugin(shop, "signal", "o-1", "paid", "--payload", '{"card": "4242"}', "--signal-id", "h-1")
+
+    # when
+    text = plugin(shop, "show", "o-1").stdout
+    data = as_json(plugin(shop, "show", "o-1", "--json"))
+    full = as_json(plugin(shop, "show", "o-1", "--json", "--payload"))
+
+    # then
+    assert "signal      paid h-1" in text and "not received yet" in text and "4242" not in text
+    assert data["signals"][0]["signal_id"] == "h-1" and "4242" not in json.dumps(data)
+    assert full["signals"][0]["payload"] == {"card": "4242"}
+
+
+def test_signal_of_an_unknown_saga_exits_3(shop: Shop) -> None:
+    # when
+    result = plugin(shop, "signal", "nope", "paid")
+
+    # then
+    assert result.exit_code == EXIT_NOT_FOUND
+
+
+def test_signal_with_a_payload_that_is_not_json_is_a_usage_error(shop: Shop) -> None:
+    # given
+    running(shop, "o-1")
+
+    # when
+    result = plugin(shop, "signal", "o-1", "paid", "--payload", "{nope")
+
+    # then
+    assert result.exit_code == 2 and "--payload" in result.stderr
+    assert shop.record().signals == ()
+
+
 # ------------------------------------------------------------ approvals
 
 
@@ -894,7 +945,7 @@ def test_every_command_takes_json_and_is_on_both_entry_points() -> None:
         assert sagas.commands[command.name or ""] is command
         assert main.commands[command.name or ""] is command
     assert set(sagas.commands) == {"list", "show", "findings", "resolve", "approve", "deny",
-                                   "cancel", "resume", "sweep", "reseal", "web"}
+                                   "cancel", "resume", "signal", "sweep", "reseal", "web"}
     assert sagas.commands["web"] is main.commands["web"]
 
 

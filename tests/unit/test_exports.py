@@ -25,6 +25,7 @@ EXPECTED = [
     "LifecycleEvent",
     "MemoryStore",
     "Page",
+    "ParentRef",
     "PendingApproval",
     "Phase",
     "RecordPage",
@@ -37,6 +38,8 @@ EXPECTED = [
     "SagaState",
     "SagaUsageError",
     "Sagas",
+    "SignalRecord",
+    "SignalTimeout",
     "Stage",
     "StepContext",
     "StepNotCommitted",
@@ -74,12 +77,14 @@ def test_the_package_documents_itself_and_its_version() -> None:
     assert isinstance(celery_sagas.__version__, str) and celery_sagas.__version__
 
 
-def test_errors_live_in_their_module_and_only_the_step_code_ones_are_also_at_the_root() -> None:
+def test_errors_live_in_their_module_and_only_those_user_code_meets_are_also_at_the_root() -> None:
     from celery_sagas import errors
 
-    assert [n for n in EXPECTED if n in errors.__all__] == ["SagaUsageError", "StepNotCommitted"]
+    assert [n for n in EXPECTED if n in errors.__all__] == [
+        "SagaUsageError", "SignalTimeout", "StepNotCommitted"]
     assert celery_sagas.StepNotCommitted is errors.StepNotCommitted
     assert celery_sagas.SagaUsageError is errors.SagaUsageError
+    assert celery_sagas.SignalTimeout is errors.SignalTimeout
     assert issubclass(errors.SagaUsageError, errors.SagaError)
 
 

@@ -67,7 +67,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "celery_sagas._retention", "celery_sagas._reseal", "celery_sagas._approvals.*",
         "celery_sagas._metrics",
         "celery_sagas._cas", "celery_sagas._scans", "celery_sagas._leases",
-        "celery_sagas._liveness", "celery_sagas._dispatch",
+        "celery_sagas._liveness", "celery_sagas._dispatch", "celery_sagas._children",
     )),
     (5, "integration", ("celery_sagas._celery.*", "celery_sagas")),
     (6, "tools", (

@@ -209,9 +209,9 @@ def test_sagas_not_live_wait_without_replaying(state: SagaState) -> None:
     assert decide(saga(step(X0), state=state), never, NOW, POLICY) == Wait()
 
 
-def test_returned_completes() -> None:
+def test_returned_completes_with_what_run_returned() -> None:
     replay, calls = stub(Returned("done"))
-    assert decide(saga(step(CM, "a")), replay, NOW, POLICY) == Complete()
+    assert decide(saga(step(CM, "a")), replay, NOW, POLICY) == Complete(result="done")
     assert calls == [1]
 
 

@@ -1,0 +1,209 @@
+"""Child sagas in the engine (docs/design.md §3.7): start them, report their end to the parent,
+undo them as a unit, and repair what a crash left between two of those writes.
+
+Every action is idempotent: a child is started under an id fixed in its parent's record (a
+second start finds it), a report moves the parent's step only while it still waits, and a
+reopened child is only reopened from ``completed``. So the sweep can call ``reconcile`` on any
+parent at any time: it starts a child whose start was lost, reports a child whose report was
+lost, cancels the running children of a parent that rolls back, and undoes a completed child
+whose parent compensates it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from ._protocol import codes, moves
+from ._protocol.children import child_id_of, settle
+from ._records import ParentRef, SagaRecord, SagaState, StepRecord, StepState
+from ._repository import Plan, SagaRepository
+from .errors import SagaConflictError, SagaError, SagaNotFound
+from .stores.base import Fence
+
+__all__ = ["ChildSagas", "Host"]
+
+logger = logging.getLogger("celery_sagas.children")
+
+_SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
+
+
+class Host(Protocol):
+    """What child sagas need of the engine."""
+
+    repository: SagaRepository
+
+    def now(self) -> int:
+        """The current time in ms."""
+        ...
+
+    def start(self, definition: str, input: Any, saga_id: str, *,
+              parent: ParentRef | None = None) -> SagaRecord:
+        """Start a saga (idempotent by its id)."""
+        ...
+
+    def advance(self, saga_id: str, known: SagaRecord | None = None) -> SagaRecord:
+        """Drive a saga on."""
+        ...
+
+    def cancel(self, saga_id: str) -> SagaRecord:
+        """Roll a saga back."""
+        ...
+
+    def fence_for(self, saga_id: str) -> Fence | None:
+        """The fence a write to ``saga_id`` carries now (a sweep's, in its bucket)."""
+        ...
+
+    def fenced(self, fence: Fence | None) -> contextlib.AbstractContextManager[None]:
+        """Writes within carry ``fence`` where it applies."""
+        ...
+
+
+class ChildSagas:
+    """Starts, reports, undoes and reconciles the child sagas of one engine."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    # ------------------------------------------------------------ forward
+
+    def start_all(self, parent: SagaRecord, steps: Iterable[StepRecord]) -> None:
+        """Start the children of newly recorded child steps (after the write that recorded them)."""
+        for step in steps:
+            if child_id_of(step) is not None:
+                self.start(parent.saga_id, step)
+
+    def start(self, parent_id: str, step: StepRecord) -> None:
+        """Start the child a step names; report it at once if it settled while starting."""
+        child_id, kwargs = child_id_of(step), step.kwargs
+        assert child_id is not None
+        ref = ParentRef(parent_id, step.name)
+        try:
+            child = self.host.start(kwargs["definition"], kwargs.get("input"), child_id, parent=ref)
+        except SagaConflictError:
+            self._taken(parent_id, step)
+            return
+        except SagaError:
+            logger.exception("saga %s: child %s not started; the sweep will", parent_id, child_id)
+            return
+        if child.parent != ref:
+            self._taken(parent_id, step)
+            return
+        self.report(child)
+
+    def report(self, child: SagaRecord) -> None:
+        """Tell the parent of a child that completed, compensated or went to review."""
+        ref = child.parent
+        if ref is None or child.state not in _SETTLED:
+            return
+        orphaned: list[bool] = []
+
+        def decide(parent: SagaRecord) -> Plan | None:
+            step = parent.step(ref.step)
+            if step is not None and step.state is StepState.FAILED and \
+                    child.state is SagaState.COMPLETED and child_id_of(step) == child.saga_id:
+                orphaned.append(True)  # the parent gave up on it before it began: undo it
+            after = settle(parent, ref.step, child, self.host.now())
+            return None if after is None else Plan(after=after)
+
+        try:
+            parent, plan = self._update(ref.saga_id, decide)
+        except SagaNotFound:
+            logger.warning("child saga %s: its parent %s is gone", child.saga_id, ref.saga_id)
+            return
+        if orphaned:
+            self._reopen(child.saga_id)
+        if plan is not None:
+            self.host.advance(ref.saga_id, parent)
+
+    # ------------------------------------------------------------ backward
+
+    def undo(self, parent_id: str, step: StepRecord) -> None:
+        """Compensate a committed child step: reopen the completed child, or report a child
+        already undone (or in review)."""
+        child_id = child_id_of(step)
+        assert child_id is not None
+        child = self.host.repository.get(child_id)
+        if child is None:
+            logger.warning("saga %s: child %s to undo is gone", parent_id, child_id)
+            return
+        if child.state is SagaState.COMPLETED:
+            self._reopen(child_id)
+        elif child.state in _SETTLED:
+            self.report(child)
+
+    def _reopen(self, child_id: str) -> None:
+        def decide(child: SagaRecord) -> Plan | None:
+            if child.state is not SagaState.COMPLETED:
+                return None
+            return Plan(after=moves.reopen(child, self.host.now()))
+
+        child, plan = self._update(child_id, decide)
+        if plan is not None or child.state is SagaState.COMPENSATING:
+            self.host.advance(child_id, child)
+
+    # ------------------------------------------------------------ repair
+
+    def reconcile(self, saga: SagaRecord, fence: Fence | None = None) -> SagaRecord:
+        """Bring every child step of ``saga`` in line with its child (sweep repair, cancel);
+        the parent as it is afterwards. A sweep passes its fence: writes to the parent and to
+        the children in its bucket (default child ids are) carry it."""
+        acted = False
+        with self.host.fenced(fence):
+            for step in saga.steps:
+                child_id = child_id_of(step)
+                if child_id is None or step.state not in (StepState.WAITING,
+                                                          StepState.COMPENSATING):
+                    continue
+                acted = True
+                try:
+                    self._reconcile_step(saga, step, child_id)
+                except SagaError:
+                    logger.exception("saga %s: child %s not reconciled", saga.saga_id, child_id)
+        return self.host.repository.load(saga.saga_id) if acted else saga
+
+    def _reconcile_step(self, saga: SagaRecord, step: StepRecord, child_id: str) -> None:
+        if step.state is StepState.COMPENSATING:
+            self.undo(saga.saga_id, step)
+            return
+        child = self.host.repository.get(child_id)
+        if child is None:
+            if saga.rolling_back:
+                self._abandon(saga.saga_id, step)
+            elif saga.state is SagaState.RUNNING:
+                self.start(saga.saga_id, step)
+            return
+        if child.parent != ParentRef(saga.saga_id, step.name):
+            self._taken(saga.saga_id, step)
+        elif child.state in _SETTLED:
+            self.report(child)
+        elif saga.rolling_back and child.state is SagaState.RUNNING:
+            self.host.cancel(child_id)
+
+    def _abandon(self, parent_id: str, step: StepRecord) -> None:
+        def decide(parent: SagaRecord) -> Plan | None:
+            current = parent.step(step.name)
+            if current is None or current.state is not StepState.WAITING:
+                return None
+            return Plan(after=moves.abandon_step(parent, step.name, step.effect_id, self.host.now()))
+
+        parent, plan = self._update(parent_id, decide)
+        if plan is not None:
+            self.host.advance(parent_id, parent)
+
+    def _taken(self, parent_id: str, step: StepRecord) -> None:
+        reason = f"the id {child_id_of(step)!r} of child step {step.name!r} is another saga's"
+
+        def decide(parent: SagaRecord) -> Plan | None:
+            if parent.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
+                return None
+            return Plan(after=moves.to_manual_review(parent, codes.CHILD_ID_TAKEN, reason,
+                                                     self.host.now()))
+
+        self._update(parent_id, decide)
+
+    def _update(self, saga_id: str, decide: Callable[[SagaRecord], Plan | None]
+                ) -> tuple[SagaRecord, Plan | None]:
+        return self.host.repository.update(saga_id, decide, fence=self.host.fence_for(saga_id))
