@@ -10,7 +10,8 @@ the end less than half a sweep interval ago (by another shard) is skipped. Passe
    attempts past their time limit, bring approval gates in line with their approvals;
 3. every ``compensating`` saga: run compensation retries that are due;
 4. every ``manual-review`` saga: report it;
-5. passes handed in by other features (approval expiry).
+5. passes handed in by other features: approval expiry, then retention (final sagas past
+   ``retention`` archived and deleted, ``_retention.py``).
 
 At the end every finding (sagas, and the effects of the sagas it read, docs/design.md §2.3) and
 every corrupt record is reported as a ``FindingEvent``: logged on ``celery_sagas.findings``,
@@ -61,6 +62,7 @@ class SweepReport:
     buckets: int = 0
     examined: int = 0
     acted: int = 0
+    deleted: int = 0  # sagas the retention pass deleted
     errors: int = 0
     findings: list[Finding] = field(default_factory=list)
     corrupt: list[CorruptRecord] = field(default_factory=list)

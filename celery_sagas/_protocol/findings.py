@@ -19,6 +19,7 @@ class FindingKind(TextEnum):
     MANUAL_REVIEW = "manual-review"
     STALE = "stale"
     CORRUPT = "corrupt"
+    ARCHIVE_FAILED = "archive_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,93 @@
+"""Retention: the sweep pass that archives and deletes final sagas past retention (docs/design.md §7).
+
+The pass scans the final states' indexes (``completed``, ``compensated``) of one bucket for
+sagas not updated since ``now - retention``, so its cost follows what it deletes, never what is
+kept. For each saga it reads:
+
+1. the ``archive`` callable, when configured, receives the record; if it raises, the record is
+   kept (deleted by a later sweep once the archive works), an ERROR line names the saga and a
+   finding of kind ``archive_failed`` is reported;
+2. the approvals the saga owns (its gate steps' approval records, in its bucket) are deleted;
+3. the saga record is deleted at the version read, with the sweep's fence: a saga written
+   meanwhile (a signal noted on it) is left for the next sweep.
+
+An approval is deleted before its saga, so a crash in between leaves a final saga whose
+approvals are gone (harmless: nothing of a final saga waits on one), never an approval nobody
+owns. The archive runs at least once per deleted saga: a crash between the archive call and
+the delete calls it again in the next sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ._engine import Engine
+from ._protocol.findings import Finding, FindingKind
+from ._records import APPROVAL, SAGA, SagaRecord, SagaState
+from ._scans import RecordPage, Scans
+from ._sweep import Pass, PassFactory, SweepReport
+from .stores.base import Fence
+
+__all__ = ["FINAL_STATES", "Archive", "retention_pass"]
+
+logger = logging.getLogger("celery_sagas.retention")
+
+FINAL_STATES = (SagaState.COMPLETED, SagaState.COMPENSATED)
+
+Archive = Callable[[SagaRecord], Any]
+
+
+def retention_pass(retention_ms: int, archive: Archive | None = None) -> PassFactory:
+    """A sweep pass factory: final sagas not updated for ``retention_ms`` are archived, then
+    deleted with the approvals they own."""
+
+    def make(engine: Engine, scans: Scans, now: int) -> Pass[SagaRecord]:
+        before = now - retention_ms
+
+        def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
+            if before <= 0:  # a retention longer than the epoch: nothing can be due
+                return RecordPage((), (), None)
+            return scans.sagas(list(FINAL_STATES), updated_before_ms=before, bucket=bucket,
+                               cursor=cursor, limit=limit)
+
+        def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
+            if record.state not in FINAL_STATES or record.updated_at_ms >= before:
+                return  # never delete what is not final and due, whatever a scan returned
+            if archive is not None and not _archived(archive, record, report):
+                return
+            store = scans.store
+            for approval_id in _owned_approvals(record):
+                envelope = store.get(APPROVAL, approval_id)
+                if envelope is not None:
+                    store.delete(APPROVAL, approval_id, envelope.version, fence=fence)
+            if store.delete(SAGA, record.saga_id, record.version, fence=fence):
+                report.acted += 1
+                report.deleted += 1
+
+        return Pass("sagas:retention", fetch, act)
+
+    return make
+
+
+def _archived(archive: Archive, record: SagaRecord, report: SweepReport) -> bool:
+    """Hand the record to the archive; on failure report it and say to keep the record."""
+    try:
+        archive(record)
+    except Exception as exc:
+        # The exception's text may quote the record's payload: log its type only.
+        logger.error("archive failed for saga %s (%s): kept, retried by the next sweep",
+                     record.saga_id, type(exc).__name__,
+                     extra={"saga_id": record.saga_id, "error_type": type(exc).__name__})
+        report.errors += 1
+        report.findings.append(Finding(
+            FindingKind.ARCHIVE_FAILED, SAGA, record.saga_id, str(record.state),
+            reason=f"archive raised {type(exc).__name__}", updated_at_ms=record.updated_at_ms,
+        ))
+        return False
+    return True
+
+
+def _owned_approvals(record: SagaRecord) -> list[str]:
+    return [step.approval_id for step in record.steps if step.approval_id is not None]
