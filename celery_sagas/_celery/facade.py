@@ -316,13 +316,14 @@ class Sagas:
             return record
 
     def browse(self, *, states: Sequence[SagaState | str] | None = None,
-               definition: str | None = None, cursor: str | None = None,
-               limit: int = 50) -> RecordPage[SagaRecord]:
-        """One page of saga records, state by state (every state unless ``states``), of one
-        definition if given; the store's indexes do the filtering (``limit`` 1..1000)."""
+               definition: str | None = None, updated_before_ms: int | None = None,
+               cursor: str | None = None, limit: int = 50) -> RecordPage[SagaRecord]:
+        """One page of saga records, state by state (every state unless ``states``), oldest
+        first, of one definition and last written before ``updated_before_ms`` if given; the
+        store's indexes do the filtering (``limit`` 1..1000)."""
         scans = self._process.current.scans
-        return scans.sagas(list(states or SagaState), definition=definition, cursor=cursor,
-                           limit=limit)
+        return scans.sagas(list(states or SagaState), definition=definition,
+                           updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
 
     def counts(self, *, definition: str | None = None) -> dict[str, int]:
         """How many sagas are in each state (of one definition if given), from the indexes."""

@@ -684,8 +684,9 @@ def test_every_command_takes_json_and_is_on_both_entry_points() -> None:
         assert sagas.commands[command.name or ""] is command
         assert main.commands[command.name or ""] is command
     assert set(sagas.commands) == {"list", "show", "findings", "resolve", "approve", "deny",
-                                   "cancel", "resume", "sweep", "web"}
+                                   "cancel", "resume", "sweep", "export", "web"}
     assert sagas.commands["web"] is main.commands["web"]
+    assert sagas.commands["export"] is main.commands["export"]  # JSON lines, always
 
 
 @pytest.mark.parametrize(
