@@ -92,8 +92,9 @@ def worker_app(name: str, broker: str, queue: str, beat_dir: Path, **transport: 
     return app
 
 
-def build(config: Config) -> Shop:
-    """Build the e2e app for ``config`` (tests build their own; workers use the env)."""
+def build(config: Config, **options: Any) -> Shop:
+    """Build the e2e app for ``config`` (tests build their own; workers use the env);
+    ``options`` are more ``Sagas`` settings."""
     app = worker_app("e2e", config.broker, config.queue, config.control, visibility_timeout=3600)
 
     store_options: dict[str, Any] = {}
@@ -112,6 +113,7 @@ def build(config: Config) -> Shop:
         default_time_limit=30.0,
         sweep_lease=5.0,
         **store_options,
+        **options,
     )
 
 
