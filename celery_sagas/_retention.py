@@ -7,14 +7,16 @@ kept. For each saga it reads:
 1. the ``archive`` callable, when configured, receives the record; if it raises, the record is
    kept (deleted by a later sweep once the archive works), an ERROR line names the saga and a
    finding of kind ``archive_failed`` is reported;
-2. the approvals the saga owns (its gate steps' approval records, in its bucket) are deleted;
-3. the saga record is deleted at the version read, with the sweep's fence: a saga written
+2. the approvals the saga owns (its gate steps' approval records, in its bucket) and then the
+   saga record are deleted, each at the version read, with the sweep's fence: a saga written
    meanwhile (a signal noted on it) is left for the next sweep.
 
-An approval is deleted before its saga, so a crash in between leaves a final saga whose
-approvals are gone (harmless: nothing of a final saga waits on one), never an approval nobody
-owns. The archive runs at least once per deleted saga: a crash between the archive call and
-the delete calls it again in the next sweep.
+The deletes of a page go to the store as one batch once the page's records were archived
+(``delete_all``: one transaction on SQL; one atomic script per record on Redis). An approval
+comes before its saga, so a crash in between leaves a final saga whose approvals are gone
+(harmless: nothing of a final saga waits on one), never an approval nobody owns. The archive
+runs at least once per deleted saga: a crash between the archive call and the delete calls it
+again in the next sweep.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ._protocol.findings import Finding, FindingKind
 from ._records import APPROVAL, SAGA, SagaRecord, SagaState
 from ._scans import RecordPage, Scans
 from ._sweep import Pass, PassFactory, SweepReport
-from .stores.base import Fence
+from .stores.base import Fence, delete_all
 
 __all__ = ["FINAL_STATES", "Archive", "retention_pass"]
 
@@ -52,21 +54,31 @@ def retention_pass(retention_ms: int, archive: Archive | None = None) -> PassFac
             return scans.sagas(list(FINAL_STATES), updated_before_ms=before, bucket=bucket,
                                cursor=cursor, limit=limit)
 
+        batch: list[tuple[str, str, int]] = []  # what the page's records let go, in order
+
         def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
             if record.state not in FINAL_STATES or record.updated_at_ms >= before:
                 return  # never delete what is not final and due, whatever a scan returned
             if archive is not None and not _archived(archive, record, report):
                 return
-            store = scans.store
             for approval_id in _owned_approvals(record):
-                envelope = store.get(APPROVAL, approval_id)
+                envelope = scans.store.get(APPROVAL, approval_id)
                 if envelope is not None:
-                    store.delete(APPROVAL, approval_id, envelope.version, fence=fence)
-            if store.delete(SAGA, record.saga_id, record.version, fence=fence):
-                report.acted += 1
-                report.deleted += 1
+                    batch.append((APPROVAL, approval_id, envelope.version))
+            batch.append((SAGA, record.saga_id, record.version))
 
-        return Pass("sagas:retention", fetch, act)
+        def settle(fence: Fence, report: SweepReport) -> None:
+            items = batch[:]
+            batch.clear()
+            if not items:
+                return
+            done = delete_all(scans.store, items, fence=fence)
+            deleted = sum(1 for (kind, _, _), ok in zip(items, done, strict=True)
+                          if ok and kind == SAGA)
+            report.acted += deleted
+            report.deleted += deleted
+
+        return Pass("sagas:retention", fetch, act, settle)
 
     return make
 

@@ -72,11 +72,13 @@ class SweepReport:
 
 @dataclass(frozen=True, slots=True)
 class Pass(Generic[R]):
-    """One paged walk of a bucket: fetch a page at a cursor, then act on each record of it."""
+    """One paged walk of a bucket: fetch a page at a cursor, act on each record of it, then
+    (when given) ``settle`` the page: what ``act`` gathered is written in one batch."""
 
     name: str
     fetch: Callable[[int, str | None, int], RecordPage[R]]
     act: Callable[[R, Fence, SweepReport], None]
+    settle: Callable[[Fence, SweepReport], None] | None = None
 
 
 PassFactory = Callable[[Engine, Scans, int], Pass[Any]]
@@ -96,17 +98,23 @@ class _BucketPager(Generic[R]):
         self._report.corrupt.extend(page.corrupt)
         for record in page.records:
             self._report.examined += 1
-            try:
-                self._pass.act(record, self._fence, self._report)
-            except (FencedWriteRefused, LeaseLost):
-                raise
-            except SagaError as exc:
-                self._report.errors += 1
-                logger.warning("sweep %s: %s", self._pass.name, type(exc).__name__)
-            except Exception:
-                self._report.errors += 1
-                logger.exception("sweep %s: unexpected error", self._pass.name)
+            self._guarded(self._pass.act, record, self._fence, self._report)
+        if self._pass.settle is not None:
+            self._guarded(self._pass.settle, self._fence, self._report)
         return page.cursor
+
+    def _guarded(self, call: Callable[..., None], *args: Any) -> None:
+        """Run one action; a lost lease stops the sweep, any other error is counted and logged."""
+        try:
+            call(*args)
+        except (FencedWriteRefused, LeaseLost):
+            raise
+        except SagaError as exc:
+            self._report.errors += 1
+            logger.warning("sweep %s: %s", self._pass.name, type(exc).__name__)
+        except Exception:
+            self._report.errors += 1
+            logger.exception("sweep %s: unexpected error", self._pass.name)
 
 
 class Sweeper:

@@ -53,7 +53,7 @@ from ..errors import (
     InvalidRecordError,
     SagaValidationError,
 )
-from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, Store
+from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, Store, delete_all
 from .clock import FrozenClock
 from .racing import ReadTogether, race
 
@@ -861,8 +861,9 @@ class StoreConformance:
             page = store.scan(kind, final, updated_before_ms=before_ms, cursor=cursor, limit=7)
             for envelope in page.items:
                 assert envelope.state in final and envelope.updated_at_ms < before_ms
-                if store.delete(kind, envelope.id, envelope.version, fence=fence):
-                    deleted.append(envelope.id)
+            items = [(kind, e.id, e.version) for e in page.items]
+            done = delete_all(store, items, fence=fence)
+            deleted += [record_id for (_, record_id, _), ok in zip(items, done, strict=True) if ok]
             cursor = page.cursor
             if cursor is None:
                 return deleted
@@ -897,6 +898,34 @@ class StoreConformance:
             sorted(e.id for e in kept)
         assert _due_ids(store, kind, T0 + 100, 10) == [kept[0].id]
         assert self._retention_sweep(kind, ["completed", "compensated"], cut) == []
+
+    def test_a_batch_delete_deletes_each_record_at_its_version_as_delete_would(self) -> None:
+        kind = "ret" + uuid.uuid4().hex[:8]
+        first, second, third = (self._created(_envelope(_fresh("r"), "completed", T0, kind=kind))
+                                for _ in range(3))
+        other = self._created(_envelope(_fresh("r"), "completed", T0))
+        store = self._store()
+        items = [(kind, first.id, 1), (kind, second.id, 2), (kind, _fresh("ghost"), 1),
+                 ("saga", other.id, 1), (kind, third.id, 1), (kind, first.id, 1)]
+        assert delete_all(store, items) == [True, False, False, True, True, False]
+        assert store.get(kind, second.id) == second
+        assert [store.get(kind, first.id), store.get(kind, third.id), store.get("saga", other.id)] \
+            == [None, None, None]
+        assert delete_all(store, []) == []
+        with pytest.raises(SagaValidationError):
+            delete_all(store, [(kind, second.id, 2), (kind, "has space", 1)])
+        assert store.get(kind, second.id) == second
+
+    def test_a_batch_delete_under_a_stale_fence_is_refused_and_deletes_nothing(self) -> None:
+        store = self._store()
+        record = self._created(_envelope(_fresh("r"), "completed", T0))
+        bucket, name = store.bucket_of(record.id), _fresh("lease")
+        old = store.acquire_lease(name, "alice", "tok-a", T0, 1000, bucket=bucket)
+        assert old is not None and store.release_lease(old)
+        assert store.acquire_lease(name, "bob", "tok-b", T0 + 1, 1000, bucket=bucket) is not None
+        with pytest.raises(FencedWriteRefused):
+            delete_all(store, [("saga", record.id, 1)], fence=Fence.of(old))
+        assert store.get("saga", record.id) == record
 
     def test_retention_racing_writers_deletes_a_record_or_keeps_the_write_never_both(
         self,
