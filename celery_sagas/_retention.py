@@ -27,16 +27,19 @@ from typing import Any
 
 from ._engine import Engine
 from ._protocol.findings import Finding, FindingKind
-from ._records import APPROVAL, SAGA, SagaRecord, SagaState
+from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._scans import RecordPage, Scans
 from ._sweep import Pass, PassFactory, SweepReport
+from .errors import InvalidRecordError
 from .stores.base import Fence, delete_all
 
-__all__ = ["FINAL_STATES", "Archive", "retention_pass"]
+__all__ = ["FINAL_APPROVAL_STATES", "FINAL_STATES", "Archive", "approval_retention_pass",
+           "retention_pass"]
 
 logger = logging.getLogger("celery_sagas.retention")
 
 FINAL_STATES = (SagaState.COMPLETED, SagaState.COMPENSATED)
+FINAL_APPROVAL_STATES = (ApprovalState.DENIED, ApprovalState.CONSUMED, ApprovalState.EXPIRED)
 
 Archive = Callable[[SagaRecord], Any]
 
@@ -103,3 +106,53 @@ def _archived(archive: Archive, record: SagaRecord, report: SweepReport) -> bool
 
 def _owned_approvals(record: SagaRecord) -> list[str]:
     return [step.approval_id for step in record.steps if step.approval_id is not None]
+
+
+def approval_retention_pass(retention_ms: int) -> PassFactory:
+    """A sweep pass factory: decided approvals past retention that no saga owns any more.
+
+    A saga's approvals go with the saga (``retention_pass``). This pass deletes the rest once
+    they are final (denied, consumed, expired) and older than ``retention_ms``: an approval
+    whose saga is gone, one of no saga, and one that a lost race opened and no step records.
+    An approval its saga still records is kept for the saga's own deletion.
+    """
+
+    def make(engine: Engine, scans: Scans, now: int) -> Pass[ApprovalRecord]:
+        before = now - retention_ms
+
+        def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[ApprovalRecord]:
+            if before <= 0:
+                return RecordPage((), (), None)
+            return scans.approvals(list(FINAL_APPROVAL_STATES), updated_before_ms=before,
+                                   bucket=bucket, cursor=cursor, limit=limit)
+
+        batch: list[tuple[str, str, int]] = []
+
+        def act(record: ApprovalRecord, fence: Fence, report: SweepReport) -> None:
+            if record.state in FINAL_APPROVAL_STATES and record.updated_at_ms < before \
+                    and not _owned(scans, record):
+                batch.append((APPROVAL, record.approval_id, record.version))
+
+        def settle(fence: Fence, report: SweepReport) -> None:
+            items = batch[:]
+            batch.clear()
+            if items:
+                report.acted += sum(delete_all(scans.store, items, fence=fence))
+
+        return Pass("approvals:retention", fetch, act, settle)
+
+    return make
+
+
+def _owned(scans: Scans, approval: ApprovalRecord) -> bool:
+    """Whether the approval's saga exists and records it (or cannot be read: keep it then)."""
+    if approval.saga_id is None:
+        return False
+    envelope = scans.store.get(SAGA, approval.saga_id)
+    if envelope is None:
+        return False
+    try:
+        saga = scans.codec.saga(envelope, approval.saga_id)
+    except InvalidRecordError:
+        return True
+    return approval.approval_id in _owned_approvals(saga)

@@ -25,7 +25,7 @@ from .._events import EventBus
 from .._findings import Findings
 from .._liveness import claimer_id
 from .._repository import SagaRepository
-from .._retention import Archive, retention_pass
+from .._retention import Archive, approval_retention_pass, retention_pass
 from .._scans import Scans
 from .._sweep import PassFactory, Sweeper
 from ..errors import SagaConfigurationError
@@ -73,10 +73,12 @@ class Runtime:
 
 
 def _extra_passes(approvals: SagaApprovals | None, settings: SagaSettings) -> list[PassFactory]:
-    """Approval expiry (with approvals), then retention (unless sagas are kept forever)."""
+    """Approval expiry (with approvals), then retention of sagas and of the approvals no saga
+    owns (unless sagas are kept forever)."""
     passes = [expiry_pass(approvals)] if approvals else []
     if settings.retention_ms is not None:
         passes.append(retention_pass(settings.retention_ms, resolve_archive(settings.archive)))
+        passes.append(approval_retention_pass(settings.retention_ms))
     return passes
 
 

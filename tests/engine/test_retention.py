@@ -16,8 +16,9 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
+from celery_sagas._approvals.ledger import ApprovalLedger
 from celery_sagas._events import FindingEvent
-from celery_sagas._records import APPROVAL, SagaRecord, SagaState
+from celery_sagas._records import APPROVAL, Binding, SagaRecord, SagaState
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, Shop, register_shop
@@ -221,3 +222,40 @@ def test_without_retention_nothing_is_ever_deleted(app: Celery, store: MemorySto
     # then
     assert report.deleted == 0
     assert sagas.get("forever") is not None
+
+
+def test_decided_approvals_no_saga_owns_go_after_retention_and_owned_ones_stay(
+    shop: Shop, store: MemoryStore, clock: FrozenClock
+) -> None:
+    # given: an approval consumed by a gate of a saga still running (owned), and two
+    # decided approvals nobody owns: one of a saga that is gone, one of no saga at all
+    tasks = shop.tasks
+
+    @shop.sagas.saga("gated-order")
+    def gated_order(ctx: Any, order: dict[str, Any]) -> Any:
+        ctx.approval("manager", capability="orders.approve", target=order["id"], **BINDING)
+        return ctx.step(tasks["reserve"], order["sku"], order["qty"])
+
+    gated_order.start(ORDER, saga_id="gated")
+    shop.driver.run_until_idle()
+    [pending] = shop.sagas.approvals.pending("gated")
+    shop.sagas.approvals.decide(pending.approval_id, tenant_id="t1", decision="approved",
+                                decided_by="bob")
+    shop.sagas.approvals.resume("gated", pending.token, **BINDING)
+    shop.driver.take()  # reserve is never delivered: the saga stays running
+    ledger = ApprovalLedger(store, clock)
+    for approval_id, saga_id in (("orphan-of-gone", "gone"), ("orphan-of-none", None)):
+        ledger.create(approval_id=approval_id, effect_id=f"e-{approval_id}",
+                      binding=Binding("orders.approve", "t1", "alice"), token_hash="a" * 64,
+                      ttl_ms=60_000, saga_id=saga_id, step="manager" if saga_id else None)
+        ledger.decide(approval_id, tenant_id="t1", decision="denied", decided_by="bob")
+    clock.advance(RETENTION_MS + 1)
+
+    # when
+    shop.sagas.sweep()
+
+    # then
+    assert store.get(APPROVAL, "orphan-of-gone") is None
+    assert store.get(APPROVAL, "orphan-of-none") is None
+    assert store.get(APPROVAL, pending.approval_id) is not None
+    assert shop.record("gated").state is SagaState.RUNNING
