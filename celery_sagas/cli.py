@@ -244,8 +244,9 @@ def export(ctx: click.Context, states: str | None, before: str | None, definitio
             page = sagas.browse(states=wanted, definition=definition, updated_before_ms=before_ms,
                                 cursor=cursor, limit=limit)
             for record in page.records:
+                # default=str: a payload no configured key decrypts prints as its placeholder
                 out.write(json.dumps(record.to_dict(), sort_keys=True, ensure_ascii=False,
-                                     separators=(",", ":")) + "\n")
+                                     separators=(",", ":"), default=str) + "\n")
                 written += 1
             for corrupt in page.corrupt:
                 click.echo(f"corrupt saga record {corrupt.id!r} skipped: {corrupt.reason}", err=True)
