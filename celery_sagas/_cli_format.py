@@ -312,6 +312,8 @@ def finding_hint(finding: Finding) -> str:
     if finding.kind is FindingKind.UNDECRYPTABLE:
         return ("encrypted with a key not in sagas_encryption_keys: list that key again and restart "
                 "(nothing acts on it meanwhile)")
+    if finding.kind is FindingKind.ARCHIVE_FAILED:
+        return "past retention but the archive raised: kept; fix the archive (see the ERROR log)"
     return f"{finding.record_kind} record failed read validation: inspect it in the store"
 
 
@@ -346,6 +348,7 @@ def sweep_view(report: SweepReport) -> dict[str, Any]:
         "lease_lost": report.lease_lost,
         "examined": report.examined,
         "acted": report.acted,
+        "deleted": report.deleted,
         "errors": report.errors,
         "pages": report.pages,
         "findings": [finding_view(f) for f in report.findings],
@@ -360,8 +363,8 @@ def sweep_text(report: SweepReport) -> str:
     status = "complete" if report.complete else "stopped early (lease lost)"
     lines = [
         f"sweep {status} under fence {report.fence}",
-        f"examined {report.examined}  acted on {report.acted}  errors {report.errors}  "
-        f"pages {report.pages}",
+        f"examined {report.examined}  acted on {report.acted}  deleted {report.deleted}  "
+        f"errors {report.errors}  pages {report.pages}",
     ]
     if report.findings or report.corrupt:
         lines += ["", findings_text(report.findings, report.corrupt)]

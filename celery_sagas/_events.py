@@ -187,9 +187,10 @@ _LIFECYCLE_LEVELS = {
 
 
 def _finding_level(event: FindingEvent) -> int:
-    """ERROR for corrupt records, WARNING for what needs an operator now (manual review, an
-    effect past every time limit), INFO for work that is late but may still finish."""
-    if event.kind == "corrupt":
+    """ERROR for corrupt records and failed archives, WARNING for what needs an operator now
+    (manual review, an effect past every time limit), INFO for work late but still able to
+    finish."""
+    if event.kind in ("corrupt", "archive_failed"):
         return logging.ERROR
     if event.kind in ("manual-review", "ambiguous") or event.state == "manual-review":
         return logging.WARNING

@@ -7,7 +7,7 @@ validation) is ``_codec.py``'s business.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -286,6 +286,23 @@ class SagaRecord:
             if step.name == name:
                 return step
         return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, steps included, as plain JSON values (for archives and exports)."""
+        return asdict(self, dict_factory=_plain_dict)
+
+
+def _plain_dict(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``asdict``'s dict factory: enums as their values, tuples as lists."""
+    return {key: _plain(value) for key, value in items}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ the end less than half a sweep interval ago (by another shard) is skipped. Passe
    attempts past their time limit, bring approval gates in line with their approvals;
 3. every ``compensating`` saga: run compensation retries that are due;
 4. every ``manual-review`` saga: report it;
-5. passes handed in by other features (approval expiry);
+5. passes handed in by other features: approval expiry, then retention (final sagas past
+   ``retention`` archived and deleted, ``_retention.py``);
 6. saga and approval records in a state no pass above asks for, on a store that lists its
    states (``StateListing``): reported corrupt, never left invisible.
 
@@ -28,6 +29,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from ._engine import Engine
@@ -65,6 +67,7 @@ class SweepReport:
     buckets: int = 0
     examined: int = 0
     acted: int = 0
+    deleted: int = 0  # sagas the retention pass deleted
     errors: int = 0
     findings: list[Finding] = field(default_factory=list)
     corrupt: list[CorruptRecord] = field(default_factory=list)
@@ -74,11 +77,13 @@ class SweepReport:
 
 @dataclass(frozen=True, slots=True)
 class Pass(Generic[R]):
-    """One paged walk of a bucket: fetch a page at a cursor, then act on each record of it."""
+    """One paged walk of a bucket: fetch a page at a cursor, act on each record of it, then
+    (when given) ``settle`` the page: what ``act`` gathered is written in one batch."""
 
     name: str
     fetch: Callable[[int, str | None, int], RecordPage[R]]
     act: Callable[[R, Fence, SweepReport], None]
+    settle: Callable[[Fence, SweepReport], None] | None = None
 
 
 PassFactory = Callable[[Engine, Scans, int], Pass[Any]]
@@ -98,19 +103,27 @@ class _BucketPager(Generic[R]):
         self._report.corrupt.extend(page.corrupt)
         for record in page.records:
             self._report.examined += 1
-            try:
-                self._pass.act(record, self._fence, self._report)
-            except (FencedWriteRefused, LeaseLost):
-                raise
-            except SagaError as exc:
-                self._report.errors += 1
-                logger.warning("sweep %s: %s: %s", self._pass.name, _named(record), _cause(exc),
-                               extra={"record_id": _record_id(record)})
-            except Exception:
-                self._report.errors += 1
-                logger.exception("sweep %s: %s: unexpected error", self._pass.name,
-                                 _named(record), extra={"record_id": _record_id(record)})
+            self._guarded(partial(self._pass.act, record, self._fence, self._report), record)
+        if self._pass.settle is not None:
+            self._guarded(partial(self._pass.settle, self._fence, self._report), None)
         return page.cursor
+
+    def _guarded(self, call: Callable[[], None], record: object | None) -> None:
+        """Run one action; a lost lease stops the sweep, any other error is counted and logged
+        with the record's kind and id (``page`` for a page's batch)."""
+        named = _named(record) if record is not None else "page"
+        extra = {"record_id": _record_id(record)}
+        try:
+            call()
+        except (FencedWriteRefused, LeaseLost):
+            raise
+        except SagaError as exc:
+            self._report.errors += 1
+            logger.warning("sweep %s: %s: %s", self._pass.name, named, _cause(exc), extra=extra)
+        except Exception:
+            self._report.errors += 1
+            logger.exception("sweep %s: %s: unexpected error", self._pass.name, named,
+                             extra=extra)
 
 
 def _record_id(record: object) -> str | None:

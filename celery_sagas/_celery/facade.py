@@ -416,13 +416,15 @@ class Sagas:
             return record
 
     def browse(self, *, states: Sequence[SagaState | str] | None = None,
-               definition: str | None = None, cursor: str | None = None,
-               limit: int = 50) -> RecordPage[SagaRecord]:
-        """One page of saga records, state by state (every state unless ``states``), of one
-        definition if given; the store's indexes do the filtering (``limit`` 1..1000)."""
+               definition: str | None = None, updated_before_ms: int | None = None,
+               cursor: str | None = None, limit: int = 50) -> RecordPage[SagaRecord]:
+        """One page of saga records, state by state (every state unless ``states``), oldest
+        first, of one definition and last written before ``updated_before_ms`` if given; the
+        store's indexes do the filtering (``limit`` 1..1000). Payloads no key decrypts read
+        as ``ENCRYPTED``."""
         scans = self._process.current.views
-        return scans.sagas(list(states or SagaState), definition=definition, cursor=cursor,
-                           limit=limit)
+        return scans.sagas(list(states or SagaState), definition=definition,
+                           updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
 
     def reseal(self, *, states: Sequence[SagaState | str] | None = None,
                cursor: str | None = None, limit: int = 100) -> ResealPage:

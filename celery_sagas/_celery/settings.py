@@ -38,6 +38,10 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
     "approval_ttl": (900.0, "seconds an approval stays decidable"),
     "encryption_keys": ((), "Fernet keys that encrypt payloads at rest, newest first (extra 'crypto')"),
     "allow_non_durable": (False, "allow the memory store outside tests (loses everything on exit)"),
+    "retention": (604800.0, "seconds a completed or compensated saga is kept before the sweep "
+                            "deletes it (None: forever)"),
+    "archive": (None, "callable (or dotted path) receiving each saga record before retention "
+                      "deletes it"),
     "metrics": (False, "Prometheus metrics (extra 'metrics'): True for the default registry, or a "
                        "CollectorRegistry"),
 }
@@ -97,6 +101,33 @@ def _encryption_keys(value: Any) -> tuple[bytes | str, ...]:
     keys = tuple(value)
     sealer_of(keys)
     return keys
+# Retention may be years (audit rules); past a century "now - retention" is before the epoch.
+_MAX_RETENTION_SECONDS = 100 * 366 * 24 * 3600
+
+
+def _retention(value: Any) -> int | None:
+    """``sagas_retention``: None (keep forever) or a positive number of seconds, in ms."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value <= _MAX_RETENTION_SECONDS:
+        raise SagaConfigurationError(
+            "sagas_retention must be None (keep forever) or a positive number of seconds, "
+            f"at most {_MAX_RETENTION_SECONDS}"
+        )
+    return max(1, int(value * 1000))
+
+
+def _archive(value: Any) -> Any:
+    """``sagas_archive``: None, a callable, or the dotted path of one (imported when used)."""
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise SagaConfigurationError(
+            "sagas_archive must be a callable taking a SagaRecord, or its dotted path "
+            "('package.module:function')"
+        )
+    return value
 
 
 def _shards(value: Any) -> int:
@@ -125,6 +156,8 @@ class SagaSettings:
     metrics: bool = False
     metrics_registry: Any = None
     encryption_keys: tuple[bytes | str, ...] = ()
+    retention_ms: int | None = 604_800_000
+    archive: Any = None  # a callable, or its dotted path (resolved by the runtime)
 
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
@@ -174,6 +207,8 @@ class SagaSettings:
             metrics=raw["metrics"] is not False and raw["metrics"] is not None,
             metrics_registry=_registry(raw["metrics"]),
             encryption_keys=_encryption_keys(raw["encryption_keys"]),
+            retention_ms=_retention(raw["retention"]),
+            archive=_archive(raw["archive"]),
         )
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ after a fork (a pool child must not share its parent's sockets).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -25,15 +26,16 @@ from .._events import EventBus
 from .._findings import Findings
 from .._liveness import claimer_id
 from .._repository import SagaRepository
+from .._retention import Archive, approval_retention_pass, retention_pass
 from .._scans import Scans
-from .._sweep import Sweeper
+from .._sweep import PassFactory, Sweeper
 from ..errors import SagaConfigurationError
 from ..stores import open_store, plugin_schemes
 from ..stores._urls import HiddenUrl, redact, url_problem
 from ..stores.base import Store
 from .settings import SagaSettings
 
-__all__ = ["PerProcess", "Runtime", "hide_store_url", "open_configured_store"]
+__all__ = ["PerProcess", "Runtime", "hide_store_url", "open_configured_store", "resolve_archive"]
 
 logger = logging.getLogger("celery_sagas")
 
@@ -69,9 +71,42 @@ class Runtime:
         self.sweeper = Sweeper(
             self.engine, self.scans, owner=claimer_id(), lease_ms=settings.sweep_lease_ms,
             page_size=settings.sweep_page_size, interval_ms=int(settings.sweep_interval_s * 1000),
-            extra_passes=[expiry_pass(self.approvals)] if self.approvals else (),
+            extra_passes=_extra_passes(self.approvals, settings),
             count_states=settings.metrics,
         )
+
+
+def _extra_passes(approvals: SagaApprovals | None, settings: SagaSettings) -> list[PassFactory]:
+    """Approval expiry (with approvals), then retention of sagas and of the approvals no saga
+    owns (unless sagas are kept forever)."""
+    passes = [expiry_pass(approvals)] if approvals else []
+    if settings.retention_ms is not None:
+        passes.append(retention_pass(settings.retention_ms, resolve_archive(settings.archive)))
+        passes.append(approval_retention_pass(settings.retention_ms))
+    return passes
+
+
+def resolve_archive(archive: object) -> Archive | None:
+    """The archive callable, importing a dotted path. One that cannot be imported becomes an
+    archive that raises: every saga past retention is then kept and reported
+    (``archive_failed``), never deleted unarchived."""
+    if archive is None or callable(archive):
+        return archive
+    path = str(archive)
+    try:
+        found = _imported(path)
+    except Exception as exc:
+        problem = f"sagas_archive {path!r} cannot be imported: {type(exc).__name__}"
+    else:
+        if callable(found):
+            return found
+        problem = f"sagas_archive {path!r} is not callable"
+    logger.error("%s: sagas past retention are kept until it is fixed", problem)
+
+    def unavailable(record: object) -> None:
+        raise SagaConfigurationError(problem)
+
+    return unavailable
 
 
 def _gate(store: Store, clock: Clock, settings: SagaSettings, codec: Codec) -> ApprovalGate | None:
@@ -108,6 +143,17 @@ class PerProcess:
         """Build afresh on next use (a forked pool child)."""
         with self._lock:
             self._runtime = None
+
+
+def _imported(path: str) -> object:
+    """``package.module:name`` or ``package.module.name``, imported."""
+    module, colon, name = path.partition(":")
+    if not colon:
+        module, _, name = path.rpartition(".")
+    found: object = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def default_clock(clock: Clock | None) -> Clock:

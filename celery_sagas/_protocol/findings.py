@@ -30,6 +30,7 @@ class FindingKind(TextEnum):
     STALE = "stale"
     CORRUPT = "corrupt"
     UNDECRYPTABLE = "undecryptable"
+    ARCHIVE_FAILED = "archive_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ __all__ = [
     "check_note",
     "check_scan_args",
     "check_state",
+    "delete_all",
 ]
 
 MAX_SCAN_LIMIT = 1000
@@ -392,3 +393,15 @@ def check_cursor(cursor: str | None) -> None:
     """Refuse a lease cursor that is neither a string nor None."""
     if cursor is not None and not isinstance(cursor, str):
         raise SagaValidationError("lease cursor must be a str or None")
+
+
+def delete_all(
+    store: Store, items: Sequence[tuple[str, str, int]], *, fence: Fence | None = None
+) -> list[bool]:
+    """Delete each (kind, id, expected version) as ``delete`` would, in order; whether each was
+    deleted. A store with a ``delete_many`` of the same signature (SQL: one transaction, one
+    commit) does the whole batch at once; any other store is called once per item."""
+    batch = getattr(store, "delete_many", None)
+    if callable(batch):
+        return list(batch(items, fence=fence))
+    return [store.delete(kind, record_id, version, fence=fence) for kind, record_id, version in items]

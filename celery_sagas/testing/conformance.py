@@ -53,7 +53,7 @@ from ..errors import (
     InvalidRecordError,
     SagaValidationError,
 )
-from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, StateListing, Store
+from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, StateListing, Store, delete_all
 from .clock import FrozenClock
 from .racing import ReadTogether, race
 
@@ -864,6 +864,125 @@ class StoreConformance:
         assert results.count(True) == 1, results
         stored = self._store().get("saga", first.id)
         assert (stored is None) == (results[0] is True)
+
+    def _retention_sweep(self, kind: str, final: list[str], before_ms: int,
+                         fence: Fence | None = None) -> list[str]:
+        """What a retention pass does (docs/design.md §7): scan the final states' indexes for
+        records updated before ``before_ms``, delete each at the version read; the ids deleted."""
+        store, deleted, cursor = self._store(), [], None
+        for _ in range(10_000):
+            page = store.scan(kind, final, updated_before_ms=before_ms, cursor=cursor, limit=7)
+            for envelope in page.items:
+                assert envelope.state in final and envelope.updated_at_ms < before_ms
+            items = [(kind, e.id, e.version) for e in page.items]
+            done = delete_all(store, items, fence=fence)
+            deleted += [record_id for (_, record_id, _), ok in zip(items, done, strict=True) if ok]
+            cursor = page.cursor
+            if cursor is None:
+                return deleted
+        raise AssertionError("the retention scan never ended")
+
+    def test_retention_deletes_only_final_records_past_the_cut_off_and_touches_nothing_else(
+        self,
+    ) -> None:
+        kind, label, cut = "ret" + uuid.uuid4().hex[:8], _fresh("def"), T0 + 1000
+        due = [self._created(replace(_envelope(_fresh("r"), state, T0 + i, kind=kind),
+                                     label=label if i % 2 else None))
+               for i, state in enumerate(["completed", "compensated"] * 10)]
+        kept = [
+            self._created(replace(_envelope(_fresh("r"), state, at, kind=kind), label=label,
+                                  due_at_ms=at + 5 if state == "running" else None))
+            for state, at in [("running", T0), ("compensating", T0), ("manual-review", T0),
+                              ("completed", cut), ("compensated", cut + 1)]
+        ]
+        other_kind = self._created(_envelope(_fresh("r"), "completed", T0))
+
+        deleted = self._retention_sweep(kind, ["completed", "compensated"], cut)
+
+        store = self._store()
+        assert sorted(deleted) == sorted(e.id for e in due)
+        assert all(store.get(kind, e.id) is None for e in due)
+        assert [store.get(kind, e.id) for e in kept] == kept
+        assert store.get("saga", other_kind.id) == other_kind
+        assert store.count(kind, ["completed", "compensated"]) == 2
+        assert store.count(kind, ["completed", "compensated"], label=label) == 2
+        assert sorted(_page_ids(store, kind, ["completed", "compensated", "running",
+                                              "compensating", "manual-review"], 3)) == \
+            sorted(e.id for e in kept)
+        assert _due_ids(store, kind, T0 + 100, 10) == [kept[0].id]
+        assert self._retention_sweep(kind, ["completed", "compensated"], cut) == []
+
+    def test_a_batch_delete_deletes_each_record_at_its_version_as_delete_would(self) -> None:
+        kind = "ret" + uuid.uuid4().hex[:8]
+        first, second, third = (self._created(_envelope(_fresh("r"), "completed", T0, kind=kind))
+                                for _ in range(3))
+        other = self._created(_envelope(_fresh("r"), "completed", T0))
+        store = self._store()
+        items = [(kind, first.id, 1), (kind, second.id, 2), (kind, _fresh("ghost"), 1),
+                 ("saga", other.id, 1), (kind, third.id, 1), (kind, first.id, 1)]
+        assert delete_all(store, items) == [True, False, False, True, True, False]
+        assert store.get(kind, second.id) == second
+        assert [store.get(kind, first.id), store.get(kind, third.id), store.get("saga", other.id)] \
+            == [None, None, None]
+        assert delete_all(store, []) == []
+        with pytest.raises(SagaValidationError):
+            delete_all(store, [(kind, second.id, 2), (kind, "has space", 1)])
+        assert store.get(kind, second.id) == second
+
+    def test_a_batch_delete_under_a_stale_fence_is_refused_and_deletes_nothing(self) -> None:
+        store = self._store()
+        record = self._created(_envelope(_fresh("r"), "completed", T0))
+        bucket, name = store.bucket_of(record.id), _fresh("lease")
+        old = store.acquire_lease(name, "alice", "tok-a", T0, 1000, bucket=bucket)
+        assert old is not None and store.release_lease(old)
+        assert store.acquire_lease(name, "bob", "tok-b", T0 + 1, 1000, bucket=bucket) is not None
+        with pytest.raises(FencedWriteRefused):
+            delete_all(store, [("saga", record.id, 1)], fence=Fence.of(old))
+        assert store.get("saga", record.id) == record
+
+    def test_retention_racing_writers_deletes_a_record_or_keeps_the_write_never_both(
+        self,
+    ) -> None:
+        kind, cut = "ret" + uuid.uuid4().hex[:8], T0 + 1000
+        due = [self._created(_envelope(_fresh("r"), "completed", T0 + i, kind=kind))
+               for i in range(THREADS * 2)]
+        store = self._store()
+
+        def attempt(i: int) -> object:
+            if i == 0:
+                return self._retention_sweep(kind, ["completed"], cut)
+            # each writer changes two records as the sweep walks them: odd ones append a note
+            # (still final), even ones move the record out of the final state
+            wrote = []
+            for envelope in due[2 * i - 2: 2 * i]:
+                if i % 2:
+                    wrote.append(store.annotate(kind, envelope.id, f"n-{i}") is not None)
+                else:
+                    wrote.append(store.compare_and_set(_next(envelope, state="running"), 1))
+            return wrote
+
+        results = race(attempt, THREADS)
+        deleted = results[0]
+        assert isinstance(deleted, list), results
+        for i, wrote in enumerate(results[1:], start=1):
+            assert isinstance(wrote, list), results
+            for envelope, ok in zip(due[2 * i - 2: 2 * i], wrote, strict=True):
+                stored = store.get(kind, envelope.id)
+                if i % 2 == 0:
+                    # moved out of the final state, or deleted while still final: never both
+                    assert ok != (envelope.id in deleted), (envelope.id, ok)
+                    assert (stored is None) == (not ok)
+                    assert stored is None or (stored.state, stored.version) == ("running", 2)
+                else:
+                    # a note keeps it final: deleted at whichever version the sweep read
+                    assert (stored is None) == (envelope.id in deleted)
+                    assert stored is None or (ok and stored.version == 2)
+        assert len(set(deleted)) == len(deleted)
+        survivors = {e.id for e in due if e.id not in deleted}
+        running = {i for i in survivors if store.get(kind, i).state == "running"}  # type: ignore[union-attr]
+        assert store.count(kind, ["completed"]) == len(survivors - running)
+        assert store.count(kind, ["running"]) == len(running)
+        assert sorted(_page_ids(store, kind, ["completed", "running"], 5)) == sorted(survivors)
 
     def test_count_follows_states_labels_and_times(self) -> None:
         kind, label = "cnt" + uuid.uuid4().hex[:8], _fresh("def")

@@ -99,8 +99,9 @@ def worker_app(name: str, broker: str, queue: str, beat_dir: Path, **transport: 
     return app
 
 
-def build(config: Config) -> Shop:
-    """Build the e2e app for ``config`` (tests build their own; workers use the env)."""
+def build(config: Config, **options: Any) -> Shop:
+    """Build the e2e app for ``config`` (tests build their own; workers use the env);
+    ``options`` are more ``Sagas`` settings."""
     app = worker_app("e2e", config.broker, config.queue, config.control, visibility_timeout=3600)
 
     # In app.conf (not a Sagas keyword) so `celery inspect conf` and `celery report` see them.
@@ -121,6 +122,7 @@ def build(config: Config) -> Shop:
         default_time_limit=30.0,
         sweep_lease=5.0,
         **store_options,
+        **options,
     )
 
 

@@ -90,3 +90,28 @@ def test_an_operator_lists_shows_and_resolves_a_saga_from_the_shell(redis_stack:
     assert record.state == "completed"
     assert record.steps[1].result == {"charged": 5}
     assert len(redis_stack.ops("charge.start", "cli-review")) == 1
+
+
+def test_an_operator_exports_full_records_as_json_lines(redis_stack: Stack, tmp_path: Path) -> None:
+    # given: a completed and a compensated order on a real worker
+    redis_stack.worker()
+    order = redis_stack.shop.order
+    order.start({"sku": "A", "amount": 3, "id": "a1"}, saga_id="exp-ok")
+    order.start({"sku": "B", "amount": 5, "id": "b1", "plan": {"decline": "ship"}},
+                saga_id="exp-undone")
+    assert redis_stack.wait_settled("exp-ok").state == "completed"
+    assert redis_stack.wait_settled("exp-undone").state == "compensated"
+    target = tmp_path / "export.jsonl"
+
+    # when
+    everything = celery_sagas(redis_stack, "export")
+    completed = console(redis_stack, "export", "--state", "completed", "--output", str(target))
+
+    # then: one line per saga, every field, the same as the record
+    assert everything.returncode == 0, everything.stderr
+    lines = [json.loads(line) for line in everything.stdout.splitlines()]
+    assert sorted(r["saga_id"] for r in lines) == ["exp-ok", "exp-undone"]
+    for line in lines:
+        assert line == redis_stack.sagas.get(line["saga_id"]).to_dict()
+    assert completed.returncode == 0 and "exported 1 sagas" in completed.stderr
+    assert [json.loads(x)["saga_id"] for x in target.read_text().splitlines()] == ["exp-ok"]

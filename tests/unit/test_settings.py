@@ -300,3 +300,45 @@ def test_a_store_that_is_neither_a_url_nor_a_store_is_refused_at_once(store: Any
 def test_a_missing_store_is_refused_at_once() -> None:
     with pytest.raises(SagaConfigurationError, match="sagas_store"):
         Sagas(fresh_app())
+
+
+# ------------------------------------------------------------ retention and archive
+
+
+def test_retention_defaults_to_seven_days_and_none_keeps_forever() -> None:
+    # when / then
+    assert make().settings.retention_ms == 7 * 24 * 3600 * 1000
+    assert make(retention=None).settings.retention_ms is None
+    assert make(retention=60).settings.retention_ms == 60_000
+    assert make(fresh_app(sagas_retention=0.5)).settings.retention_ms == 500
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "7d", float("nan"), float("inf"), 10**12])
+def test_a_bad_retention_is_refused(bad: Any) -> None:
+    with pytest.raises(SagaConfigurationError, match="sagas_retention"):
+        make(retention=bad)
+
+
+def test_archive_is_a_callable_or_a_dotted_path() -> None:
+    # when / then
+    assert make(archive=print).settings.archive is print
+    assert make(fresh_app(sagas_archive="json:dumps")).settings.archive == "json:dumps"
+    for bad in (5, "", object()):
+        with pytest.raises(SagaConfigurationError, match="sagas_archive"):
+            make(archive=bad)
+
+
+def test_a_dotted_archive_path_is_imported_and_a_broken_one_raises_when_called() -> None:
+    # given
+    import json
+
+    from celery_sagas._celery.wiring import resolve_archive
+
+    # when / then
+    assert resolve_archive("json:dumps") is json.dumps
+    assert resolve_archive("json.dumps") is json.dumps
+    for broken in ("no_such_module_x:f", "json:no_such_function", "json:__doc__"):
+        archive = resolve_archive(broken)
+        assert archive is not None
+        with pytest.raises(SagaConfigurationError, match="sagas_archive"):
+            archive(None)  # type: ignore[arg-type]

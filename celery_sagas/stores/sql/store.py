@@ -284,6 +284,30 @@ class SqlStore:
             self._refuse_fenced(fence)
         return False
 
+    def delete_many(
+        self, items: Sequence[tuple[str, str, int]], *, fence: Fence | None = None
+    ) -> list[bool]:
+        """``delete`` for each (kind, id, expected version), in one transaction: one commit for
+        the batch (the retention pass deletes a page at a time, docs/design.md §7)."""
+        checked = []
+        for kind, record_id, expected_version in items:
+            check_key(kind, record_id)
+            if type(expected_version) is not int:
+                raise SagaValidationError("expected_version must be an int")
+            self._check_fence(fence, record_id)
+            checked.append({"p_kind": kind, "p_id": record_id, "p_expected": expected_version})
+        stmt = self._statements.delete
+        if fence is not None:
+            stmt = self._statements.fenced_delete
+            for params in checked:
+                params.update(p_lease=fence.lease, p_fence=fence.number)
+        with self._driver_errors("delete"):
+            with self._engine.begin() as conn:
+                done = [conn.execute(stmt, params).rowcount == 1 for params in checked]
+            if not all(done):
+                self._refuse_fenced(fence)
+        return done
+
     def _read(self, kind: str, record_id: str) -> Envelope | None:
         """The stored envelope, unvalidated (it is only compared)."""
         with self._engine.begin() as conn:
