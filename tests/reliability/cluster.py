@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,7 +26,22 @@ from tests.reliability.app import Config, Shop, build
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    """A TCP port on 127.0.0.1 nobody listens on right now.
+
+    ``CELERY_SAGAS_TEST_PORTS=<first>-<last>`` keeps it in that range (a shared machine).
+    """
+    span = os.environ.get("CELERY_SAGAS_TEST_PORTS")
+    if span:
+        first, last = (int(part) for part in span.split("-"))
+        for port in random.sample(range(first, last + 1), last - first + 1):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            if not _answers(port):
+                return port
+        raise RuntimeError(f"no free port in CELERY_SAGAS_TEST_PORTS={span}")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
