@@ -169,9 +169,12 @@ class Sweeper:
         self.count_states = count_states
         self.on_page = on_page  # called after each checkpointed page (tests and tools watch)
 
-    def sweep(self, shard: int = 0, shards: int = 1) -> SweepReport:
+    def sweep(self, shard: int = 0, shards: int = 1, *,
+              sent_at_ms: int | None = None) -> SweepReport:
         """One reconciliation pass over every bucket this call can lease, from its shard's
-        offset; returns at once for buckets another sweeper holds."""
+        offset; returns at once for buckets another sweeper holds. ``sent_at_ms`` is when
+        this sweep was asked for: a bucket swept to the end since then is skipped, so sweeps
+        queued up behind slow ones (two beats, a busy queue) do not walk it again."""
         report = SweepReport()
         store = self.engine.repository.store
         first = (shard * store.buckets) // max(1, shards)
@@ -180,7 +183,8 @@ class Sweeper:
         swept = 0
         try:
             for bucket in order:
-                swept += self._bucket(leases, bucket, report, skip_fresh=shards > 1)
+                swept += self._bucket(leases, bucket, report, skip_fresh=shards > 1,
+                                      sent_at_ms=sent_at_ms)
             report.complete = swept == len(order)
             if self.count_states:
                 report.states = {str(s): store.count(SAGA, [str(s)]) for s in _OPEN_STATES}
@@ -193,16 +197,19 @@ class Sweeper:
                 self.engine.events.report(finding_event(finding, report.fence))
         return report
 
-    def _bucket(self, leases: Leases, bucket: int, report: SweepReport, *, skip_fresh: bool) -> int:
+    def _bucket(self, leases: Leases, bucket: int, report: SweepReport, *, skip_fresh: bool,
+                sent_at_ms: int | None = None) -> int:
         """Sweep one bucket if its lease can be taken: 1 when swept (or, with ``skip_fresh``,
-        just swept by another shard), else 0."""
+        just swept by another shard, or swept since ``sent_at_ms``), else 0."""
         lease = leases.acquire(SWEEP_LEASE, self.lease_ms, bucket=bucket)
         if lease is None:
             return 0
         report.acquired = True
         report.fence = max(report.fence or 0, lease.fence)
         report.fences[bucket] = lease.fence
-        if skip_fresh and self._recently_done(lease):
+        done = _done_at(lease)
+        fresh = skip_fresh and done is not None and self.engine.now() - done < self.fresh_ms
+        if fresh or (done is not None and sent_at_ms is not None and done >= sent_at_ms):
             leases.release(lease)
             return 1
         # Start and end lines bracket the time the lease is held: their fences prove who swept when.
@@ -227,12 +234,6 @@ class Sweeper:
         report.buckets += 1
         leases.release(lease)
         return 1
-
-    def _recently_done(self, lease: Lease) -> bool:
-        cursor = lease.cursor or ""
-        if not cursor.startswith(_DONE) or not cursor[len(_DONE):].isdigit():
-            return False
-        return self.engine.now() - int(cursor[len(_DONE):]) < self.fresh_ms
 
     def _walk(self, leases: Leases, lease: Lease, report: SweepReport) -> None:
         now = self.engine.now()
@@ -265,6 +266,14 @@ class Sweeper:
         if self.on_page is not None:
             self.on_page(lease, report)
         return lease
+
+
+def _done_at(lease: Lease) -> int | None:
+    """When the lease's bucket was last swept to the end (its ``done@`` checkpoint), or None."""
+    cursor = lease.cursor or ""
+    if not cursor.startswith(_DONE) or not cursor[len(_DONE):].isdigit():
+        return None
+    return int(cursor[len(_DONE):])
 
 
 # ---------------------------------------------------------------- the default passes

@@ -42,7 +42,7 @@ from ..stores.base import Store
 from .dispatcher import CeleryDispatcher
 from .hooks import guard, guarded, install_beat_entries
 from .messages import SWEEP_TASK
-from .periodic import PeriodicSagas, SagaSchedule
+from .periodic import PeriodicSagas, SagaSchedule, sent_at, stamp_sent_at
 from .registration import (
     checked_secrets,
     refuse_pickle,
@@ -189,11 +189,16 @@ class Sagas:
             )
 
     def _register_sweep(self) -> None:
-        options = {"acks_late": True, "serializer": "json", "ignore_result": True, "shared": False}
+        options = {"acks_late": True, "serializer": "json", "ignore_result": True, "shared": False,
+                   "bind": True}
 
         @self.app.task(name=SWEEP_TASK, **options)  # type: ignore[untyped-decorator]
-        def sweep_task(shard: int = 0, shards: int = 1) -> None:
-            self.sweep(shard=shard, shards=shards)
+        def sweep_task(task: Any, shard: int = 0, shards: int = 1) -> None:
+            # A sweep message that waited in the queue skips the buckets swept since it was
+            # sent (docs/design.md §5): queued duplicates cost a lease each, not a sweep.
+            self.sweep(shard=shard, shards=shards, sent_at_ms=sent_at(task.request))
+
+        stamp_sent_at()
 
     def beat_entries(self) -> dict[str, dict[str, Any]]:
         """The beat schedule entries of the sweeps (``sagas_sweep_shards``) and of the scheduled
@@ -438,10 +443,13 @@ class Sagas:
         store = self.store
         return {str(s): store.count(SAGA, [str(s)], label=definition) for s in SagaState}
 
-    def sweep(self, *, shard: int = 0, shards: int = 1) -> SweepReport:
-        """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds)."""
+    def sweep(self, *, shard: int = 0, shards: int = 1,
+              sent_at_ms: int | None = None) -> SweepReport:
+        """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds);
+        with ``sent_at_ms`` (when the sweep was asked for), buckets swept to the end since
+        then are skipped."""
         with self.tracing.operation("saga.sweep", shard=shard, shards=shards) as note:
-            report = self._process.current.sweeper.sweep(shard, shards)
+            report = self._process.current.sweeper.sweep(shard, shards, sent_at_ms=sent_at_ms)
             note(examined=report.examined, acted=report.acted)
         if self.metrics is not None and report.states:
             self.metrics.set_saga_counts(report.states)

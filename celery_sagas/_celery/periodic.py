@@ -24,10 +24,10 @@ from celery.signals import before_task_publish
 from .. import _values as values
 from .._records import SagaRecord
 from ..errors import SagaConfigurationError, SagaConflictError, SagaValidationError
-from .messages import PERIODIC_TASK
+from .messages import PERIODIC_TASK, SWEEP_TASK
 from .schedules import Slots, slots_of, utc_stamp
 
-__all__ = ["SENT_AT", "PeriodicSagas", "SagaSchedule"]
+__all__ = ["SENT_AT", "PeriodicSagas", "SagaSchedule", "sent_at", "stamp_sent_at"]
 
 logger = logging.getLogger("celery_sagas")
 
@@ -139,18 +139,24 @@ class PeriodicSagas:
 
         @self.app.task(name=PERIODIC_TASK, **options)  # type: ignore[untyped-decorator]
         def periodic_task(task: Any, name: str) -> None:
-            self.tick(name, _sent_at(task.request))
+            self.tick(name, sent_at(task.request))
 
-        before_task_publish.connect(_stamp, weak=False, dispatch_uid="celery_sagas.periodic")
+        stamp_sent_at()
+
+
+def stamp_sent_at() -> None:
+    """Stamp every tick and sweep this process publishes with its send time (once per process)."""
+    before_task_publish.connect(_stamp, weak=False, dispatch_uid="celery_sagas.periodic")
 
 
 def _stamp(sender: object = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """Stamp a tick with the time it is published (beat: right after it was due)."""
-    if sender == PERIODIC_TASK and headers is not None and SENT_AT not in headers:
+    """Stamp a tick or a sweep with the time it is published (beat: right after it was due)."""
+    if sender in (PERIODIC_TASK, SWEEP_TASK) and headers is not None and SENT_AT not in headers:
         headers[SENT_AT] = int(time.time() * 1000)
 
 
-def _sent_at(request: Any) -> int | None:
+def sent_at(request: Any) -> int | None:
+    """The send time stamped on a task request (ms since the epoch), or None."""
     value = getattr(request, SENT_AT, None)
     if value is None and isinstance(getattr(request, "headers", None), Mapping):
         value = request.headers.get(SENT_AT)

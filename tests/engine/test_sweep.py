@@ -178,3 +178,44 @@ def test_a_saga_in_manual_review_is_reported_by_the_sweep(shop: Shop) -> None:
     assert (finding.kind, finding.record_id) == (FindingKind.AMBIGUOUS_EXECUTION, "o-1")
     assert (finding.step, finding.effect_id) == ("shop.charge", effect_id)
     assert shop.record().state == SagaState.MANUAL_REVIEW
+
+
+def test_a_sweep_asked_for_before_the_last_complete_sweep_skips_every_bucket(shop: Shop) -> None:
+    """Two beats and slow sweeps queue sweep messages up faster than they run; one that waited
+    in the queue finds the buckets swept since it was sent and skips them, so the backlog drains
+    and step and compensation messages behind it are not starved (docs/design.md §5)."""
+    # given: a lost step message, re-sent by a sweep asked for after it
+    shop.start_order()
+    shop.driver.take()
+    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
+    asked = shop.clock.now_ms()
+    first = shop.sagas.sweep(sent_at_ms=asked)
+    assert first.complete and first.acted == 1 and len(shop.driver.take()) == 1
+    # and the re-sent message is lost again
+    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
+
+    # when: a sweep asked for before the first one ran (queued behind it), then a new one
+    queued = shop.sagas.sweep(sent_at_ms=asked - 1)
+    sent_by_queued = shop.driver.take()
+    fresh = shop.sagas.sweep(sent_at_ms=shop.clock.now_ms())
+
+    # then: the queued one skips every bucket; the new one walks them and re-sends the step
+    assert queued.complete and (queued.examined, queued.acted, queued.buckets) == (0, 0, 0)
+    assert sent_by_queued == []
+    assert fresh.complete and fresh.acted == 1 and len(shop.driver.take()) == 1
+
+
+def test_a_sweep_asked_for_without_a_time_walks_every_bucket(shop: Shop) -> None:
+    # given
+    shop.start_order()
+    shop.driver.take()
+    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
+    shop.sagas.sweep()
+    shop.driver.take()
+    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
+
+    # when
+    report = shop.sagas.sweep()
+
+    # then
+    assert report.complete and report.acted == 1 and len(shop.driver.take()) == 1

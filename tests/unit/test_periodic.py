@@ -17,7 +17,7 @@ from celery.schedules import crontab, schedule
 
 from celery_sagas import MemoryStore, SagaRecord, Sagas, SagaState
 from celery_sagas._celery.messages import PERIODIC_TASK, SWEEP_TASK
-from celery_sagas._celery.periodic import SENT_AT, PeriodicSagas, _sent_at, _stamp
+from celery_sagas._celery.periodic import SENT_AT, PeriodicSagas, _stamp, sent_at
 from celery_sagas._celery.schedules import AlignedInterval, CrontabSlots, IntervalSlots, utc_stamp
 from celery_sagas.errors import SagaConfigurationError, SagaConflictError, SagaValidationError
 
@@ -312,6 +312,28 @@ def test_a_published_tick_is_stamped_once_with_its_send_time() -> None:
     assert other == {}
 
 
+def test_a_published_sweep_is_stamped_with_its_send_time() -> None:
+    headers: dict[str, Any] = {}
+    _stamp(sender=SWEEP_TASK, headers=headers)
+    assert isinstance(headers[SENT_AT], int)
+
+
+def test_the_sweep_task_sweeps_with_the_send_time_of_its_message() -> None:
+    # given: a sweep whose message was stamped when it was sent
+    app = Celery("sweep-stamp", set_as_current=False)
+    sagas = Sagas(app, store=MemoryStore(), allow_non_durable=True)
+    seen: list[dict[str, Any]] = []
+    sagas.sweep = lambda **options: seen.append(options)  # type: ignore[method-assign,assignment,return-value]
+
+    # when
+    app.tasks[SWEEP_TASK].apply(kwargs={"shard": 0, "shards": 1}, headers={SENT_AT: 1234})
+    app.tasks[SWEEP_TASK].apply(kwargs={"shard": 0, "shards": 1})
+
+    # then: buckets swept since then are skipped (docs/design.md §5); unstamped, none are
+    assert seen == [{"shard": 0, "shards": 1, "sent_at_ms": 1234},
+                    {"shard": 0, "shards": 1, "sent_at_ms": None}]
+
+
 @pytest.mark.parametrize(("request_", "expected"), [
     (SimpleNamespace(saga_sent_at_ms=1234), 1234),
     (SimpleNamespace(headers={SENT_AT: 99}), 99),
@@ -321,7 +343,7 @@ def test_a_published_tick_is_stamped_once_with_its_send_time() -> None:
 ])
 def test_the_send_time_is_read_from_the_request_or_ignored_when_malformed(request_: Any,
                                                                           expected: int | None) -> None:
-    assert _sent_at(request_) == expected
+    assert sent_at(request_) == expected
 
 
 def test_an_aligned_interval_survives_the_beat_schedule_file() -> None:
