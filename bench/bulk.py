@@ -7,6 +7,7 @@ its state index and its label index) in pipelines on Redis and with ``COPY`` on 
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import time
 import uuid
@@ -18,6 +19,14 @@ from celery_sagas.stores.sql import SqlStore
 from celery_sagas.stores.sql._schema import build_tables
 
 BATCH = 10_000
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, stores: str = "redis,postgres") -> None:
+    """``--redis``, ``--postgres`` (store URLs) and ``--stores`` (which of them to run)."""
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15", help="Redis store URL")
+    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
+                        help="PostgreSQL store URL (SQLAlchemy)")
+    parser.add_argument("--stores", default=stores, help="comma-separated: redis, postgres")
 
 
 def open_store(backend: str, url: str, stem: str = "bench") -> RedisStore | SqlStore:

@@ -32,8 +32,9 @@ from typing import Any
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
+from bench.bulk import add_store_arguments, destroy, load, open_store
 from bench.common import git_commit, machine, write_json
-from bench.web_pages import DEFINITIONS, CallCounter, destroy, envelopes, facade, load, open_store
+from bench.web_pages import DEFINITIONS, CallCounter, envelopes, facade
 from celery_sagas.cli import sagas as sagas_command
 
 RESULTS = Path(__file__).resolve().parent / "results" / "list_definition.json"
@@ -88,10 +89,7 @@ def bench_store(backend: str, url: str, count: int, repeat: int) -> dict[str, An
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15", help="Redis store URL")
-    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
-                        help="PostgreSQL store URL")
-    parser.add_argument("--stores", default="postgres", help="comma-separated: redis, postgres")
+    add_store_arguments(parser, "postgres")
     parser.add_argument("--sagas", type=int, default=200_000, help="sagas in each store")
     parser.add_argument("--repeat", type=int, default=9, help="timed runs per case (median taken)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.bulk import destroy, load, open_store
+from bench.bulk import add_store_arguments, destroy, load, open_store
 from celery_sagas._codec import Codec
 from celery_sagas._context import SagaContext
 from celery_sagas._definitions import Registry, SagaDefinition, StepOptions, Timing
@@ -224,10 +224,7 @@ def bench_backend(backend: str, url: str, args: argparse.Namespace) -> dict[str,
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15", help="Redis store URL")
-    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
-                        help="PostgreSQL store URL (SQLAlchemy)")
-    parser.add_argument("--stores", default="redis,postgres", help="comma-separated: redis, postgres")
+    add_store_arguments(parser, "redis,postgres")
     parser.add_argument("--stale", type=int, default=1_000, help="stale running sagas in both stores")
     parser.add_argument("--final", type=int, default=1_000_000, help="final sagas in store (b)")
     parser.add_argument("--repeat", type=int, default=9, help="timed rounds (median taken)")

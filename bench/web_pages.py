@@ -37,7 +37,7 @@ from typing import Any, cast
 
 from celery import Celery
 
-from bench.bulk import destroy, load, open_store
+from bench.bulk import add_store_arguments, destroy, load, open_store
 from bench.common import git_commit, machine, write_json
 from celery_sagas import SagaRecord, Sagas, SagaState, StepRecord, StepState, Store
 from celery_sagas._codec import Codec
@@ -228,10 +228,7 @@ def bench_store(backend: str, url: str, count: int, repeat: int) -> dict[str, An
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/15", help="Redis store URL")
-    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
-                        help="PostgreSQL store URL (SQLAlchemy)")
-    parser.add_argument("--stores", default="redis,postgres", help="comma-separated: redis, postgres")
+    add_store_arguments(parser, "redis,postgres")
     parser.add_argument("--sagas", type=int, default=100_000, help="sagas in each store")
     parser.add_argument("--repeat", type=int, default=9, help="timed requests per page (median taken)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
