@@ -208,8 +208,9 @@ def _before_option(value: str | None) -> int | None:
     """An ISO 8601 time (UTC unless it names its offset) as epoch milliseconds."""
     if value is None:
         return None
+    text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value  # 3.10 lacks "Z"
     try:
-        moment = datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(text)
     except ValueError:
         raise click.BadParameter("an ISO 8601 time, e.g. 2026-01-31T00:00:00Z",
                                  param_hint="--before") from None
