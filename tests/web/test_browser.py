@@ -13,7 +13,7 @@ import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,20 @@ def all_css(driver: Any, selector: str) -> list[Any]:
     from selenium.webdriver.common.by import By
 
     return list(driver.find_elements(By.CSS_SELECTOR, selector))
+
+
+def eventually(check: Callable[[], object], what: str, timeout: float = 15.0) -> None:
+    """Poll ``check`` until the page a click loads passes it: right after a click the old page
+    may still be there, or its elements go stale as the new one replaces it."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    def passes() -> bool:
+        try:
+            return bool(check())
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+
+    wait_until(passes, timeout, what)
 
 
 def state_shown(driver: Any, base: str, saga_id: str, state: str) -> bool:
@@ -101,10 +115,10 @@ def test_an_operator_resolves_and_resumes_a_review_from_the_browser(stack: Stack
 
         # follow the manual-review saga to its page
         by_css(driver, '.card[data-state="manual-review"]').click()
-        assert "state=manual-review" in driver.current_url
+        eventually(lambda: "state=manual-review" in driver.current_url, "the sagas page")
         screenshot(driver, "sagas")
         driver.find_element("link text", "order-review-1").click()
-        assert by_css(driver, "#saga-state").text == "manual-review"
+        eventually(lambda: by_css(driver, "#saga-state").text == "manual-review", "the saga page")
         charge = stack.sagas.get("order-review-1").steps[1]
         assert charge.effect_id in by_css(driver, "main").text
         assert by_css(driver, "tr.effect-unknown td.id").text == charge.effect_id
@@ -126,10 +140,10 @@ def test_an_operator_resolves_and_resumes_a_review_from_the_browser(stack: Stack
         assert form.find_element("name", "effect_id").get_attribute("value") == charge.effect_id
         form.find_element("name", "result").send_keys('{"charged": 9}')
         form.find_element("css selector", "button").click()
-        assert "Resolved." in by_css(driver, ".notice").text
+        eventually(lambda: "Resolved." in by_css(driver, ".notice").text, "the resolve notice")
         screenshot(driver, "saga-resolved")
         by_css(driver, "form.resume button").click()
-        assert "Resumed." in by_css(driver, ".notice").text
+        eventually(lambda: "Resumed." in by_css(driver, ".notice").text, "the resume notice")
 
         # then: the workers finish it, and the page shows it
         wait_until(lambda: state_shown(driver, base, "order-review-1", "completed"), SETTLE,
@@ -147,7 +161,7 @@ def test_an_operator_resolves_and_resumes_a_review_from_the_browser(stack: Stack
         driver.execute_script("document.querySelectorAll('input[name=csrf_token]')"
                               ".forEach(function (e) { e.remove(); })")
         by_css(driver, "form.resume button").click()
-        assert driver.title.startswith("403")
+        eventually(lambda: driver.title.startswith("403"), "the 403 page")
         assert "CSRF" in by_css(driver, ".refused").text
         screenshot(driver, "refused-csrf")
         assert stack.sagas.get("order-review-2").state == "manual-review"
@@ -215,7 +229,7 @@ def test_an_operator_approves_a_gated_saga_from_the_browser(gated_stack: Stack) 
         by_css(driver, "form.approve button").click()
 
         # then: approved by the operator; the requester's token resumes it
-        assert "Approved." in by_css(driver, ".notice").text
+        eventually(lambda: "Approved." in by_css(driver, ".notice").text, "the approve notice")
         approval = stack.sagas.approvals.get(pending.approval_id)
         assert (approval.state, approval.decided_by) == ("approved", "olive")
         stack.sagas.approvals.resume("gated-1", pending.token, tenant_id="t1", principal_id="alice")
