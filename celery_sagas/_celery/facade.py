@@ -41,8 +41,8 @@ from ..errors import (
 from ..stores.base import Store
 from .dispatcher import CeleryDispatcher
 from .hooks import guard, guarded, install_beat_entries
-from .messages import SWEEP_TASK
-from .periodic import PeriodicSagas, SagaSchedule, sent_at, stamp_sent_at
+from .messages import SWEEP_TASK, sent_at, stamp_sent_at
+from .periodic import PeriodicSagas, SagaSchedule
 from .registration import (
     checked_secrets,
     refuse_pickle,

@@ -13,25 +13,22 @@ starts nothing twice.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, tzinfo
 from typing import Any
 
 from celery import Celery
-from celery.signals import before_task_publish
 
 from .. import _values as values
 from .._records import SagaRecord
-from ..errors import SagaConfigurationError, SagaConflictError, SagaValidationError
-from .messages import PERIODIC_TASK, SWEEP_TASK
+from ..errors import SagaConfigurationError, SagaConflictError
+from .messages import PERIODIC_TASK, sent_at, stamp_sent_at
 from .schedules import Slots, slots_of, utc_stamp
 
-__all__ = ["SENT_AT", "PeriodicSagas", "SagaSchedule", "sent_at", "stamp_sent_at"]
+__all__ = ["PeriodicSagas", "SagaSchedule"]
 
 logger = logging.getLogger("celery_sagas")
 
-SENT_AT = "saga_sent_at_ms"
 _NAME_LIMIT = 100  # the saga id adds "@" and up to 21 characters of slot
 
 
@@ -142,30 +139,6 @@ class PeriodicSagas:
             self.tick(name, sent_at(task.request))
 
         stamp_sent_at()
-
-
-def stamp_sent_at() -> None:
-    """Stamp every tick and sweep this process publishes with its send time (once per process)."""
-    before_task_publish.connect(_stamp, weak=False, dispatch_uid="celery_sagas.periodic")
-
-
-def _stamp(sender: object = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """Stamp a tick or a sweep with the time it is published (beat: right after it was due)."""
-    if sender in (PERIODIC_TASK, SWEEP_TASK) and headers is not None and SENT_AT not in headers:
-        headers[SENT_AT] = int(time.time() * 1000)
-
-
-def sent_at(request: Any) -> int | None:
-    """The send time stamped on a task request (ms since the epoch), or None."""
-    value = getattr(request, SENT_AT, None)
-    if value is None and isinstance(getattr(request, "headers", None), Mapping):
-        value = request.headers.get(SENT_AT)
-    if type(value) is not int:
-        return None
-    try:
-        return values.timestamp_ms(value)
-    except SagaValidationError:
-        return None
 
 
 def _definition_name(definition: object) -> str:

@@ -16,8 +16,8 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 
 from celery_sagas import MemoryStore, SagaRecord, Sagas, SagaState
-from celery_sagas._celery.messages import PERIODIC_TASK, SWEEP_TASK
-from celery_sagas._celery.periodic import SENT_AT, PeriodicSagas, _stamp, sent_at
+from celery_sagas._celery.messages import PERIODIC_TASK, SENT_AT, SWEEP_TASK, _stamp, sent_at
+from celery_sagas._celery.periodic import PeriodicSagas
 from celery_sagas._celery.schedules import AlignedInterval, CrontabSlots, IntervalSlots, utc_stamp
 from celery_sagas.errors import SagaConfigurationError, SagaConflictError, SagaValidationError
 
