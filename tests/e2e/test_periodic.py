@@ -88,6 +88,8 @@ def test_a_beat_restarted_within_a_tick_sends_it_again_and_starts_nothing_twice(
     schedule_file = stack.tmp / "beat-schedule-kept"
     first = beat_on(stack, schedule_file)
     wait_until(lambda: sends([first]) == [1], timeout=60, what="a tick from the first beat")
+    # beat logs "Sending due task" before it publishes: kill it only once the tick arrived
+    wait_until(lambda: len(stack.ops("tick")) == 1, timeout=60, what="the first tick delivered")
     first.kill()
 
     # when: it is restarted on the same schedule file within the same tick
