@@ -21,6 +21,7 @@ from celery.signals import worker_process_init
 from .. import _values as values
 from .._approvals.saga_gates import SagaApprovals
 from .._clock import Clock
+from .._codec import Codec
 from .._definitions import Registry, SagaDefinition, SecondsBackoff
 from .._dispatch import Dispatcher
 from .._engine import Engine
@@ -167,6 +168,11 @@ class Sagas:
     def store(self) -> Store:
         """The store of this process's engine."""
         return self._process.current.store
+
+    @property
+    def codec(self) -> Codec:
+        """The codec of this process's records (it holds the encryption keys, if any)."""
+        return self._process.current.codec
 
     @property
     def approvals(self) -> SagaApprovals:

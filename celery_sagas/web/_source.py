@@ -242,7 +242,7 @@ class SagaSource:
     @property
     def _codec(self) -> Codec:
         """The codec of this process's engine (it holds the encryption keys, if any)."""
-        return self._sagas.engine.repository.codec
+        return self._sagas.codec
 
     def now_ms(self) -> int:
         """The facade's clock, in epoch milliseconds."""
