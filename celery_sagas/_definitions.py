@@ -23,6 +23,7 @@ __all__ = [
     "SecondsBackoff",
     "StepOptions",
     "Timing",
+    "checked_exception_types",
     "checked_max_attempts",
     "checked_retries",
     "seconds_backoff",
@@ -51,11 +52,13 @@ class StepOptions:
     backoff: Backoff = default_backoff_ms
     time_limit_ms: int | None = None
     capability: str = EXECUTE_CAPABILITY
+    retry_on: tuple[type[BaseException], ...] = ()
+    compensate_unknown: bool = False
 
     @property
     def attempts_per_effect(self) -> int:
-        """Attempts allowed under one effect id (1 unless idempotent)."""
-        return 1 + self.retries if self.idempotent else 1
+        """Attempts allowed under one effect id (1 unless idempotent or retried on ``retry_on``)."""
+        return 1 + self.retries if self.idempotent or self.retry_on else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,24 +96,39 @@ MAX_RETRIES = 100
 DEFAULT_IDEMPOTENT_RETRIES = 2  # three attempts in all, as compensators get by default
 
 
-def checked_retries(retries: object, *, idempotent: bool, step: str) -> int:
-    """The retries of a step: given explicitly, or 2 for an idempotent step (3 attempts).
+def checked_retries(retries: object, *, idempotent: bool, step: str,
+                    retry_on: bool = False) -> int:
+    """The retries of a step: given explicitly, or 2 for an idempotent step or one with
+    ``retry_on`` types (3 attempts).
 
-    A step that is not idempotent is never retried (its outcome would be guessed), so
-    ``retries`` without ``idempotent=True`` is a mistake to report, not to ignore.
+    A step that is not idempotent is never retried after an unknown outcome (it would be
+    guessed), so ``retries`` without ``idempotent=True`` or ``retry_on=`` is a mistake to
+    report, not to ignore.
     """
     if retries is None:
-        return DEFAULT_IDEMPOTENT_RETRIES if idempotent else 0
+        return DEFAULT_IDEMPOTENT_RETRIES if idempotent or retry_on else 0
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
         raise SagaConfigurationError(
             f"step {step!r}: retries must be an int in 0..{MAX_RETRIES}, got {retries!r}"
         )
-    if retries and not idempotent:
+    if retries and not idempotent and not retry_on:
         raise SagaConfigurationError(
-            f"step {step!r}: retries={retries} needs idempotent=True (only a step that is safe "
-            "to repeat with the same effect id is retried; see docs/concepts.md)"
+            f"step {step!r}: retries={retries} needs idempotent=True or retry_on= (only a step "
+            "that is safe to repeat with the same effect id, or whose failure proves nothing "
+            "was committed, is retried; see docs/concepts.md)"
         )
     return retries
+
+
+def checked_exception_types(types: object, *, option: str, step: str) -> tuple[type[Exception], ...]:
+    """A step's ``not_committed_on=`` or ``retry_on=``: a tuple (or one) of Exception classes."""
+    items = (types,) if isinstance(types, type) else types
+    if not isinstance(items, (tuple, list)) or not all(
+            isinstance(t, type) and issubclass(t, Exception) for t in items):
+        raise SagaConfigurationError(
+            f"step {step!r}: {option}= takes a tuple of Exception classes, got {_shown(types)}"
+        )
+    return tuple(items)
 
 
 class _Seconds:

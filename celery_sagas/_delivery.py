@@ -46,11 +46,22 @@ _INLINE_RETRY_MAX_MS = 5_000
 
 
 class _Kind(Enum):
-    """What a body did: returned a result, raised a known failure, or raised anything else."""
+    """What a body did: returned a result, raised a known failure, raised a ``retry_on`` type
+    (nothing committed, worth another try), or raised anything else."""
 
-    COMMITTED = Phase.COMMITTED
-    FAILED = Phase.FAILED
-    ERRORED = Phase.AMBIGUOUS  # the outcome is unknown unless the step may be retried
+    COMMITTED = "committed"
+    FAILED = "failed"
+    TRANSIENT = "transient"
+    ERRORED = "errored"  # the outcome is unknown unless the step may be retried
+
+    @property
+    def phase(self) -> Phase:
+        """The lifecycle phase an outcome of this kind is announced as."""
+        return _PHASES[self]
+
+
+_PHASES = {_Kind.COMMITTED: Phase.COMMITTED, _Kind.FAILED: Phase.FAILED,
+           _Kind.TRANSIENT: Phase.FAILED, _Kind.ERRORED: Phase.AMBIGUOUS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +259,7 @@ class Delivery:
         def announcer(kind: _Kind, code: str | None) -> Callable[[SagaRecord], None]:
             def announce(written: SagaRecord) -> None:
                 after = self._step_of(written)
-                phase = kind.value if after.state is not StepState.EXECUTING else Phase.FAILED
+                phase = kind.phase if after.state is not StepState.EXECUTING else Phase.FAILED
                 duration = int((time.monotonic() - started) * 1000)
                 self.engine.emit(written, after, Stage.EXECUTION, phase, code, duration)
             return announce
@@ -271,20 +282,24 @@ class Delivery:
         if outcome.kind is _Kind.COMMITTED:
             return lambda s: moves.commit_step(s, ref, outcome.result, now)
         code = outcome.error_code or codes.STEP_ERROR
+        failed: Move = lambda s: moves.fail_step(s, ref, code, now)  # noqa: E731
         if outcome.kind is _Kind.FAILED:
-            return lambda s: moves.fail_step(s, ref, code, now)
-        if step.attempts >= options.attempts_per_effect:
-            return lambda s: moves.step_ambiguous(s, ref, code, now)
+            return failed
+        transient = outcome.kind is _Kind.TRANSIENT
+        unknown: Move = failed if transient else lambda s: moves.step_ambiguous(s, ref, code, now)
+        if step.attempts >= options.attempts_per_effect or not (transient or options.idempotent):
+            return unknown
         delay = self._retry_delay(options.backoff, step.attempts)
         if delay is None:
             # No retry can be scheduled: the outcome stays unknown, under its own code.
-            return lambda s: moves.step_ambiguous(s, ref, codes.INVALID_RETRY_POLICY, now)
+            return failed if transient else (
+                lambda s: moves.step_ambiguous(s, ref, codes.INVALID_RETRY_POLICY, now))
         retry_at = now + delay
 
         def release(s: SagaRecord) -> SagaRecord:
             # No retry is claimed while the saga rolls back (the reload of a lost race may see it).
             if s.rolling_back:
-                return moves.step_ambiguous(s, ref, code, now)
+                return unknown(s)
             return moves.release_step(s, ref, retry_at, code, now)
 
         return release
@@ -370,6 +385,11 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
     known: tuple[type[BaseException], ...] = (StepNotCommitted, *options.not_committed_on)
     try:
         result = body(ctx, step.args, step.kwargs)
+    except options.retry_on as exc:  # checked first: the step asked for these to be retried
+        logger.info("saga %s step %s did not commit, retryable: %s", ctx.saga_id, ctx.step,
+                    type(exc).__name__)
+        return _Outcome(_Kind.TRANSIENT, error_code=_error_code(exc, codes.NOT_COMMITTED),
+                        exception=values.exception_text(exc))
     except known as exc:
         logger.info("saga %s step %s did not commit: %s", ctx.saga_id, ctx.step, type(exc).__name__)
         return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED),

@@ -252,14 +252,22 @@ class Sagas:
              idempotent: bool = False, not_committed_on: tuple[type[BaseException], ...] = (),
              retries: int | None = None, backoff: SecondsBackoff | None = None,
              capability: str | None = None,
+             retry_on: tuple[type[Exception], ...] = (), compensate_unknown: bool = False,
              **task_options: Any) -> Any:
         """Make ``fn`` a saga step: a real Celery task plus the saga options.
 
         ``idempotent=True`` retries a step whose outcome is unknown under the same effect id
         (``retries`` more attempts, default 2; ``retries=0`` for none), after
         ``backoff(attempt)`` seconds (default ``min(60, 0.1 * 2**(attempt - 1))``). ``retries``
-        without ``idempotent=True`` is refused, and so is a ``backoff`` that does not return a
-        number of seconds from 0 to 366 days for every attempt.
+        without ``idempotent=True`` or ``retry_on`` is refused, and so is a ``backoff`` that
+        does not return a number of seconds from 0 to 366 days for every attempt.
+
+        ``retry_on=(RateLimited,)``: exception types that prove nothing was committed and are
+        worth trying again; retried after ``backoff`` up to ``retries`` times (default 2), even
+        on a step that is not idempotent, then the step fails with a known outcome.
+        ``compensate_unknown=True``: when the step's outcome is unknown (worker lost, time
+        limit, an undeclared exception), call its compensator (``saga.outcome == "unknown"``;
+        it must tolerate nothing to undo) instead of stopping for manual review.
         """
         if compensate is _REQUIRED:
             raise SagaConfigurationError(
@@ -273,6 +281,7 @@ class Sagas:
                 idempotent=idempotent, not_committed_on=not_committed_on, retries=retries,
                 backoff=backoff, capability=capability, task_options=task_options,
                 default_time_limit_s=self.settings.timing.default_time_limit_ms / 1000,
+                retry_on=retry_on, compensate_unknown=compensate_unknown,
             )
 
         return decorate(fn) if fn is not None else decorate

@@ -18,6 +18,7 @@ from .._definitions import (
     SagaDefinition,
     SecondsBackoff,
     StepOptions,
+    checked_exception_types,
     checked_max_attempts,
     checked_retries,
     seconds_backoff,
@@ -67,20 +68,37 @@ def _task_options(app: Celery, fn: Callable[..., Any], options: dict[str, Any],
 def register_step(app: Celery, registry: Registry, base: type, func: Callable[..., Any], *,
                   compensate: Any, idempotent: bool, not_committed_on: tuple[type[BaseException], ...],
                   retries: int | None, backoff: SecondsBackoff | None, capability: str | None,
-                  default_time_limit_s: float, task_options: dict[str, Any]) -> Any:
+                  default_time_limit_s: float, task_options: dict[str, Any],
+                  retry_on: object = (), compensate_unknown: object = False) -> Any:
     """Make ``func`` a step task and record its saga options."""
     opts = _task_options(app, func, task_options, default_time_limit_s)
     owner = f"step {opts['name']!r}"
-    retries = checked_retries(retries, idempotent=idempotent, step=opts["name"])
+    transient = checked_exception_types(retry_on, option="retry_on", step=opts["name"])
+    retries = checked_retries(retries, idempotent=idempotent, step=opts["name"],
+                              retry_on=bool(transient))
     checked_backoff = seconds_backoff(backoff, attempts=retries, owner=owner)
+    compensator = _name_of(compensate)
+    _check_compensate_unknown(compensate_unknown, compensator, owner)
     task = app.task(base=base, **opts)(func)
     registry.add_step(StepOptions(
-        task=opts["name"], compensator=_name_of(compensate), idempotent=idempotent,
+        task=opts["name"], compensator=compensator, idempotent=idempotent,
         not_committed_on=tuple(not_committed_on), retries=retries,
         backoff=checked_backoff, time_limit_ms=int(opts["time_limit"] * 1000),
         capability=values.capability(capability) if capability else EXECUTE_CAPABILITY,
+        retry_on=transient, compensate_unknown=bool(compensate_unknown),
     ))
     return task
+
+
+def _check_compensate_unknown(value: object, compensator: str | None, owner: str) -> None:
+    """``compensate_unknown`` is a bool, and needs a compensator to call."""
+    if not isinstance(value, bool):
+        raise SagaConfigurationError(f"{owner}: compensate_unknown must be True or False")
+    if value and compensator is None:
+        raise SagaConfigurationError(
+            f"{owner}: compensate_unknown=True needs a compensator (compensate=...) to call "
+            "when the step's outcome is unknown"
+        )
 
 
 def register_compensator(app: Celery, registry: Registry, base: type, func: Callable[..., Any], *,

@@ -1,0 +1,50 @@
+"""What the reference saga ports needed (issue 29), on real workers: ``retry_on``,
+``compensate_unknown``, ``StepFailed`` caught in ``run`` and parallel compensation.
+
+The sagas are those of ``tests.e2e.real_sagas_app``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import Stack
+from tests.e2e.real_sagas_app import build
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def real_stack(redis_stack: Stack) -> Stack:
+    """``redis_stack`` whose client and workers load ``tests.e2e.real_sagas_app``."""
+    redis_stack.shop = build(redis_stack.config)
+    redis_stack.app_module = "tests.e2e.real_sagas_app"
+    return redis_stack
+
+
+def test_retry_on_retries_three_times_then_compensates(real_stack: Stack) -> None:
+    # given: a worker, and a call the provider rate-limits on every attempt
+    real_stack.worker()
+
+    # when: the saga runs
+    real_stack.shop.order.start({"sku": "L", "user": "u", "plan": {"limited": 9}},
+                                saga_id="limit-1")
+    record = real_stack.wait_settled("limit-1")
+
+    # then: 1 attempt + 3 retries under one effect id, then the reservation was released
+    assert (record.state, record.error_code) == ("compensated", "rate_limited")
+    starts = real_stack.ops("call.start", "limit-1")
+    assert [s["attempt"] for s in starts] == [1, 2, 3, 4]
+    assert len({s["effect_id"] for s in starts}) == 1
+    assert real_stack.ops("call.done", "limit-1") == []
+    assert len(real_stack.ops("release")) == 1
+
+
+def test_retry_on_recovers_when_the_limit_lifts(real_stack: Stack) -> None:
+    real_stack.worker()
+    real_stack.shop.order.start({"sku": "L", "user": "u", "plan": {"limited": 2}},
+                                saga_id="limit-2")
+    record = real_stack.wait_settled("limit-2")
+    assert record.state == "completed"
+    assert [s["attempt"] for s in real_stack.ops("call.start", "limit-2")] == [1, 2, 3]
+    assert real_stack.ops("release") == []
