@@ -1,8 +1,10 @@
-"""The Flask app factory: authentication on every request, CSRF on every POST, hardening."""
+"""The Flask app factory: the request guard (`_guard`), the pages and actions, hardening."""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, g, request
@@ -26,9 +28,11 @@ from ._auth import (
     secret_from_environment,
     users_from_environment,
 )
-from ._events import ActionObserver, OperatorAction, announcer
+from ._events import ActionObserver, announcer
+from ._guard import Guard, after, csrf_token, gate
 from ._request import EXTENSION, Web, page_error, web
 from ._source import SagaSource
+from ._throttle import LoginThrottle
 from ._views import DONE, iso
 
 if TYPE_CHECKING:
@@ -36,32 +40,37 @@ if TYPE_CHECKING:
 
     from celery_sagas import Sagas
 
-__all__ = ["create_app"]
+__all__ = ["HOSTS_ENV", "create_app", "hosts_from_environment"]
 
 logger = logging.getLogger("celery_sagas.web")
 
-_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+HOSTS_ENV = "CELERY_SAGAS_WEB_ALLOWED_HOSTS"
 _HEADERS = {
     # No script at all; styles and images from this app only; forms post back here only.
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Same-origin form posts carry a Referer (and an Origin other than "null"), which the POST
+    # check reads; no other site learns a URL of this app.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
 
 def create_app(sagas: Sagas, *, users: Iterable[WebUser] | None = None,
                authenticate: Authenticate | None = None, secret: bytes | None = None,
-               on_action: Iterable[ActionObserver] = ()) -> Flask:
+               on_action: Iterable[ActionObserver] = (),
+               allowed_hosts: Iterable[str] | None = None) -> Flask:
     """The operator UI as a WSGI (Flask) app, to serve or to mount in an existing stack.
 
     Authentication: HTTP basic with ``users`` (default: from ``CELERY_SAGAS_WEB_USERS`` or
-    ``CELERY_SAGAS_WEB_USERS_FILE``), or ``authenticate(request) -> Principal | None`` from the
-    mounting app. ``secret`` keys the CSRF tokens (default ``CELERY_SAGAS_WEB_SECRET``, else
-    random per process). Every action is logged on ``celery_sagas.web`` and handed, as an
-    ``OperatorAction`` naming who took it, to each callable of ``on_action``.
+    ``CELERY_SAGAS_WEB_USERS_FILE``; failed logins throttled per user and per address), or
+    ``authenticate(request) -> Principal | None`` from the mounting app. ``secret`` keys the
+    CSRF tokens (default ``CELERY_SAGAS_WEB_SECRET``, else random per process).
+    ``allowed_hosts`` (default ``CELERY_SAGAS_WEB_ALLOWED_HOSTS``, comma-separated; unset: any)
+    are the host names requests may name. Every action is logged on ``celery_sagas.web`` and
+    handed, as an ``OperatorAction`` naming who took it, to each callable of ``on_action``.
     """
     if users is not None and authenticate is not None:
         raise SagaConfigurationError("pass users= or authenticate= to create_app, not both")
@@ -69,13 +78,15 @@ def create_app(sagas: Sagas, *, users: Iterable[WebUser] | None = None,
     if authenticate is None:
         basic = BasicAuth(users_from_environment() if users is None else users)
         authenticate, challenge = basic, basic.challenge
+    hosts = hosts_from_environment() if allowed_hosts is None else frozenset(
+        h.strip().lower() for h in allowed_hosts)
     app = Flask(EXTENSION, static_folder="static", template_folder="templates")
     app.jinja_env.autoescape = True
-    app.extensions[EXTENSION] = Web(
-        SagaSource(sagas, announcer(on_action)), authenticate, challenge,
-        CsrfTokens(secret if secret is not None else secret_from_environment()),
-    )
-    app.before_request(_gate)
+    guard = Guard(authenticate, challenge,
+                  CsrfTokens(secret if secret is not None else secret_from_environment()),
+                  LoginThrottle(), hosts)
+    app.extensions[EXTENSION] = Web(SagaSource(sagas, announcer(on_action)), guard)
+    app.before_request(gate)
     app.after_request(_harden)
     app.context_processor(_context)
     app.add_template_filter(iso, "iso")
@@ -85,47 +96,27 @@ def create_app(sagas: Sagas, *, users: Iterable[WebUser] | None = None,
     return app
 
 
-def _gate() -> Any:
-    state = web()
-    who = state.authenticate(request)
-    if who is None:
-        response = Response("authentication required\n", 401, mimetype="text/plain")
-        if state.challenge:
-            response.headers["WWW-Authenticate"] = state.challenge
-        return response
-    g.principal = who
-    if request.method in _SAFE_METHODS:
+def hosts_from_environment(environ: Mapping[str, str] = os.environ) -> frozenset[str] | None:
+    """The host names of ``CELERY_SAGAS_WEB_ALLOWED_HOSTS``, or None (any host) when unset."""
+    text = environ.get(HOSTS_ENV, "").strip()
+    if not text:
         return None
-    if not who.can_act:
-        _refuse(who, "read-only")
-        return page_error(403, "Read-only users cannot act.")
-    if not state.csrf.valid(who, request.form.get("csrf_token")):
-        _refuse(who, "csrf")
-        return page_error(403, "Missing or wrong CSRF token: reload the page and try again.")
-    return None
-
-
-def _refuse(who: Principal, why: str) -> None:
-    """Announce an action refused before it ran (read-only user, missing or wrong CSRF token)."""
-    action = request.path.rsplit("/", 1)[-1]
-    web().source.announce(OperatorAction.of(action, who, request.form.get("saga_id"),
-                                            request.form.get("approval_id"), why))
+    return frozenset(h.strip().lower() for h in text.split(",") if h.strip())
 
 
 def _harden(response: Response) -> Response:
     for name, value in _HEADERS.items():
         response.headers.setdefault(name, value)
-    return response
+    return after(response)
 
 
 def _context() -> dict[str, Any]:
     who: Principal | None = g.get("principal")
-    state = web()
     return {
         "principal": who,
         "can_act": who is not None and who.can_act,
-        "csrf_token": state.csrf.token_for(who) if who is not None and who.can_act else "",
-        "can_signal": state.source.can_signal,
+        "csrf_token": csrf_token,
+        "can_signal": web().source.can_signal,
         "notice": DONE.get(request.args.get("done", "")),
     }
 

@@ -5,8 +5,11 @@ commas) or from the file named by ``CELERY_SAGAS_WEB_USERS_FILE`` (one entry per
 starts a comment); a role is ``operator`` (sees and acts) or ``readonly`` (sees). Passwords
 are compared in constant time and never logged, shown in a ``repr`` or quoted in an error.
 
-A CSRF token is the HMAC of the principal under a secret: ``CELERY_SAGAS_WEB_SECRET`` (shared
-by every process that serves the UI), or a random one per process.
+A CSRF token belongs to one browser session (a random id in an HttpOnly, SameSite=Strict
+cookie, replaced after every action) and expires (``CSRF_TTL_S``): it is the HMAC, under a
+secret, of the principal, the session id and the time it was issued. The secret is
+``CELERY_SAGAS_WEB_SECRET`` (shared by every process that serves the UI) or a random one per
+process.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from celery_sagas.errors import SagaConfigurationError, SagaValidationError
 from .. import _values as values
 
 __all__ = [
+    "CSRF_TTL_S",
     "OPERATOR",
     "READONLY",
     "SECRET_ENV",
+    "SESSION_COOKIE",
     "USERS_ENV",
     "USERS_FILE_ENV",
     "Authenticate",
@@ -36,8 +41,10 @@ __all__ = [
     "CsrfTokens",
     "Principal",
     "WebUser",
+    "new_session",
     "parse_users",
     "secret_from_environment",
+    "session_id",
     "users_from_environment",
 ]
 
@@ -48,7 +55,10 @@ USERS_ENV = "CELERY_SAGAS_WEB_USERS"
 USERS_FILE_ENV = "CELERY_SAGAS_WEB_USERS_FILE"
 SECRET_ENV = "CELERY_SAGAS_WEB_SECRET"
 MIN_SECRET_BYTES = 32
-_CSRF_CONTEXT = b"celery_sagas.web/csrf/v1\x00"
+CSRF_TTL_S = 3600  # a form older than this is refused: reload the page
+SESSION_COOKIE = "celery_sagas_session"
+_CSRF_CONTEXT = b"celery_sagas.web/csrf/v2\x00"
+_SKEW_S = 60  # a token issued this far in the future still counts (clocks of several processes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,26 +166,51 @@ class BasicAuth:
 
 
 class CsrfTokens:
-    """Per-principal CSRF tokens: HMAC-SHA-256 of the principal's name and role."""
+    """Per-session, expiring CSRF tokens: ``ISSUED.MAC`` with the MAC an HMAC-SHA-256 of the
+    principal, the session id and ``ISSUED`` (seconds since the epoch)."""
 
-    def __init__(self, secret: bytes | None = None) -> None:
+    def __init__(self, secret: bytes | None = None, ttl_s: int = CSRF_TTL_S) -> None:
         if secret is not None and len(secret) < MIN_SECRET_BYTES:
             raise SagaConfigurationError(f"{SECRET_ENV} needs at least {MIN_SECRET_BYTES} bytes")
         self._key = secret if secret is not None else secrets.token_bytes(MIN_SECRET_BYTES)
+        self.ttl_s = ttl_s
 
     def __repr__(self) -> str:
         return "CsrfTokens()"
 
-    def token_for(self, principal: Principal) -> str:
-        """The token every form of ``principal`` carries."""
-        message = _CSRF_CONTEXT + f"{principal.name}\x00{principal.role}".encode()
+    def _mac(self, principal: Principal, session: str, issued_s: int) -> str:
+        message = _CSRF_CONTEXT + f"{principal.name}\x00{principal.role}\x00{session}\x00" \
+            f"{issued_s}".encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
-    def valid(self, principal: Principal, token: object) -> bool:
-        """True when ``token`` is the principal's token (compared in constant time)."""
-        if not isinstance(token, str) or not token.isascii():
+    def token_for(self, principal: Principal, session: str, now_s: int) -> str:
+        """The token the forms of ``principal`` in ``session`` carry, issued at ``now_s``."""
+        return f"{now_s}.{self._mac(principal, session, now_s)}"
+
+    def valid(self, principal: Principal, session: str | None, token: object, now_s: int) -> bool:
+        """True when ``token`` was issued to this principal in this session less than
+        ``ttl_s`` ago (the MAC compared in constant time)."""
+        if not session or not isinstance(token, str) or not token.isascii():
             return False
-        return hmac.compare_digest(token.encode(), self.token_for(principal).encode())
+        issued, _, mac = token.partition(".")
+        if not issued.isdigit() or len(issued) > 12:
+            return False
+        age = now_s - int(issued)
+        if not -_SKEW_S <= age <= self.ttl_s:
+            return False
+        return hmac.compare_digest(mac.encode(), self._mac(principal, session, int(issued)).encode())
+
+
+def new_session() -> str:
+    """A fresh session id (what the session cookie holds)."""
+    return secrets.token_hex(16)
+
+
+def session_id(value: str | None) -> str | None:
+    """The session id of a cookie's value, or None when it is not one of ours."""
+    if value is None or len(value) != 32 or not all(c in "0123456789abcdef" for c in value):
+        return None
+    return value
 
 
 def secret_from_environment(environ: Mapping[str, str] = os.environ) -> bytes | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._auth import Principal
 
-__all__ = ["ActionObserver", "Announce", "OperatorAction", "announcer"]
+__all__ = ["ActionObserver", "Announce", "OperatorAction", "announcer", "loggable"]
 
 logger = logging.getLogger("celery_sagas.web")
 
@@ -43,9 +43,9 @@ class OperatorAction:
         """The event of an action done (``refused`` None) or refused (``refused``: why, as the
         error's class name or ``read-only`` / ``csrf``)."""
         if refused is None:
-            return cls(action, by.name, by.role, saga_id, approval_id, DONE)
-        return cls(action, by.name, by.role, _loggable(saga_id), _loggable(approval_id), REFUSED,
-                   refused)
+            return cls(loggable(action) or "", by.name, by.role, saga_id, approval_id, DONE)
+        return cls(loggable(action) or "", by.name, by.role, loggable(saga_id), loggable(approval_id),
+                   REFUSED, refused)
 
     def log_fields(self) -> dict[str, str | None]:
         """The structured ``extra`` fields of this action's log record."""
@@ -79,7 +79,7 @@ def announcer(observers: Iterable[ActionObserver]) -> Announce:
     return announce
 
 
-def _loggable(value: str | None) -> str | None:
+def loggable(value: str | None) -> str | None:
     """``value`` as is when it could be an id (printable ASCII, 128 at most), else its repr."""
     if value is None:
         return None

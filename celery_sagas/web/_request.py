@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from flask import current_app, g, render_template
 
-from ._auth import Authenticate, CsrfTokens, Principal
+from ._auth import Principal
 from ._source import SagaSource
+
+if TYPE_CHECKING:
+    from ._guard import Guard
 
 __all__ = ["EXTENSION", "Web", "page_error", "principal", "source", "web"]
 
@@ -17,12 +20,10 @@ EXTENSION = "celery_sagas.web"
 
 @dataclass(frozen=True, slots=True)
 class Web:
-    """What one app holds: its data source, how it authenticates, its CSRF tokens."""
+    """What one app holds: its data source and how it lets requests in."""
 
     source: SagaSource
-    authenticate: Authenticate
-    challenge: str | None
-    csrf: CsrfTokens
+    guard: Guard
 
 
 def web() -> Web:

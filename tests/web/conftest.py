@@ -7,6 +7,8 @@ through ``Client.get``/``post``; ``csrf(client, user)`` reads the token an opera
 from __future__ import annotations
 
 import base64
+import re
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,13 +24,14 @@ from celery_sagas import MemoryStore, Sagas, SagaState
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from celery_sagas.web import Principal, WebUser, create_app
-from celery_sagas.web._auth import CsrfTokens
+from celery_sagas.web._auth import SESSION_COOKIE, CsrfTokens
 from tests.engine.conftest import Script, Shop, register_shop
 
 SECRET = b"web-test-approval-secret-of-32-bytes!!"
 CSRF_SECRET = b"web-test-csrf-secret-of-at-least-32-bytes"
 USERS = (WebUser("olive", "olive-pw", "operator"), WebUser("rita", "rita-pw", "readonly"))
 PASSWORDS = {user.name: user.password for user in USERS}
+ORIGIN = "http://localhost"  # the Flask test client's own origin
 
 
 def basic(user: str, password: str | None = None) -> dict[str, str]:
@@ -51,17 +54,29 @@ class Web:
         return self.client.get(path, headers=headers, **kwargs)
 
     def post(self, path: str, data: dict[str, str], user: str | None = "olive",
-             csrf: bool = True) -> TestResponse:
-        """POST a form as ``user``, with that user's CSRF token unless ``csrf`` is False."""
+             csrf: bool = True, origin: str | None = ORIGIN) -> TestResponse:
+        """POST a form as ``user`` from a page of the app (``Origin``), with the CSRF token of
+        the client's session unless ``csrf`` is False."""
         form = dict(data)
         if csrf and user:
             form.setdefault("csrf_token", self.csrf(user))
-        return self.client.post(path, data=form, headers=basic(user) if user else {})
+        headers = basic(user) if user else {}
+        if origin is not None:
+            headers["Origin"] = origin
+        return self.client.post(path, data=form, headers=headers)
 
     def csrf(self, user: str = "olive") -> str:
-        """The CSRF token of ``user``'s forms (what the pages carry)."""
+        """The CSRF token the forms of a page carry (the client keeps the session cookie)."""
+        text = self.get("/attention", user).get_data(as_text=True)
+        found = re.search(r'name="csrf_token" value="([^"]+)"', text)
+        if found is not None:
+            return found.group(1)
+        # No form on that page (or a read-only user's): the token its forms would carry.
+        cookie = self.client.get_cookie(SESSION_COOKIE)
         role = {u.name: u.role for u in USERS}[user]
-        return CsrfTokens(CSRF_SECRET).token_for(Principal(user, role))
+        return CsrfTokens(CSRF_SECRET).token_for(Principal(user, role),
+                                                 cookie.value if cookie else "0" * 32,
+                                                 int(time.time()))
 
     @property
     def sagas(self) -> Sagas:

@@ -11,7 +11,7 @@ from flask import Request
 from celery_sagas import SagaState
 from celery_sagas.errors import SagaConfigurationError, SagaValidationError
 from celery_sagas.web import Principal, WebUser, create_app, parse_users
-from celery_sagas.web._auth import CsrfTokens, users_from_environment
+from celery_sagas.web._auth import SESSION_COOKIE, CsrfTokens, users_from_environment
 from tests.web.conftest import CSRF_SECRET, USERS, Web, basic, gated, in_review
 
 PAGES = ["/", "/sagas", "/saga?id=o-1", "/attention", "/static/style.css", "/nowhere"]
@@ -77,7 +77,7 @@ def test_an_operator_sees_the_forms(web: Web) -> None:
 def test_a_readonly_user_cannot_post_even_with_a_token(web: Web, path: str) -> None:
     # given
     effect = in_review(web.shop)
-    token = CsrfTokens(CSRF_SECRET).token_for(Principal("rita", "readonly"))
+    token = web.csrf("rita")
 
     # when
     response = web.post(path, {"saga_id": "o-1", "step": "shop.charge", "effect_id": effect,
@@ -97,7 +97,7 @@ def test_an_action_without_the_right_csrf_token_is_refused(web: Web, token: str 
     version = web.shop.record("o-1").version
     form = {"saga_id": "o-1", "step": "shop.charge", "effect_id": effect, "outcome": "committed"}
     if token == "rita":
-        token = CsrfTokens(CSRF_SECRET).token_for(Principal("rita", "readonly"))
+        token = web.csrf("rita")
     if token is not None:
         form["csrf_token"] = token
 
@@ -115,7 +115,10 @@ def test_an_action_without_the_right_csrf_token_is_refused(web: Web, token: str 
 def test_a_token_from_another_process_secret_is_refused(web: Web, shop: object) -> None:
     # given
     in_review(web.shop)
-    other = CsrfTokens(b"another-secret-of-at-least-32-bytes!!").token_for(Principal("olive", "operator"))
+    mine = web.csrf()
+    session = web.client.get_cookie(SESSION_COOKIE).value  # type: ignore[union-attr]
+    other = CsrfTokens(b"another-secret-of-at-least-32-bytes!!").token_for(
+        Principal("olive", "operator"), session, int(mine.split(".")[0]))
 
     # then
     response = web.post("/actions/resume", {"saga_id": "o-1", "csrf_token": other}, csrf=False)
@@ -233,17 +236,33 @@ def test_a_short_csrf_secret_is_refused(web: Web) -> None:
         create_app(web.sagas, users=USERS, secret=b"short")
 
 
-def test_tokens_differ_by_principal_and_secret_and_survive_a_restart_with_the_same_secret() -> None:
+def test_tokens_differ_by_principal_session_and_secret_and_survive_a_restart() -> None:
     # given
     ann, bob = Principal("ann", "operator"), Principal("bob", "operator")
     first, again, other = CsrfTokens(CSRF_SECRET), CsrfTokens(CSRF_SECRET), CsrfTokens()
+    s1, s2, now = "1" * 32, "2" * 32, 1_700_000_000
 
     # then
-    assert first.token_for(ann) == again.token_for(ann)
-    assert first.token_for(ann) != first.token_for(bob)
-    assert first.token_for(ann) != other.token_for(ann)
-    assert first.valid(ann, again.token_for(ann))
-    assert not first.valid(ann, first.token_for(bob))
+    assert first.token_for(ann, s1, now) == again.token_for(ann, s1, now)
+    assert first.token_for(ann, s1, now) != first.token_for(bob, s1, now)
+    assert first.token_for(ann, s1, now) != first.token_for(ann, s2, now)
+    assert first.token_for(ann, s1, now) != other.token_for(ann, s1, now)
+    assert first.valid(ann, s1, again.token_for(ann, s1, now), now + 10)
+    assert not first.valid(ann, s1, first.token_for(bob, s1, now), now)
+    assert not first.valid(ann, s2, first.token_for(ann, s1, now), now)
+    assert not first.valid(ann, None, first.token_for(ann, s1, now), now)
+
+
+def test_a_token_expires_after_its_time_to_live() -> None:
+    # given
+    ann, session, now = Principal("ann", "operator"), "1" * 32, 1_700_000_000
+    tokens = CsrfTokens(CSRF_SECRET, ttl_s=600)
+    token = tokens.token_for(ann, session, now)
+
+    # then
+    assert tokens.valid(ann, session, token, now + 600)
+    assert not tokens.valid(ann, session, token, now + 601)
+    assert not tokens.valid(ann, session, token, now - 3600)  # issued far in the future
 
 
 @pytest.mark.parametrize(("name", "role"), [("a b", "operator"), ("ann", "admin"), ("", "readonly")])
