@@ -29,8 +29,8 @@ from ._auth import (
     users_from_environment,
 )
 from ._events import ActionObserver, announcer
-from ._guard import Guard, after, csrf_token, gate
-from ._request import EXTENSION, Web, page_error, web
+from ._guard import after, csrf_token, gate
+from ._request import EXTENSION, Guard, Web, page_error, web
 from ._source import SagaSource
 from ._throttle import LoginThrottle
 from ._views import DONE, iso

@@ -12,33 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Response, g, request
 
-from ._auth import SESSION_COOKIE, Authenticate, CsrfTokens, Principal, new_session, session_id
+from ._auth import SESSION_COOKIE, Principal, new_session, session_id
 from ._events import OperatorAction, loggable
-from ._request import page_error, web
-from ._throttle import LoginThrottle
+from ._request import Guard, page_error, web
 
-__all__ = ["Guard", "after", "gate"]
+__all__ = ["action_name", "after", "csrf_token", "gate"]
 
 logger = logging.getLogger("celery_sagas.web")
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-
-
-@dataclass(frozen=True, slots=True)
-class Guard:
-    """How an app lets requests in: who, from which hosts, with which tokens."""
-
-    authenticate: Authenticate
-    challenge: str | None
-    csrf: CsrfTokens
-    throttle: LoginThrottle
-    allowed_hosts: frozenset[str] | None = None
 
 
 def gate() -> Any:

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from flask import current_app, g, render_template
 
-from ._auth import Principal
+from ._auth import Authenticate, CsrfTokens, Principal
 from ._source import SagaSource
+from ._throttle import LoginThrottle
 
-if TYPE_CHECKING:
-    from ._guard import Guard
-
-__all__ = ["EXTENSION", "Web", "page_error", "principal", "source", "web"]
+__all__ = ["EXTENSION", "Guard", "Web", "page_error", "principal", "source", "web"]
 
 EXTENSION = "celery_sagas.web"
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """How an app lets requests in: who, from which hosts, with which tokens (``_guard``)."""
+
+    authenticate: Authenticate
+    challenge: str | None
+    csrf: CsrfTokens
+    throttle: LoginThrottle
+    allowed_hosts: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
