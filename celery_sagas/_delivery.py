@@ -370,15 +370,21 @@ class Delivery:
 
 def _error_code(exc: BaseException, default: str) -> str:
     """StepNotCommitted's code, or the exception's class in snake case (CardDeclined →
-    card_declined)."""
-    if isinstance(exc, StepNotCommitted):
-        code = getattr(exc, "code", None)
-    else:
-        code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+    card_declined, HTTPError → http_error)."""
+    code = exc.code if isinstance(exc, StepNotCommitted) else snake_case(type(exc).__name__)
     try:
         return values.error_code(code) if code is not None else default
     except SagaValidationError:
         return default
+
+
+def snake_case(name: str) -> str:
+    """A class name as a readable code: a capital starts a word unless it continues an acronym
+    (``HTTPError`` → ``http_error``, ``OAuth2Error`` → ``o_auth2_error``)."""
+    return _WORD_START.sub("_", name).lower()
+
+
+_WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: StepOptions) -> _Outcome:

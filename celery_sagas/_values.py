@@ -55,7 +55,8 @@ DEFAULT_PAYLOAD_LIMIT = 1024 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 _CAPABILITY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-_ERROR_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+ERROR_CODE_RULE = "[A-Za-z][A-Za-z0-9_.-]{0,63}"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 # W3C trace context: version, trace id, parent span id, flags (lowercase hex).
@@ -161,9 +162,9 @@ def digest(value: object) -> str:
 
 
 def error_code(value: object) -> str:
-    """An error code matching ``^[a-z][a-z0-9_.-]{0,63}$``."""
+    """An error code matching ``^[A-Za-z][A-Za-z0-9_.-]{0,63}$``, kept as given (case too)."""
     if not isinstance(value, str) or not _ERROR_CODE.fullmatch(value):
-        raise SagaValidationError(f"error code must match [a-z][a-z0-9_.-]{{0,63}}: {_shown(value)}")
+        raise SagaValidationError(f"error code must match {ERROR_CODE_RULE}: {_shown(value)}")
     return value
 
 

@@ -243,12 +243,18 @@ class SagaUsageError(SagaError):
 
 
 class StepNotCommitted(SagaError):
-    """Raised by step code when the provider proved nothing was committed."""
+    """Raised by step code when the provider proved nothing was committed.
+
+    ``code`` is stored as given (``INSUFFICIENT_CREDIT``, ``card.declined``); one that does not
+    match ``[A-Za-z][A-Za-z0-9_.-]{0,63}`` raises SagaValidationError here, where it is written.
+    """
 
     code: str
 
     def __init__(self, code: str = "not_committed", message: str = "") -> None:
-        super().__init__(message, code=code)
+        from ._values import error_code  # _values imports this module
+
+        super().__init__(message, code=error_code(code))
 
     def render(self) -> str:
         return f"step not committed: {self._fields['code']}"

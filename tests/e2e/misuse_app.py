@@ -2,7 +2,9 @@
 
 It is ``tests.e2e.app`` (same environment variables) plus one saga, ``misuse-order``:
 ``misuse.reserve`` (undone by ``misuse.release``), then ``misuse.charge`` (nothing to undo).
-The input's ``plan`` says what goes wrong: ``"charge": "crash" | "decline" | "bad_result"``,
+The input's ``plan`` says what goes wrong: ``"charge": "crash" | "decline" | "decline_upper"
+| "http" | "bad_result"`` (``decline_upper`` raises ``StepNotCommitted("INSUFFICIENT_CREDIT")``,
+``http`` an ``HTTPError`` declared in ``not_committed_on``),
 ``"release": "crash"`` (every compensator call raises), ``"run": "crash"`` (``run`` raises
 after the first step). ``MISUSE_VARIANT`` (environment) builds a mistaken app:
 
@@ -30,6 +32,10 @@ COMPENSATOR_BOOM = "release exploded comp-boom-42"
 RUN_BOOM = "run exploded run-boom-43"
 
 
+class HTTPError(Exception):
+    """A provider's refusal, declared as "not committed" by ``misuse.charge``."""
+
+
 def _plan(data: Any) -> dict[str, Any]:
     return data.get("plan", {}) if isinstance(data, dict) else {}
 
@@ -50,13 +56,17 @@ def build(config: Config, variant: str = "ok") -> Shop:
         if plan.get("release") == "crash":
             raise ConnectionError(COMPENSATOR_BOOM)
 
-    @sagas.step(name="misuse.charge", compensate=None)
+    @sagas.step(name="misuse.charge", compensate=None, not_committed_on=(HTTPError,))
     def charge(amount: int, note: str, plan: dict[str, Any]) -> Any:
         what = plan.get("charge")
         if what == "crash":
             raise RuntimeError(STEP_BOOM)
         if what == "decline":
             raise StepNotCommitted("declined")
+        if what == "decline_upper":
+            raise StepNotCommitted("INSUFFICIENT_CREDIT")
+        if what == "http":
+            raise HTTPError("402 Payment Required")
         if what == "bad_result":
             return {"note": note + "\ud800"}
         return {"charged": amount}

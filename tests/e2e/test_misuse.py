@@ -200,6 +200,27 @@ def test_a_result_json_cannot_carry_is_invalid_result_and_no_log_line_holds_a_pa
         assert '"definition":' not in process.text()
 
 
+# ---------------------------------------------------------------- issue 25 item 5
+
+
+def test_a_business_code_and_an_exception_name_are_stored_as_readable_codes(stack: Stack) -> None:
+    # given
+    stack.worker()
+
+    # when: one charge raises StepNotCommitted("INSUFFICIENT_CREDIT"), one a declared HTTPError
+    start(stack, "c-upper", charge="decline_upper")
+    start(stack, "c-http", charge="http")
+
+    # then: each saga compensates with the code as written / the class name in snake case
+    for saga_id, code in (("c-upper", "INSUFFICIENT_CREDIT"), ("c-http", "http_error")):
+        record = stack.wait_settled(saga_id)
+        assert record.state == SagaState.COMPENSATED
+        step = record.step("misuse.charge")
+        assert step is not None
+        assert (step.state, step.error_code) == (StepState.FAILED, code)
+        assert record.error_code == code
+
+
 def show(stack: Stack, saga_id: str) -> str:
     """``celery -A <app> sagas show <id>`` as an operator runs it."""
     import os
