@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from celery import Celery
+from celery.local import Proxy
 from celery.signals import beat_init, task_unknown, worker_init
 
 from .._definitions import Registry
@@ -63,9 +64,15 @@ def guard(sagas: Guarded) -> None:
 
 
 def guarded(app: Celery) -> Guarded | None:
-    """The Sagas created on ``app``, if any is alive."""
-    ref = _BY_APP.get(app)
+    """The Sagas created on ``app``, if any is alive; ``app`` may be Celery's ``current_app``
+    (a proxy, which cannot be weakly referenced: the app behind it is looked up)."""
+    ref = _BY_APP.get(_unproxied(app))
     return ref() if ref is not None else None
+
+
+def _unproxied(app: Celery) -> Celery:
+    real: Celery = app._get_current_object() if isinstance(app, Proxy) else app
+    return real
 
 
 def install_beat_entries(app: Celery, sagas: Guarded) -> None:

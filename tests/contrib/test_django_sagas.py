@@ -48,6 +48,22 @@ def test_nothing_is_recorded_before_the_commit_and_the_saga_starts_at_commit(sag
     assert started is not None and started.state == "running" and started.input == {"order_id": "o-1"}
 
 
+def test_a_definition_name_is_looked_up_on_the_current_celery_app_as_the_docs_show(
+    sagas: Sagas,
+) -> None:
+    # given: the project's Celery app is the current one (its celery.py created it), and the
+    # view passes only a definition name (issue 25 item 6: a weak reference to Celery's proxy)
+    sagas.app.set_current()
+
+    # when
+    with transaction.atomic():
+        saga_id = start_on_commit("order", {"order_id": "o-6"}, saga_id="o-6")
+
+    # then
+    started = sagas.get(saga_id)
+    assert started is not None and started.input == {"order_id": "o-6"}
+
+
 def test_a_rolled_back_transaction_starts_nothing(sagas: Sagas) -> None:
     # when
     with pytest.raises(Rollback), transaction.atomic():

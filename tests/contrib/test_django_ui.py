@@ -157,3 +157,22 @@ def test_the_real_operator_ui_serves_its_overview_to_staff(client: Client) -> No
     assert b"csrf_token" not in response.content  # a read-only user gets no action forms
     [stylesheet] = re.findall(r'href="(/ui/static/[^"]+\.css)"', response.content.decode())
     assert client.get(stylesheet).status_code == 200
+
+
+def test_the_ui_mounted_as_the_docs_show_serves_the_current_app_s_sagas_to_staff(
+    client: Client,
+) -> None:
+    # given: urls.py as docs/django.md has it, ``include(operator_ui_urls())`` with no argument,
+    # and the project's Celery app current (issue 25 item 6: it answered 500)
+    pytest.importorskip("celery_sagas.web", reason="the operator UI is not in this tree yet")
+    from tests.contrib.urls import PROJECT_SAGAS
+
+    PROJECT_SAGAS.app.set_current()
+    client.force_login(_user(is_staff=True))
+
+    # when
+    response = client.get("/ops/sagas/")
+
+    # then
+    assert response.status_code == 200
+    assert b"/ops/sagas/static/" in response.content

@@ -14,6 +14,10 @@ from celery_sagas.contrib.django.ui import PRINCIPAL_KEY, mount_wsgi, operator_u
 
 UI_SAGAS = Sagas(Celery("contrib-ui", broker="memory://localhost/"), store="memory://",
                  allow_non_durable=True)
+# The project's app, made current by a test before its first request (docs/django.md mounts
+# ``operator_ui_urls()`` without arguments: the current Celery app's sagas).
+PROJECT_SAGAS = Sagas(Celery("contrib-project", broker="memory://localhost/"), store="memory://",
+                      allow_non_durable=True)
 
 
 def echo(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -37,6 +41,7 @@ def principal(request: Any) -> Any:
 
 
 urlpatterns = [
+    path("ops/sagas/", include(operator_ui_urls())),  # docs/django.md, word for word
     path("ops/", include(mount_wsgi(lambda: echo, principal=principal))),
     path("ui/", include(operator_ui_urls(UI_SAGAS))),
 ]
