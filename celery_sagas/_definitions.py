@@ -15,7 +15,9 @@ from .errors import SagaConfigurationError
 
 __all__ = [
     "COMPENSATE_CAPABILITY",
+    "COMPENSATOR_OPTIONS",
     "EXECUTE_CAPABILITY",
+    "STEP_OPTIONS",
     "Backoff",
     "CompensatorOptions",
     "Registry",
@@ -35,6 +37,12 @@ SecondsBackoff = Callable[[int], float]
 # run(ctx, input): ctx is a SagaContext (typed loosely here: the context module builds on this one)
 RunFunction = Callable[[Any, Any], Any]
 
+
+# The keywords @sagas.step and @sagas.compensator take for themselves (a unit test holds these
+# against their signatures). Any other keyword must be a Celery Task option; an unknown one is
+# refused at decoration, naming the closest known option.
+STEP_OPTIONS = ("compensate", "idempotent", "not_committed_on", "retries", "backoff", "capability")
+COMPENSATOR_OPTIONS = ("name", "idempotent", "capability")
 
 # The capabilities of a step and a compensator that name none (approval bindings, effects).
 EXECUTE_CAPABILITY = "saga.execute"

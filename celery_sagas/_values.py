@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import PayloadTooLarge, SagaValidationError
+from .errors import ERROR_CODE_RULE, PayloadTooLarge, SagaValidationError
 
 __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",
@@ -55,8 +55,7 @@ DEFAULT_PAYLOAD_LIMIT = 1024 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 _CAPABILITY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
-ERROR_CODE_RULE = "[A-Za-z][A-Za-z0-9_.-]{0,63}"
+_ERROR_CODE = re.compile(ERROR_CODE_RULE)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 # W3C trace context: version, trace id, parent span id, flags (lowercase hex).

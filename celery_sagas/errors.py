@@ -38,6 +38,7 @@ errors survive a Celery task boundary. Secrets never appear in ``str`` or ``repr
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 __all__ = [
@@ -73,6 +74,9 @@ __all__ = [
     "StoreUnavailable",
     "UndecryptableRecord",
 ]
+
+# Error codes are kept as written: a business code (``INSUFFICIENT_CREDIT``) or ours (``not_committed``).
+ERROR_CODE_RULE = "[A-Za-z][A-Za-z0-9_.-]{0,63}"
 
 
 def _rebuild(cls: type[SagaError], fields: dict[str, Any]) -> SagaError:
@@ -252,9 +256,9 @@ class StepNotCommitted(SagaError):
     code: str
 
     def __init__(self, code: str = "not_committed", message: str = "") -> None:
-        from ._values import error_code  # _values imports this module
-
-        super().__init__(message, code=error_code(code))
+        if not isinstance(code, str) or not re.fullmatch(ERROR_CODE_RULE, code):
+            raise SagaValidationError(f"error code must match {ERROR_CODE_RULE}: {str(code)[:80]!r}")
+        super().__init__(message, code=code)
 
     def render(self) -> str:
         return f"step not committed: {self._fields['code']}"

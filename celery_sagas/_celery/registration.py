@@ -12,7 +12,9 @@ from .. import _values as values
 from .._approvals.tokens import TokenSigner
 from .._definitions import (
     COMPENSATE_CAPABILITY,
+    COMPENSATOR_OPTIONS,
     EXECUTE_CAPABILITY,
+    STEP_OPTIONS,
     CompensatorOptions,
     Registry,
     SagaDefinition,
@@ -24,6 +26,7 @@ from .._definitions import (
     seconds_backoff,
 )
 from ..errors import SagaConfigurationError, SagaValidationError
+from .options import refuse_unknown_options
 
 __all__ = [
     "checked_secrets",
@@ -71,6 +74,7 @@ def register_step(app: Celery, registry: Registry, base: type, func: Callable[..
                   default_time_limit_s: float, task_options: dict[str, Any],
                   retry_on: object = (), compensate_unknown: object = False) -> Any:
     """Make ``func`` a step task and record its saga options."""
+    refuse_unknown_options(task_options, STEP_OPTIONS, "@sagas.step")
     opts = _task_options(app, func, task_options, default_time_limit_s)
     owner = f"step {opts['name']!r}"
     transient = checked_exception_types(retry_on, option="retry_on", step=opts["name"])
@@ -105,6 +109,7 @@ def register_compensator(app: Celery, registry: Registry, base: type, func: Call
                          name: str | None, idempotent: bool, capability: str | None,
                          default_time_limit_s: float, task_options: dict[str, Any]) -> Any:
     """Make ``func`` a compensator task and record its options."""
+    refuse_unknown_options(task_options, COMPENSATOR_OPTIONS, "@sagas.compensator")
     opts = _task_options(app, func, {**task_options, **({"name": name} if name else {})},
                          default_time_limit_s)
     task = app.task(base=base, **opts)(func)
