@@ -140,7 +140,7 @@ def test_error_code_is_recorded_when_given_and_kept_when_not() -> None:
     assert settled.version == unknown.version + 1
 
 
-@pytest.mark.parametrize("bad", ["", "Card", "has space", "9lives", "x" * 65, 7])
+@pytest.mark.parametrize("bad", ["", "_card", "has space", "9lives", "x" * 65, 7])
 def test_invalid_error_code_is_refused_before_anything_changes(bad: object) -> None:
     record = effect(E.EXECUTING)
     before = frozen_copy(record)
