@@ -41,7 +41,8 @@ RunFunction = Callable[[Any, Any], Any]
 # The keywords @sagas.step and @sagas.compensator take for themselves (a unit test holds these
 # against their signatures). Any other keyword must be a Celery Task option; an unknown one is
 # refused at decoration, naming the closest known option.
-STEP_OPTIONS = ("compensate", "idempotent", "not_committed_on", "retries", "backoff", "capability")
+STEP_OPTIONS = ("compensate", "idempotent", "not_committed_on", "retries", "backoff", "capability",
+                "retry_on", "compensate_unknown")
 COMPENSATOR_OPTIONS = ("name", "idempotent", "capability")
 
 # The capabilities of a step and a compensator that name none (approval bindings, effects).
