@@ -47,7 +47,7 @@ from ._records import (
 from .errors import InvalidRecordError, PayloadTooLarge, SagaValidationError, UndecryptableRecord
 from .stores.base import Envelope
 
-__all__ = ["Codec", "stamped"]
+__all__ = ["Codec", "carries_write", "new_write_id", "stamped"]
 
 Check = Callable[[Any], Any]
 
@@ -371,23 +371,38 @@ def _state(enum: type[Any], value: str, fail: InvalidRecordError) -> Any:
         raise fail from None
 
 
-def stamped(envelope: Envelope, *, limit: int = values.DEFAULT_PAYLOAD_LIMIT) -> Envelope:
-    """Add a fresh random ``write_id`` to the body so no two writers send the same record.
+def new_write_id() -> str:
+    """A fresh id for one attempt at a compare-and-set (16 hex digits)."""
+    return secrets.token_hex(8)
+
+
+def stamped(envelope: Envelope, *, limit: int = values.DEFAULT_PAYLOAD_LIMIT,
+            write_id: str | None = None) -> Envelope:
+    """Add ``write_id`` (a fresh random one by default) to the body so no two writers send the
+    same record, and the record names the write that stored it.
 
     A store reports a compare-and-set whose exact record is already stored as applied, so a
     driver retry is harmless; two writers that computed the same next record from the same
-    version would otherwise both be told they won. Decoders ignore the extra key. The key is
-    appended to the canonical JSON text (it sorts after every record key, so the body stays
-    canonical) instead of decoding and encoding the body again; ``limit`` bounds the result.
+    version would otherwise both be told they won. A writer whose reply was lost reads the
+    record back and finds its own write id there if its write was applied (``carries_write``).
+    Decoders ignore the extra key. The key is appended to the canonical JSON text (it sorts
+    after every record key, so the body stays canonical) instead of decoding and encoding the
+    body again; ``limit`` bounds the result.
     """
     body = envelope.body
     if not (body.startswith("{") and body.endswith("}")):
         raise SagaValidationError(f"{envelope.kind} record body is not a JSON object")
     separator = "" if body == "{}" else ","
-    text = f'{body[:-1]}{separator}"write_id":"{secrets.token_hex(8)}"}}'
+    text = f'{body[:-1]}{separator}"write_id":"{write_id or new_write_id()}"}}'
     if len(text) > limit and len(text.encode("utf-8")) > limit:
         raise PayloadTooLarge(f"{envelope.kind} record is over the {limit}-byte limit")
     return replace(envelope, body=text)
+
+
+def carries_write(envelope: Envelope, write_id: str) -> bool:
+    """Whether the stored ``envelope`` is the record written with ``write_id`` (notes appended
+    since do not change its body); a text check, nothing decoded."""
+    return envelope.body.endswith(f'"write_id":"{write_id}"}}')
 
 
 _WRITE_ID_ROOM = 64  # bytes the write id adds beyond the payload limit
@@ -412,8 +427,10 @@ class Codec:
 
     # ------------------------------------------------------------ sagas
 
-    def saga_envelope(self, record: SagaRecord, *, stamp: bool = False) -> Envelope:
-        """Encode a saga record; refuses non-JSON payloads and bodies over the limit."""
+    def saga_envelope(self, record: SagaRecord, *, stamp: bool = False,
+                      write_id: str | None = None) -> Envelope:
+        """Encode a saga record; refuses non-JSON payloads and bodies over the limit. With
+        ``stamp`` the body carries ``write_id`` (a fresh one when None)."""
         body = _body(record, _SAGA_ENVELOPED)
         # The limit bounds the plain record; sealed, it is stored about a third larger.
         text = _encoded(body, "saga record", self.payload_limit)
@@ -423,7 +440,9 @@ class Codec:
             limit = len(text)
         envelope = Envelope(SAGA, record.saga_id, record.version, str(record.state),
                             record.updated_at_ms, text, record.definition, due_at(record))
-        return stamped(envelope, limit=limit + _WRITE_ID_ROOM) if stamp else envelope
+        if not stamp:
+            return envelope
+        return stamped(envelope, limit=limit + _WRITE_ID_ROOM, write_id=write_id)
 
     def saga(self, envelope: Envelope | None, saga_id: str, *, display: bool = False) -> SagaRecord:
         """Decode and validate a saga record read for ``saga_id``, its notes applied.

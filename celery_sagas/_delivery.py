@@ -32,7 +32,15 @@ from ._protocol.decisions import Vanished
 from ._protocol.notes import ClaimNote
 from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan
-from .errors import IllegalTransition, SagaNotFound, SagaValidationError, StepNotCommitted
+from .errors import (
+    FencedWriteRefused,
+    IllegalTransition,
+    SagaNotFound,
+    SagaValidationError,
+    StepNotCommitted,
+    StoreError,
+    UndecryptableRecord,
+)
 
 __all__ = ["Delivery"]
 
@@ -43,6 +51,8 @@ CompensationBody = Callable[[StepContext, tuple[Any, ...], Mapping[str, Any], An
 Move = Callable[[SagaRecord], SagaRecord]
 
 _INLINE_RETRY_MAX_MS = 5_000
+_STORE_PAUSE_S = 0.5  # the first wait for a store that did not answer a claim
+_STORE_PAUSE_MAX_S = 5.0
 
 
 class _Kind(Enum):
@@ -93,15 +103,14 @@ class Delivery:
         """Claim, run and record a step; a retry due soon runs again here (no broker hop)."""
         tag = claim_tag()
         written = None
-        with self.engine.active.running(tag):
-            claimed = self.claim(tag)
-            while claimed is not None:
-                written = self._attempt(claimed, body)
-                delay = None if written is None else self._inline_retry_delay(written)
-                if delay is None:
-                    break
-                time.sleep(delay / 1000)
-                claimed = self.claim(tag, retrying=True)
+        claimed = self.claim(tag)
+        while claimed is not None:
+            written = self._attempt(claimed, body)
+            delay = None if written is None else self._inline_retry_delay(written)
+            if delay is None:
+                break
+            time.sleep(delay / 1000)
+            claimed = self.claim(tag, retrying=True)
         if written is not None:
             self.engine.advance(self.saga_id, written)
 
@@ -109,10 +118,9 @@ class Delivery:
         """Claim, run and record one compensator call."""
         tag = claim_tag()
         written = None
-        with self.engine.active.running(tag):
-            claimed = self.claim(tag)
-            if claimed is not None:
-                written = self._compensate(claimed, body)
+        claimed = self.claim(tag)
+        if claimed is not None:
+            written = self._compensate(claimed, body)
         if written is not None:
             self.engine.advance(self.saga_id, written)
 
@@ -120,17 +128,44 @@ class Delivery:
 
     def claim(self, tag: str, *, retrying: bool = False) -> SagaRecord | None:
         """Claim the start of this delivery's attempt; the claimed record, or None when this
-        delivery must not run its body."""
-        note = ClaimNote(self.step, self.effect_id, tag, self.engine.now()).text()
-        expected = None if retrying else self._blind_version(note)
+        delivery must not run its body.
+
+        A claim the store did not answer may or may not have been written: the delivery waits
+        for the store and claims again through ``_judge``, which takes back a claim of its own
+        it finds (its body never began) before claiming afresh. A record no configured key
+        opens is never left claimed (``_undecryptable``).
+        """
+        blind, deadline, pause = not retrying, None, _STORE_PAUSE_S
+        while True:
+            try:
+                return self._claim(tag, retrying=retrying, blind=blind)
+            except UndecryptableRecord:
+                self._undecryptable()
+                return None
+            except FencedWriteRefused:
+                raise
+            except StoreError:
+                deadline = deadline or self._store_wait_deadline()
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            blind, pause = False, min(pause * 2, _STORE_PAUSE_MAX_S)
+
+    def _claim(self, tag: str, *, retrying: bool, blind: bool) -> SagaRecord | None:
+        """One claim: blindly at the version this process knows (``blind``), else by reading
+        the record and judging it."""
+        expected = self._blind_version() if blind else None
         if expected is not None:
-            claimed = self.engine.repository.note(self.saga_id, note, expected)
+            note = self._claim_note(tag)
+            claimed = self.engine.repository.note(self.saga_id, note, expected,
+                                                  take_back_unreadable=True)
             if claimed is not None and self._claimed_by(claimed, tag):
                 return self._announced(claimed)
-        for _ in range(2):  # a vanished attempt settled for a retry, then the claim of the retry
+        # a vanished attempt settled for a retry, or our own claim taken back, then the claim
+        for _ in range(3):
             try:
                 record, plan = self.engine.repository.update(
-                    self.saga_id, lambda s: self._judge(s, note, retrying))
+                    self.saga_id, lambda s: self._judge(s, tag, retrying))
             except SagaNotFound:
                 logger.warning("saga %s: no such record; message dropped", self.saga_id)
                 return None
@@ -143,7 +178,35 @@ class Delivery:
                 return self._announced(record) if self._claimed_by(record, tag) else None
         return None
 
-    def _blind_version(self, note: str) -> int | None:
+    def _store_wait_deadline(self) -> float:
+        """When to stop waiting for a store that did not answer a claim: the step's time limit
+        from now, past which its claim, if written, would be judged vanished anyway."""
+        logger.warning("saga %s step %s: the store did not answer the claim; waiting for it",
+                       self.saga_id, values.printable(self.step))
+        return time.monotonic() + self._time_limit_ms() / 1000
+
+    def _time_limit_ms(self) -> int:
+        """The step's (or compensator's) time limit as far as this process knows it."""
+        timing = self.engine.settings.timing
+        known = self.engine.repository.known(self.saga_id)
+        step = None if known is None else known.step(self.step)
+        if step is not None and not self.compensation and step.time_limit_ms:
+            return step.time_limit_ms
+        return timing.default_time_limit_ms
+
+    def _undecryptable(self) -> None:
+        """No configured key opens the saga's payloads: the body cannot run here, and no claim
+        is left behind (``SagaRepository.note`` took it back), so nothing is ambiguous; the
+        sweep reports the record as ``undecryptable`` and re-sends the step once it is stale,
+        for a worker holding the key."""
+        logger.error("saga %s step %s: undecryptable: no configured encryption key opens its "
+                     "payloads; not claimed, message dropped (the sweep re-sends it)",
+                     self.saga_id, values.printable(self.step))
+
+    def _claim_note(self, tag: str) -> str:
+        return ClaimNote(self.step, self.effect_id, tag, self.engine.now()).text()
+
+    def _blind_version(self) -> int | None:
         """The version to claim on without reading: the message's (its intent was written at
         it), or a newer one this process wrote if that record shows the step claimable."""
         known = self.engine.repository.known(self.saga_id)
@@ -152,6 +215,7 @@ class Delivery:
         return known.version if self._claimable(known, retrying=False) else None
 
     def _claimed_by(self, saga: SagaRecord, tag: str) -> bool:
+        """Whether ``saga`` shows this delivery's attempt claimed by ``tag``."""
         step = saga.step(self.step)
         return step is not None and step.claimed_by == tag and step.started_at_ms is not None \
             and self.effect_id == (step.compensation_effect_id if self.compensation else step.effect_id)
@@ -176,16 +240,33 @@ class Delivery:
         due = step.next_attempt_at_ms
         return retrying or due is None or self.engine.now() >= due
 
-    def _judge(self, saga: SagaRecord, note: str, retrying: bool) -> Plan | None:
-        """What a delivery that could not claim blindly does with the record it read."""
+    def _judge(self, saga: SagaRecord, tag: str, retrying: bool) -> Plan | None:
+        """What a delivery that could not claim blindly does with the record it read: its own
+        claim (a lost reply) is taken back first, then a started attempt is judged, then it
+        claims if it may."""
         step = self._ours(saga)
         if step is None:
             logger.warning("saga %s step %s: message for another effect or saga dropped",
                            self.saga_id, values.printable(self.step))
             return None
+        if self._claimed_by(saga, tag):
+            return self._withdrawal(saga, step, tag)
         if self._live(saga, step) and step.started_at_ms is not None:
             return self._vanished(saga, step)
-        return Plan(note=note) if self._claimable(saga, retrying=retrying) else None
+        return Plan(note=self._claim_note(tag)) if self._claimable(saga, retrying=retrying) else None
+
+    def _withdrawal(self, saga: SagaRecord, step: StepRecord, tag: str) -> Plan | None:
+        """Take back this delivery's own claim, written though its reply was lost: the body
+        never began, so the step is as if never claimed and is claimed again afresh (a new
+        start time: the time limit counts from the body's real start)."""
+        ref = AttemptRef.compensation(step) if self.compensation else AttemptRef.execution(step)
+        try:
+            after = moves.withdraw_claim(saga, ref, tag, self.engine.now())
+        except IllegalTransition:
+            return None
+        logger.info("saga %s step %s: own claim found after a lost reply; taken back",
+                    self.saga_id, values.printable(self.step))
+        return Plan(after=after)
 
     def _live(self, saga: SagaRecord, step: StepRecord) -> bool:
         """Whether the step is in the state this kind of delivery runs in."""
@@ -198,7 +279,7 @@ class Delivery:
         """A started attempt found by a new delivery: settle it if its claimer is gone."""
         engine = self.engine
         policy = engine.registry.policy(engine.definition_of(saga), engine.settings.timing)
-        verdict = judge_in_flight(step, engine.now(), policy, dead_effects(saga.steps, engine.active),
+        verdict = judge_in_flight(step, engine.now(), policy, dead_effects(saga.steps),
                                   rolling_back=saga.rolling_back)
         if not isinstance(verdict, Vanished):
             logger.info("saga %s step %s: attempt still running elsewhere", self.saga_id, self.step)

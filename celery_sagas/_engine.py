@@ -33,7 +33,7 @@ from ._definitions import (
 )
 from ._dispatch import Dispatcher
 from ._events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
-from ._liveness import PROCESS_ACTIVE, ActiveEffects, dead_effects
+from ._liveness import dead_effects
 from ._protocol import codes, moves
 from ._protocol.decide import decide
 from ._protocol.decisions import (
@@ -121,7 +121,6 @@ class Engine:
         clock: Clock | None = None,
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
-        active: ActiveEffects = PROCESS_ACTIVE,
         draw: Callable[[], float] = random.random,
     ) -> None:
         self.repository = repository
@@ -132,7 +131,6 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.new_id = new_id
         self.settings = settings or EngineSettings()
-        self.active = active
         # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
         self.draw = draw
         self.children = ChildSagas(self)
@@ -297,7 +295,7 @@ class Engine:
                           lambda: self.colocated_id(saga.saga_id),
                           lambda candidate: self.colocated(saga.saga_id, candidate))
 
-        return decide(saga, run_replay, now, policy, dead_effects(saga.steps, self.active))
+        return decide(saga, run_replay, now, policy, dead_effects(saga.steps))
 
     def plan(self, saga: SagaRecord) -> Plan | None:
         """What the next decision writes and does, or None when the saga must wait."""

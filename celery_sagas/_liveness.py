@@ -1,10 +1,13 @@
 """Who claimed an effect, and whether that claimer is known to be gone.
 
 A claim records ``host:pid`` of the process that started the body. On the same host a dead
-pid proves the attempt vanished (a killed pool child), so a redelivery can settle it at once
-instead of waiting for the time limit; across hosts nothing is known and the time limit plus
-grace decides. "Host" includes the pid namespace (Linux): containers sharing a hostname (host
-networking) each see only their own pids, so they never judge each other's claims.
+pid proves the attempt vanished (a killed pool child): its outcome is unknown and the label
+``worker_lost`` is true, so a redelivery can settle it at once instead of waiting for the time
+limit. A live process is never judged lost, this one included: a delivery of it that ended
+without an outcome (its store did not answer) is settled by the time limit like a claim of
+another host, where nothing is known and the time limit plus grace decides. "Host" includes
+the pid namespace (Linux): containers sharing a hostname (host networking) each see only
+their own pids, so they never judge each other's claims.
 """
 
 from __future__ import annotations
@@ -12,13 +15,11 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 from ._records import StepRecord, StepState
 
-__all__ = ["PROCESS_ACTIVE", "ActiveEffects", "claim_tag", "claimer_id", "dead_effects"]
+__all__ = ["claim_tag", "claimer_id", "dead_effects"]
 
 
 def _pid_namespace() -> str:
@@ -46,39 +47,6 @@ def claim_tag() -> str:
     return f"{claimer_id()}/{secrets.token_hex(4)}"
 
 
-class ActiveEffects:
-    """Claim tags of the deliveries running in this process right now.
-
-    A delivery registers its tag before it writes its claim and keeps it until its outcome is
-    written, so a claim made by this process whose tag is absent belongs to an attempt that is
-    gone (threads and gevent pools run several deliveries in one process).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tags: set[str] = set()
-
-    @contextmanager
-    def running(self, tag: str) -> Iterator[None]:
-        """Mark a claim tag as live for the duration of the block."""
-        with self._lock:
-            self._tags.add(tag)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._tags.discard(tag)
-
-    def __contains__(self, tag: object) -> bool:
-        with self._lock:
-            return tag in self._tags
-
-
-# One per process, shared by every engine in it: a claim tag names the process, not the
-# engine, so two Sagas instances (a tasks module imported under two names) must agree.
-PROCESS_ACTIVE = ActiveEffects()
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -89,17 +57,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _gone(claimer: str, active: ActiveEffects) -> bool:
+def _gone(claimer: str) -> bool:
+    """Whether the process that wrote ``claimer`` is known to be gone: another process of this
+    host whose pid no longer runs. This process is alive (it is asking), and a process of
+    another host is never judged by its pid: for both, the time limit decides."""
     host, _, pid_text = claimer.split("/", 1)[0].rpartition(":")
     if host != _HOST or not pid_text.isdigit():
         return False
     pid = int(pid_text)
-    if pid == os.getpid():
-        return claimer not in active
-    return not _pid_alive(pid)
+    return pid != os.getpid() and not _pid_alive(pid)
 
 
-def dead_effects(steps: Iterable[StepRecord], active: ActiveEffects) -> frozenset[str]:
+def dead_effects(steps: Iterable[StepRecord]) -> frozenset[str]:
     """Effect ids of claimed in-flight steps whose claimer is known to be gone."""
     dead: set[str] = set()
     for step in steps:
@@ -109,6 +78,6 @@ def dead_effects(steps: Iterable[StepRecord], active: ActiveEffects) -> frozense
         if step.state is not StepState.EXECUTING and not compensating:
             continue
         effect = step.compensation_effect_id if compensating else step.effect_id
-        if _gone(step.claimed_by, active):
+        if _gone(step.claimed_by):
             dead.add(effect)
     return frozenset(dead)

@@ -9,6 +9,7 @@ wrote, which is what lets a delivery claim its step without reading first.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -17,21 +18,24 @@ from dataclasses import dataclass, field, replace
 
 from . import _values as values
 from ._cas import MAX_RACES, until_written
-from ._codec import Codec
+from ._codec import Codec, carries_write, new_write_id
 from ._protocol.notes import apply_notes, parse_note
 from ._records import SAGA, SagaRecord
 from .errors import (
+    FencedWriteRefused,
     PayloadTooLarge,
     SagaConcurrencyError,
     SagaNotFound,
     StoreError,
     UndecryptableRecord,
 )
-from .stores.base import Fence, Store
+from .stores.base import Envelope, Fence, Store
 
 __all__ = ["Plan", "RecentSagas", "SagaRepository"]
 
 _STORE_POLL_S = 0.5
+
+logger = logging.getLogger("celery_sagas.execution")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,21 @@ class Plan:
         """Carry out what the decision calls for once it is written."""
         for effect in self.then:
             effect(written)
+
+
+class _Unanswered(StoreError):
+    """A write the store did not answer: it may or may not have been applied."""
+
+    plan: Plan
+    error: StoreError  # what the store raised, raised again when the caller does not wait
+
+
+def _applied(envelope: Envelope, plan: Plan, write_id: str) -> bool:
+    """Whether ``envelope`` (read after a lost reply) holds the write of ``plan`` stamped with
+    ``write_id``: its note among the record's notes, or its write id in the body."""
+    if plan.note is not None:
+        return plan.note in envelope.notes
+    return carries_write(envelope, write_id)
 
 
 class RecentSagas:
@@ -151,8 +170,13 @@ class SagaRepository:
             self.recent.remember(record, len(envelope.body))
         return created
 
-    def note(self, saga_id: str, note: str, expected_version: int | None) -> SagaRecord | None:
-        """Append ``note`` (at ``expected_version`` when given): the record as written, or None."""
+    def note(self, saga_id: str, note: str, expected_version: int | None, *,
+             take_back_unreadable: bool = False) -> SagaRecord | None:
+        """Append ``note`` (at ``expected_version`` when given): the record as written, or None.
+
+        With ``take_back_unreadable`` a note appended to a record no configured key opens is
+        taken back before ``UndecryptableRecord`` is raised (``_take_back``): a claim this
+        process cannot act on is never left behind."""
         envelope = self.store.annotate(SAGA, saga_id, note, expected_version=expected_version)
         if envelope is None:
             self.recent.forget(saga_id)
@@ -165,9 +189,29 @@ class SagaRepository:
             record = replace(apply_notes(known, [parse_note(note)], opener),
                              version=envelope.version)
         else:
-            record = self.codec.saga(envelope, saga_id)
+            try:
+                record = self.codec.saga(envelope, saga_id)
+            except UndecryptableRecord:
+                if take_back_unreadable:
+                    self._take_back(envelope, note)
+                raise
         self.recent.remember(record, len(envelope.body))
         return record
+
+    def _take_back(self, envelope: Envelope, note: str) -> bool:
+        """Remove ``note``, just appended to ``envelope``, without decoding the record: when it
+        is the record's only note, write the body back unchanged at the next version (a
+        compare-and-set clears notes). Whether it was taken back."""
+        if envelope.notes != (note,):
+            logger.error("saga %s: a note on a record this process cannot decrypt could not be "
+                         "taken back (other notes precede it)", envelope.id)
+            return False
+        unchanged = replace(envelope, version=envelope.version + 1, notes=())
+        taken = self.store.compare_and_set(unchanged, envelope.version)
+        if not taken:
+            logger.error("saga %s: a note on a record this process cannot decrypt could not be "
+                         "taken back (the record moved on)", envelope.id)
+        return taken
 
     def update(
         self,
@@ -181,27 +225,43 @@ class SagaRepository:
         """Decide on the current record and write the plan; on a lost race read and decide
         again. Returns the record as written (or as read, when nothing was to be written) and
         the plan written. With ``wait_for_store`` a store outage is waited out (30 s) instead
-        of raised: the outcome of a body that ran must not be lost to a blip."""
+        of raised: the outcome of a body that ran must not be lost to a blip; and a write whose
+        reply was lost is read back: when the record carries it (its write id, or its note),
+        it was applied and counts as written, never decided again."""
         deadline = time.monotonic() + self._store_wait_s
         written: list[tuple[SagaRecord, Plan]] = []
+        read_back: list[SagaRecord] = []  # the record read to settle a lost reply
+
+        def wait_or_raise() -> None:
+            if not wait_for_store or time.monotonic() > deadline:
+                raise
+            self._sleep(_STORE_POLL_S)
 
         def read() -> SagaRecord:
+            if read_back:
+                return read_back.pop()
             while True:
                 try:
                     return self.load(saga_id)
                 except StoreError:
-                    if not wait_for_store or time.monotonic() > deadline:
-                        raise
-                    self._sleep(_STORE_POLL_S)
+                    wait_or_raise()
 
         def write(current: SagaRecord, plan: Plan | None) -> bool:
             assert plan is not None  # None is never written
+            write_id = new_write_id()
             try:
-                done = self._write(current, plan, fence)
-            except StoreError:
+                done = self._write(current, plan, fence, write_id)
+            except _Unanswered as lost:
                 if not wait_for_store or time.monotonic() > deadline:
-                    raise
+                    raise lost.error from lost.error.__cause__
                 self._sleep(_STORE_POLL_S)
+                envelope = self._envelope_after_outage(saga_id, wait_or_raise)
+                record = self.codec.saga(envelope, saga_id)
+                self.recent.remember(record, len(envelope.body))
+                if _applied(envelope, lost.plan, write_id):
+                    written.append((record, lost.plan))
+                    return True
+                read_back.append(record)
                 return False
             if done is not None:
                 written.append(done)
@@ -211,31 +271,58 @@ class SagaRepository:
                                       budget=self._max_races)
         return (current, None) if plan is None else written[-1]
 
-    def _write(self, current: SagaRecord, plan: Plan, fence: Fence | None
+    def _envelope_after_outage(self, saga_id: str, wait_or_raise: Callable[[], None]) -> Envelope:
+        """The stored envelope, read once the store answers again."""
+        while True:
+            try:
+                envelope = self.store.get(SAGA, saga_id)
+            except StoreError:
+                wait_or_raise()
+                continue
+            if envelope is None:
+                raise SagaNotFound(saga_id=saga_id)
+            return envelope
+
+    def _write(self, current: SagaRecord, plan: Plan, fence: Fence | None, write_id: str
                ) -> tuple[SagaRecord, Plan] | None:
-        """One attempt at writing ``plan``: the record as written and the plan it came from
-        (the too-large fallback when the plan's record was over the limit), or None when the
-        race was lost."""
+        """One attempt at writing ``plan`` (its record stamped with ``write_id``): the record as
+        written and the plan it came from (the too-large fallback when the plan's record was
+        over the limit), or None when the race was lost. ``_Unanswered`` when the store did
+        not answer (the write may or may not have been applied)."""
         if plan.before is not None:
             plan.before()
         if plan.note is not None:
-            noted = self.note(current.saga_id, plan.note, current.version)
+            noted = self._unanswered(plan, lambda: self.note(current.saga_id, plan.note or "",
+                                                             current.version))
             return None if noted is None else (noted, plan)
         assert plan.after is not None
+        after = plan.after
         try:
-            stored = self._compare_and_set(current, plan.after, fence)
+            stored = self._unanswered(
+                plan, lambda: self._compare_and_set(current, after, fence, write_id))
         except PayloadTooLarge:
             fallback = plan.fallback()
             if fallback is None:
                 raise
-            return self._write(current, fallback, fence)
+            return self._write(current, fallback, fence, write_id)
         return None if stored is None else (stored, plan)
 
+    @staticmethod
+    def _unanswered(plan: Plan, attempt: Callable[[], SagaRecord | None]) -> SagaRecord | None:
+        """``attempt()``, its store errors (a refused fence aside: that is an answer) raised as
+        ``_Unanswered`` naming ``plan``."""
+        try:
+            return attempt()
+        except FencedWriteRefused:
+            raise
+        except StoreError as exc:
+            raise _Unanswered(str(exc), plan=plan, error=exc) from exc
+
     def _compare_and_set(self, before: SagaRecord, after: SagaRecord,
-                         fence: Fence | None) -> SagaRecord | None:
+                         fence: Fence | None, write_id: str | None = None) -> SagaRecord | None:
         # Stamped with a fresh write id: two racers that computed the same next record must
         # not both be told they won (a store takes an identical record for a retried write).
-        envelope = self.codec.saga_envelope(after, stamp=True)
+        envelope = self.codec.saga_envelope(after, stamp=True, write_id=write_id)
         if not self.store.compare_and_set(envelope, before.version, fence=fence):
             self.recent.forget(before.saga_id)
             return None

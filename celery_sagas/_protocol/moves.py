@@ -72,6 +72,7 @@ __all__ = [
     "unresolved_ambiguity",
     "wake_step",
     "with_exception",
+    "withdraw_claim",
 ]
 
 _LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
@@ -452,6 +453,28 @@ def claim_compensation(
     _need(saga, step, "claim_compensation", (StepState.COMPENSATING,),
           (SagaState.COMPENSATING,), started=False)
     return _write(saga, now_ms, steps=_swap(saga, step, started_at_ms=now_ms, claimed_by=claimer))
+
+
+def withdraw_claim(saga: SagaRecord, ref: AttemptRef, claimer: str, now_ms: int) -> SagaRecord:
+    """Take back a claim whose body never began (its delivery lost the claim's reply, or cannot
+    read the record): the step is as it was before the claim, to be claimed again.
+
+    Only the claimer itself knows its body never began, so only its own claim (``claimer`` is
+    the tag it wrote) of the attempt ``ref`` names is taken back; anything else is illegal.
+    """
+    event = "withdraw_claim"
+    found = saga.step(ref.step)
+    compensation = found is not None and found.compensation_effect_id == ref.effect_id
+    step = _find(saga, ref.step, ref.effect_id, event, compensation=compensation)
+    state = StepState.COMPENSATING if compensation else StepState.EXECUTING
+    _need(saga, step, event, (state,), started=True)
+    attempt = step.compensation_attempts if compensation else step.attempts
+    if step.claimed_by != claimer or attempt != ref.attempt:
+        raise _illegal(saga, f"{event}: another claim", step)
+    if compensation:  # a compensation claim counts no attempt (begin_compensation did)
+        return _write(saga, now_ms, steps=_swap(saga, step, started_at_ms=None, claimed_by=None))
+    return _write(saga, now_ms, steps=_swap(saga, step, started_at_ms=None, claimed_by=None,
+                                            attempts=step.attempts - 1))
 
 
 def _compensation_attempt(saga: SagaRecord, ref: AttemptRef, event: str) -> StepRecord:

@@ -141,8 +141,8 @@ def test_an_undecryptable_saga_is_a_finding_and_the_sweep_leaves_it_alone(
     assert store.get("saga", "o-1") == before
 
 
-def test_a_step_delivered_to_a_process_without_the_key_never_runs_its_body(
-        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+def test_a_step_delivered_to_a_process_without_the_key_never_runs_its_body_nor_keeps_a_claim(
+        shop: Shop, store: MemoryStore, clock: FrozenClock, caplog: pytest.LogCaptureFixture) -> None:
     # given
     shop.start_order(card=MARK)
     [message] = shop.driver.take()
@@ -150,16 +150,38 @@ def test_a_step_delivered_to_a_process_without_the_key_never_runs_its_body(
     _, new_shop = _other(store, clock, [NEW_KEY])
 
     # when
-    with pytest.raises(UndecryptableRecord):
+    with caplog.at_level(logging.ERROR, logger="celery_sagas.execution"):
         new_shop.driver.deliver(message)
 
-    # then: the body never ran; the record is as it was but for the blind claim note (docs/
-    # design.md §7: a silent attempt, judged by a process with the key like any other)
+    # then: the body never ran, and the blind claim note was taken back (docs/design.md §7):
+    # the record is as it was, one version up, its step unclaimed; the log says why
     assert new_shop.script.calls == []
     after = store.get("saga", "o-1")
     assert after is not None and before is not None
-    assert (after.body, after.state) == (before.body, before.state)
-    assert len(after.notes) == 1
+    assert (after.body, after.state, after.notes) == (before.body, before.state, ())
+    assert after.version == before.version + 2
+    assert shop.step("shop.reserve").started_at_ms is None
+    assert shop.step("shop.reserve").attempts == 0
+    assert any("undecryptable" in r.getMessage() for r in caplog.records)
+    assert new_shop.driver.take() == []
+
+
+def test_after_a_keyless_delivery_the_sweep_of_a_keyed_process_sends_the_step_again(
+        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: a worker without the key got reserve's message (key rotation under way)
+    shop.start_order(card=MARK)
+    [message] = shop.driver.take()
+    _, keyless = _other(store, clock, [NEW_KEY])
+    keyless.driver.deliver(message)
+
+    # when: a process with the key sweeps once the step is stale
+    shop.sweep_when_stale()
+    shop.driver.run_until_idle()
+
+    # then: the saga completed, reserve ran once, nothing went to review
+    assert shop.record().state is SagaState.COMPLETED
+    assert shop.script.names().count("reserve") == 1
+    assert shop.step("shop.reserve").attempts == 1
 
 
 def test_plain_records_written_before_encryption_still_read(store: MemoryStore,

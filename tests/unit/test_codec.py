@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas._codec import Codec, stamped
+from celery_sagas._codec import Codec, carries_write, stamped
 from celery_sagas._protocol.notes import ClaimNote
 from celery_sagas._records import (
     APPROVAL,
@@ -118,6 +118,16 @@ def test_a_stamped_envelope_has_a_fresh_write_id_and_decodes_to_the_same_record(
     assert first.body != second.body
     assert decode_json(first.body)["write_id"] != decode_json(second.body)["write_id"]
     assert CODEC.saga(first, "order-42") == CODEC.saga(second, "order-42") == record
+
+
+def test_a_stored_record_names_the_write_that_stored_it() -> None:
+    record = saga(step(CM, "a"))
+    envelope = CODEC.saga_envelope(record, stamp=True, write_id="0123456789abcdef")
+    assert carries_write(envelope, "0123456789abcdef")
+    assert carries_write(replace(envelope, notes=('{"claim":[]}',)), "0123456789abcdef")
+    assert not carries_write(envelope, "fedcba9876543210")
+    assert not carries_write(CODEC.saga_envelope(record, stamp=True), "0123456789abcdef")
+    assert CODEC.saga(envelope, "order-42") == record
 
 
 def test_stamped_keeps_a_canonical_body_and_refuses_what_is_no_json_object() -> None:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from celery_sagas._liveness import ActiveEffects, claim_tag, claimer_id, dead_effects
+from celery_sagas._liveness import claim_tag, claimer_id, dead_effects
 from celery_sagas._records import StepRecord, StepState
 
 
@@ -48,18 +48,22 @@ def _other_namespace_claimer() -> str:
 def test_a_claim_by_a_dead_pid_of_this_host_is_gone() -> None:
     host = claimer_id().rpartition(":")[0]
     step = _claimed(f"{host}:{_no_pid()}/abcd")
-    assert dead_effects([step], ActiveEffects()) == {"fx-1"}
+    assert dead_effects([step]) == {"fx-1"}
 
 
-def test_a_claim_of_this_process_is_gone_only_once_its_delivery_ended() -> None:
-    active, tag = ActiveEffects(), claim_tag()
-    with active.running(tag):
-        assert dead_effects([_claimed(tag)], active) == frozenset()
-    assert dead_effects([_claimed(tag)], active) == {"fx-1"}
+def test_a_claim_of_this_process_is_never_judged_gone_by_its_pid() -> None:
+    # this process is alive: a delivery of it that ended without an outcome is settled by
+    # the time limit (``time_limit``), never labelled ``worker_lost``
+    assert dead_effects([_claimed(claim_tag())]) == frozenset()
+
+
+def test_a_claim_by_a_live_pid_of_this_host_is_not_gone() -> None:
+    host = claimer_id().rpartition(":")[0]
+    assert dead_effects([_claimed(f"{host}:{os.getppid()}/abcd")]) == frozenset()
 
 
 def test_a_claim_of_another_host_is_never_judged() -> None:
-    assert dead_effects([_claimed(f"elsewhere:{_no_pid()}/abcd")], ActiveEffects()) == frozenset()
+    assert dead_effects([_claimed(f"elsewhere:{_no_pid()}/abcd")]) == frozenset()
 
 
 def test_a_process_in_another_pid_namespace_of_this_host_has_another_claimer_id() -> None:
@@ -69,7 +73,5 @@ def test_a_process_in_another_pid_namespace_of_this_host_has_another_claimer_id(
     # then: its pids are not ours to look up, so its claims are never judged by them
     assert other.rpartition(":")[0] != claimer_id().rpartition(":")[0]
     pid = int(other.rpartition(":")[2])
-    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{pid}/abcd")],
-                        ActiveEffects()) == frozenset()
-    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{_no_pid()}/abcd")],
-                        ActiveEffects()) == frozenset()
+    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{pid}/abcd")]) == frozenset()
+    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{_no_pid()}/abcd")]) == frozenset()

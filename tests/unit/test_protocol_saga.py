@@ -480,6 +480,32 @@ def test_a_duplicate_claim_loses() -> None:
     assert_refused(lambda s: moves.claim_step(s, "s", fx("s"), "w2", NOW + 1), claimed)
 
 
+def test_a_claim_is_withdrawn_only_by_its_own_claimer_and_the_step_is_as_before() -> None:
+    before = saga(step(X0))
+    claimed = moves.claim_step(before, "s", fx("s"), "w1", NOW)
+    ref = AttemptRef("s", fx("s"), 1)
+    assert_refused(lambda s: moves.withdraw_claim(s, ref, "w2", NOW), claimed)
+    assert_refused(lambda s: moves.withdraw_claim(s, AttemptRef("s", fx("s"), 2), "w1", NOW), claimed)
+    assert_refused(lambda s: moves.withdraw_claim(s, ref, "w1", NOW), before)
+    withdrawn = moves.withdraw_claim(claimed, ref, "w1", NOW + 1)
+    assert withdrawn.version == claimed.version + 1
+    assert (withdrawn.steps[0].attempts, withdrawn.steps[0].started_at_ms,
+            withdrawn.steps[0].claimed_by) == (0, None, None)
+    again = moves.claim_step(withdrawn, "s", fx("s"), "w1", NOW + 2)
+    assert (again.steps[0].attempts, again.steps[0].started_at_ms) == (1, NOW + 2)
+
+
+def test_a_compensation_claim_is_withdrawn_by_its_claimer() -> None:
+    record = saga(step(P0), state=SS.COMPENSATING)
+    claimed = moves.claim_compensation(record, "s", cx("s"), "w1", NOW)
+    ref = AttemptRef.compensation(claimed.steps[0])
+    assert_refused(lambda s: moves.withdraw_claim(s, ref, "w2", NOW), claimed)
+    withdrawn = moves.withdraw_claim(claimed, ref, "w1", NOW + 1)
+    assert (withdrawn.steps[0].started_at_ms, withdrawn.steps[0].claimed_by) == (None, None)
+    assert withdrawn.steps[0].compensation_attempts == claimed.steps[0].compensation_attempts
+    assert moves.claim_compensation(withdrawn, "s", cx("s"), "w1", NOW + 2).steps[0].started_at_ms == NOW + 2
+
+
 def test_claim_is_refused_while_rolling_back_even_if_running() -> None:
     odd = saga(step(X0), state=SS.RUNNING, rolling_back=True)
     assert_refused(lambda s: moves.claim_step(s, "s", fx("s"), "w1", NOW), odd)
