@@ -20,7 +20,7 @@ from . import _values as values
 from ._cas import MAX_RACES, until_written
 from ._codec import Codec, carries_write, new_write_id
 from ._protocol.notes import apply_notes, parse_note
-from ._records import SAGA, SagaRecord
+from ._records import SAGA, SagaRecord, SagaState
 from .errors import (
     FencedWriteRefused,
     PayloadTooLarge,
@@ -109,6 +109,9 @@ class RecentSagas:
             return self._records.get(saga_id)
 
 
+SETTLED = frozenset({SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW})
+
+
 class SagaRepository:
     """Reads and writes saga records; every change goes through ``update``."""
 
@@ -120,8 +123,12 @@ class SagaRepository:
         max_races: int = MAX_RACES,
         store_wait_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
+        on_settled: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        # Told the id of every saga this process moved into a settled state (completed,
+        # compensated, manual review): an async ``wait`` elsewhere wakes on it.
+        self._on_settled = on_settled
         self.codec = codec
         self.recent = RecentSagas()
         self._max_races = max_races
@@ -168,6 +175,7 @@ class SagaRepository:
         created = self.store.create(envelope)
         if created:
             self.recent.remember(record, len(envelope.body))
+            self._settled(None, record)
         return created
 
     def note(self, saga_id: str, note: str, expected_version: int | None, *,
@@ -327,7 +335,13 @@ class SagaRepository:
             self.recent.forget(before.saga_id)
             return None
         self.recent.remember(after, len(envelope.body))
+        self._settled(before, after)
         return after
+
+    def _settled(self, before: SagaRecord | None, after: SagaRecord) -> None:
+        if self._on_settled is not None and after.state in SETTLED and (
+                before is None or before.state is not after.state):
+            self._on_settled(after.saga_id)
 
     def write(self, before: SagaRecord, after: SagaRecord, fence: Fence | None = None) -> SagaRecord:
         """Compare-and-set ``after`` over ``before`` once; SagaConcurrencyError when it lost."""

@@ -45,6 +45,7 @@ __all__ = [
     "timestamp_ms",
     "token",
     "traceparent",
+    "wait_seconds",
     "when_ms",
 ]
 
@@ -217,6 +218,17 @@ def _integer(value: object, *, field: str, low: int) -> int:
 def timestamp_ms(value: object, *, field: str = "timestamp") -> int:
     """Integer milliseconds since the epoch, 0..2**53-1."""
     return _integer(value, field=field, low=0)
+
+
+def wait_seconds(value: object, name: str, *, allow_zero: bool) -> float:
+    """A finite, non-negative (or positive) number of seconds; NaN would never time out."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SagaValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value) if abs(value) < 1e300 else math.inf
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise SagaValidationError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} "
+                                  f"number of seconds, got {value!r}")
+    return seconds
 
 
 def duration_ms(value: object, *, field: str = "duration") -> int:

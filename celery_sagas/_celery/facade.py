@@ -7,12 +7,12 @@ after a fork.
 
 from __future__ import annotations
 
-import math
+import copy
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.schedules import crontab
@@ -37,7 +37,6 @@ from ..errors import (
     NonDurableStoreError,
     SagaConfigurationError,
     SagaNotFound,
-    SagaValidationError,
 )
 from ..stores.base import Store
 from .dispatcher import CeleryDispatcher
@@ -63,6 +62,9 @@ from .wiring import (
     open_configured_store,
     require_store,
 )
+
+if TYPE_CHECKING:
+    from ..aio import AsyncSagas
 
 __all__ = ["Saga", "SagaHandle", "Sagas", "sagas_of"]
 
@@ -134,7 +136,7 @@ class Sagas:
         self.tracing = open_tracing()
         self.tracing.attach(self.events)
         self.dispatcher: Dispatcher = CeleryDispatcher(app, self.tracing)
-        self._process = PerProcess(self._runtime)
+        self._process: PerProcess | _Fixed = PerProcess(self._runtime)
         task_attributes = {"engines": self._process, "tracing": self.tracing}
         self._step_base = type("SagaStep", (TracedDelivery, SagaStepTask), task_attributes)
         self._compensator_base = type("SagaCompensator", (TracedDelivery, CompensatorTask),
@@ -146,6 +148,7 @@ class Sagas:
             now_ms=lambda: self.engine.now(),
             on_added=lambda: install_beat_entries(self.app, self),
         )
+        self._aio: AsyncSagas | None = None
         worker_process_init.connect(self._forget_runtime, weak=False)
         guard(self)
 
@@ -158,6 +161,27 @@ class Sagas:
 
     def _forget_runtime(self, **_: Any) -> None:
         self._process.forget()
+
+    @property
+    def aio(self) -> AsyncSagas:
+        """The asyncio client of these sagas (docs/async.md): ``await sagas.aio.start(...)``."""
+        if self._aio is None:
+            from ..aio import AsyncSagas
+
+            self._aio = AsyncSagas(self)
+        return self._aio
+
+    @property
+    def store_target(self) -> str | Store:
+        """The store as configured: its URL or the Store object given."""
+        return self._store_arg
+
+    def on_runtime(self, runtime: Runtime) -> Sagas:
+        """These sagas operating through ``runtime`` instead of this process's own: the async
+        client runs the facade's operations on a runtime over asyncio drivers."""
+        bound = copy.copy(self)
+        bound._process = _Fixed(runtime)
+        return bound
 
     @property
     def engine(self) -> Engine:
@@ -365,8 +389,8 @@ class Sagas:
 
     def wait(self, saga_id: str, timeout: float = 30.0, interval: float = 0.05) -> SagaRecord:
         """Poll until completed, compensated or manual-review; TimeoutError past ``timeout``."""
-        deadline = time.monotonic() + _seconds(timeout, "timeout", allow_zero=True)
-        interval = _seconds(interval, "interval", allow_zero=False)
+        deadline = time.monotonic() + values.wait_seconds(timeout, "timeout", allow_zero=True)
+        interval = values.wait_seconds(interval, "interval", allow_zero=False)
         while True:
             record = self.engine.get(saga_id)
             if record is None:
@@ -496,20 +520,19 @@ class Sagas:
         return self.events.subscribe_findings(observer)
 
 
+class _Fixed:
+    """A runtime holder that always hands out the same runtime (``Sagas.on_runtime``)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.current = runtime
+
+    def forget(self) -> None:
+        """Nothing to forget: the runtime belongs to whoever built it."""
+
+
 def sagas_of(app: Celery) -> Sagas:
     """The Sagas created on ``app`` (the latest one); SagaConfigurationError when there is none."""
     found = guarded(app)
     if not isinstance(found, Sagas):
         raise SagaConfigurationError(f"no Sagas(app, ...) was created on the Celery app {app.main!r}")
     return found
-
-
-def _seconds(value: object, name: str, *, allow_zero: bool) -> float:
-    """A finite, non-negative (or positive) number of seconds; NaN would never time out."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SagaValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value) if abs(value) < 1e300 else math.inf
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise SagaValidationError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} "
-                                  f"number of seconds, got {value!r}")
-    return seconds

@@ -42,6 +42,8 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
                             "deletes it (None: forever)"),
     "archive": (None, "callable (or dotted path) receiving each saga record before retention "
                       "deletes it"),
+    "notify": (True, "publish each settled saga's id (Redis PUBLISH, PostgreSQL NOTIFY) so "
+                     "async waits wake at once: one round trip per saga, not per step"),
     "metrics": (False, "Prometheus metrics (extra 'metrics'): True for the default registry, or a "
                        "CollectorRegistry"),
 }
@@ -158,6 +160,7 @@ class SagaSettings:
     encryption_keys: tuple[bytes | str, ...] = ()
     retention_ms: int | None = 604_800_000
     archive: Any = None  # a callable, or its dotted path (resolved by the runtime)
+    notify: bool = True
 
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
@@ -209,6 +212,7 @@ class SagaSettings:
             encryption_keys=_encryption_keys(raw["encryption_keys"]),
             retention_ms=_retention(raw["retention"]),
             archive=_archive(raw["archive"]),
+            notify=_flag("notify", raw["notify"]),
         )
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ from .._sweep import PassFactory, Sweeper
 from ..errors import SagaConfigurationError
 from ..stores import open_store, plugin_schemes
 from ..stores._urls import HiddenUrl, redact, url_problem
-from ..stores.base import Store
+from ..stores.base import Notifying, Store
 from .settings import SagaSettings
 
 __all__ = ["PerProcess", "Runtime", "hide_store_url", "open_configured_store", "resolve_archive"]
@@ -57,7 +57,8 @@ class Runtime:
         codec = Codec(settings.payload_limit, encryption_keys=settings.encryption_keys)
         self.codec = codec
         self.store = store
-        self.repository = SagaRepository(store, codec)
+        notifier = store.notify_settled if isinstance(store, Notifying) and settings.notify else None
+        self.repository = SagaRepository(store, codec, on_settled=notifier)
         self.gate = _gate(store, clock, settings, codec)
         self.engine = Engine(
             self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,

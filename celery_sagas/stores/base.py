@@ -44,6 +44,7 @@ __all__ = [
     "Envelope",
     "Fence",
     "Lease",
+    "Notifying",
     "Page",
     "StateListing",
     "Store",
@@ -239,6 +240,17 @@ class StateListing(Protocol):
 
     def stored_states(self, kind: str) -> list[str]:
         """The distinct states of the records of ``kind``, from an index (never every record)."""
+        ...
+
+
+@runtime_checkable
+class Notifying(Protocol):
+    """An optional store capability: tell listeners that a saga settled, so an async
+    ``wait`` wakes at once instead of polling (docs/async.md). Redis publishes on a channel,
+    PostgreSQL sends a NOTIFY; a store that cannot notify lacks the method."""
+
+    def notify_settled(self, record_id: str) -> None:
+        """Publish ``record_id`` on the store's settle channel; best effort, never raises."""
         ...
 
 

@@ -69,7 +69,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "celery_sagas._cas", "celery_sagas._scans", "celery_sagas._leases",
         "celery_sagas._liveness", "celery_sagas._dispatch", "celery_sagas._children",
     )),
-    (5, "integration", ("celery_sagas._celery.*", "celery_sagas")),
+    (5, "integration", ("celery_sagas._celery.*", "celery_sagas.aio.*", "celery_sagas")),
     (6, "tools", (
         "celery_sagas.cli", "celery_sagas._cli_format", "celery_sagas.web.*",
         "celery_sagas.contrib.*", "celery_sagas.testing.*",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -384,6 +384,17 @@ class RedisStore:
         reply = self._run(self._scripts.release_lease, [key], [lease.owner, lease.token],
                           "release_lease")
         return reply == 1
+
+    @property
+    def settle_channel(self) -> str:
+        """The pub/sub channel ``notify_settled`` publishes on: ``<prefix>:settled``."""
+        return f"{self._layout.prefix}:settled"
+
+    def notify_settled(self, record_id: str) -> None:
+        """PUBLISH the id on ``settle_channel`` (one round trip); a failure is ignored: a
+        listener that misses it finds the saga settled on its next poll."""
+        with suppress(StoreError), self._driver("publish"):
+            self._client.publish(self.settle_channel, record_id)
 
     def close(self) -> None:
         """Close the connection pool if this store opened it (``from_url``)."""

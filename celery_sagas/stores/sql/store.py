@@ -26,7 +26,7 @@ import random
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -555,6 +555,23 @@ class SqlStore:
             leases.c.owner == lease.owner,
             leases.c.token_hash == _token_hash(lease.token),
         )
+
+    # ------------------------------------------------------------------ notifications
+
+    @property
+    def settle_channel(self) -> str | None:
+        """The LISTEN/NOTIFY channel of ``notify_settled`` on PostgreSQL (``<prefix>settled``);
+        None on the other databases, which cannot notify."""
+        return f"{self._tables.prefix}settled" if self._engine.dialect.name == "postgresql" else None
+
+    def notify_settled(self, record_id: str) -> None:
+        """NOTIFY the id on PostgreSQL (one statement); nothing elsewhere. A failure is
+        ignored: a listener that misses it finds the saga settled on its next poll."""
+        channel = self.settle_channel
+        if channel is None:
+            return
+        with suppress(StoreError), self._driver_errors("notify"), self._engine.begin() as conn:
+            conn.execute(select(func.pg_notify(channel, record_id)))
 
     # ------------------------------------------------------------------ lifecycle
 

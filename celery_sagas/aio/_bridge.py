@@ -1,0 +1,126 @@
+"""Running the saga code on asyncio drivers: greenlets, as SQLAlchemy's asyncio extension does.
+
+The engine, the repository, the codec and the stores are written once, synchronously. The
+async client runs that same code inside ``greenlet_spawn``; where it reaches the network, the
+objects here hand the call to the event loop with ``await_only``: an async Redis client behind
+the synchronous interface the Redis store uses, SQLAlchemy's async engine behind its
+``sync_engine``, and the Celery publish in a thread (kombu has no asyncio transport). The event
+loop keeps running while a store or broker call is in flight: nothing here blocks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy.util import await_only, greenlet_spawn
+
+from .._dispatch import Dispatcher
+from .._records import StepRecord
+
+__all__ = ["BridgedDispatcher", "BridgedRedis", "in_greenlet"]
+
+T = TypeVar("T")
+
+
+async def in_greenlet(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run synchronous saga code whose I/O goes through the bridges below."""
+    result: T = await greenlet_spawn(call, *args, **kwargs)
+    return result
+
+
+def _awaited(value: Awaitable[T]) -> T:
+    return await_only(value)
+
+
+class _BridgedScript:
+    """A registered Lua script of an async client, called like redis-py's sync ``Script``."""
+
+    def __init__(self, script: Any) -> None:
+        self._script = script
+
+    def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        return _awaited(self._script(keys=list(keys), args=list(args)))
+
+
+class _BridgedPipeline:
+    """A non-transactional pipeline of an async client: commands queue, ``execute`` awaits."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self._pipeline = pipeline
+
+    def hgetall(self, key: str) -> _BridgedPipeline:
+        """Queue HGETALL."""
+        self._pipeline.hgetall(key)
+        return self
+
+    def zscore(self, key: str, member: str) -> _BridgedPipeline:
+        """Queue ZSCORE."""
+        self._pipeline.zscore(key, member)
+        return self
+
+    def zcount(self, key: str, low: Any, high: Any) -> _BridgedPipeline:
+        """Queue ZCOUNT."""
+        self._pipeline.zcount(key, low, high)
+        return self
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Send the queued commands; their replies in order."""
+        replies: list[Any] = _awaited(self._pipeline.execute(raise_on_error=raise_on_error))
+        return replies
+
+
+class BridgedRedis:
+    """The synchronous client interface ``RedisStore`` uses, over a ``redis.asyncio`` client
+    (plain or cluster). Only the commands the store sends are offered."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def register_script(self, text: str) -> _BridgedScript:
+        """Register a Lua script (EVALSHA, reloaded on NOSCRIPT by redis-py)."""
+        return _BridgedScript(self.client.register_script(text))
+
+    def pipeline(self, transaction: bool = False) -> _BridgedPipeline:
+        """A pipeline of commands sent in one round trip."""
+        return _BridgedPipeline(self.client.pipeline(transaction=transaction))
+
+    def hgetall(self, key: str) -> Any:
+        """HGETALL."""
+        return _awaited(self.client.hgetall(key))
+
+    def zrange(self, key: str, start: Any, end: Any, **options: Any) -> Any:
+        """ZRANGE with redis-py's options."""
+        return _awaited(self.client.zrange(key, start, end, **options))
+
+    def info(self, section: str | None = None, *args: Any, **options: Any) -> Any:
+        """INFO (the store reads the server's persistence)."""
+        return _awaited(self.client.info(section, *args, **options))
+
+    def publish(self, channel: str, message: str) -> Any:
+        """PUBLISH."""
+        return _awaited(self.client.publish(channel, message))
+
+    def close(self) -> None:
+        """Close the async client's connections."""
+        _awaited(self.client.aclose())
+
+
+class BridgedDispatcher:
+    """Sends through the synchronous dispatcher in a worker thread, awaited by the loop."""
+
+    def __init__(self, inner: Dispatcher) -> None:
+        self._inner = inner
+
+    def send_step(self, saga_id: str, step: StepRecord, version: int, *,
+                  trace_parent: str | None = None) -> None:
+        """Send the step's task (a thread publishes; the loop goes on meanwhile)."""
+        _awaited(asyncio.to_thread(self._inner.send_step, saga_id, step, version,
+                                   trace_parent=trace_parent))
+
+    def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
+                          trace_parent: str | None = None) -> None:
+        """Send the step's compensator (in a thread, as ``send_step``)."""
+        _awaited(asyncio.to_thread(self._inner.send_compensation, saga_id, step, version,
+                                   trace_parent=trace_parent))

@@ -1,0 +1,100 @@
+"""The async client on every store's asyncio driver: the same records, writes and errors as
+the synchronous client (docs/async.md). No worker: the step messages go to an in-memory broker
+and nobody consumes them, so every state seen here is one the clients wrote."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_sagas import Sagas
+from celery_sagas.errors import SagaConfigurationError, SagaNotFound, SagaValidationError
+from celery_sagas.stores.memory import MemoryStore
+
+
+def _sagas(store: Any, **options: Any) -> Sagas:
+    app = Celery(f"aio-{uuid.uuid4().hex[:6]}", broker="memory://localhost/")
+    sagas = Sagas(app, store=store, **options)
+
+    @sagas.step(compensate=None, name="aio.reserve")
+    def reserve(sku: str) -> dict[str, str]:
+        return {"reservation": sku}
+
+    @sagas.saga("aio-order")
+    def order(ctx: Any, data: dict[str, Any]) -> None:
+        ctx.step(reserve, data["sku"])
+
+    return sagas
+
+
+def _scenario(sagas: Sagas) -> None:
+    aio = sagas.aio
+    saga_id = f"aio-{uuid.uuid4().hex[:8]}"
+
+    async def run() -> None:
+        try:
+            handle = await aio.start("aio-order", {"sku": "A"}, saga_id=saga_id)
+            assert handle.record.state == "running"
+            [step] = (await aio.get(saga_id)).steps
+            assert (step.state, step.attempts) == ("executing", 0)
+            with pytest.raises(SagaValidationError):
+                await aio.signal(saga_id, "bad name", None)
+            with pytest.raises(SagaNotFound):
+                await aio.signal("nobody", "go", None)
+            await aio.cancel(saga_id)  # the unclaimed step is abandoned: nothing to undo
+            record = await aio.wait(saga_id, timeout=10)
+            assert record.state == "compensated"
+        finally:
+            await aio.aclose()
+
+    asyncio.run(run())
+    assert sagas.get(saga_id).state == "compensated"  # the sync client reads the same record
+
+
+@pytest.mark.redis
+def test_redis(redis_url: str) -> None:
+    sagas = _sagas(redis_url, key_prefix=f"aio{uuid.uuid4().hex[:6]}")
+    _scenario(sagas)
+
+
+@pytest.mark.postgres
+def test_postgresql(postgres_url: str) -> None:
+    sagas = _sagas(postgres_url, table_prefix=f"aio{uuid.uuid4().hex[:6]}_")
+    try:
+        _scenario(sagas)
+    finally:
+        sagas.store.drop_tables()  # type: ignore[attr-defined]
+
+
+@pytest.mark.mysql
+def test_mysql(mysql_url: str) -> None:
+    sagas = _sagas(mysql_url, table_prefix=f"aio{uuid.uuid4().hex[:6]}_")
+    try:
+        _scenario(sagas)
+    finally:
+        sagas.store.drop_tables()  # type: ignore[attr-defined]
+
+
+def test_sqlite_file(tmp_path: Path) -> None:
+    _scenario(_sagas(f"sqlite:///{tmp_path / 'sagas.db'}"))
+
+
+def test_a_memory_store_object_is_shared() -> None:
+    _scenario(_sagas(MemoryStore(), allow_non_durable=True))
+
+
+def test_a_store_object_that_does_io_is_refused_clearly(tmp_path: Path) -> None:
+    from celery_sagas.stores.sql.store import SqlStore
+
+    sagas = _sagas(SqlStore.from_url(f"sqlite:///{tmp_path / 'x.db'}"))
+
+    async def run() -> None:
+        with pytest.raises(SagaConfigurationError, match="needs the store as a URL"):
+            await sagas.aio.get("x")
+
+    asyncio.run(run())
