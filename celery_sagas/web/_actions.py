@@ -1,7 +1,9 @@
 """The actions, one POST each: resolve, resume, cancel, approve, deny, signal.
 
-Authentication, the operator role and the CSRF token are checked before any of these runs
-(``_app._gate``). Each goes through the adapter to the same facade call as the CLI, with the
+Authentication, the operator role, the origin and the CSRF token are checked before any of
+these runs (``_guard.gate``). Resolve, cancel and deny change what cannot be taken back: their
+first POST only renders a confirmation page holding the same fields, whose button posts them
+again with ``confirmed=yes`` (no script). Each goes through the adapter to the same facade call as the CLI, with the
 same refusals (rendered by the app's error handler), then redirects (303) to the saga's page,
 or back to the queue when the form came from there.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flask import Blueprint, redirect, request, url_for
+from flask import Blueprint, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from celery_sagas.errors import SagaValidationError
@@ -41,6 +43,23 @@ def _json(name: str) -> Any:
         raise SagaValidationError(f"{name} is not JSON") from None
 
 
+_CONFIRM = {
+    "resolve": "Record this outcome",
+    "cancel": "Cancel the saga and compensate",
+    "deny": "Deny this approval",
+}
+
+
+def _unconfirmed(action: str, summary: list[tuple[str, str]]) -> str | None:
+    """The confirmation page of ``action`` unless the form was confirmed (None then)."""
+    if request.form.get("confirmed") == "yes":
+        return None
+    fields = [(k, v) for k, v in request.form.items(multi=True)
+              if k not in ("csrf_token", "confirmed", "do")]
+    return render_template("confirm.html", action=action, label=_CONFIRM[action],
+                           summary=summary, fields=fields)
+
+
 def _back(saga_id: str | None, done: str) -> Response:
     if request.form.get("back") == "attention" or saga_id is None:
         return redirect(url_for("pages.attention", done=done), 303)
@@ -48,15 +67,21 @@ def _back(saga_id: str | None, done: str) -> Response:
 
 
 @blueprint.post("/resolve")
-def resolve() -> Response:
-    """Record what the provider says about an unknown outcome."""
-    saga_id, outcome = _field("saga_id"), _field("outcome")
+def resolve() -> Response | str:
+    """Record what the provider says about an unknown outcome (after a confirmation page)."""
+    saga_id = _field("saga_id")
+    outcome = request.form.get("outcome", "").strip()
     if outcome not in _OUTCOMES:
-        raise SagaValidationError(f"outcome is one of {', '.join(_OUTCOMES)}")
+        raise SagaValidationError(f"choose the outcome: one of {', '.join(_OUTCOMES)}")
     result = _json("result") if outcome == "committed" else None
     error_code = None
     if outcome == "not-committed":
         error_code = request.form.get("error_code", "").strip() or "not_committed"
+    page = _unconfirmed("resolve", [("saga", saga_id), ("step", _field("step")),
+                                    ("effect id", _field("effect_id")), ("outcome", outcome),
+                                    *([("error code", error_code)] if error_code else [])])
+    if page is not None:
+        return page
     source().resolve(principal(), saga_id, _field("step"), _field("effect_id"), outcome,
                      result=result, error_code=error_code)
     return _back(saga_id, "resolve")
@@ -71,9 +96,12 @@ def resume() -> Response:
 
 
 @blueprint.post("/cancel")
-def cancel() -> Response:
-    """Stop the saga and compensate what committed."""
+def cancel() -> Response | str:
+    """Stop the saga and compensate what committed (after a confirmation page)."""
     saga_id = _field("saga_id")
+    page = _unconfirmed("cancel", [("saga", saga_id)])
+    if page is not None:
+        return page
     source().cancel(principal(), saga_id)
     return _back(saga_id, "cancel")
 
@@ -86,8 +114,11 @@ def approve() -> Response:
 
 
 @blueprint.post("/deny")
-def deny() -> Response:
-    """Deny a pending approval."""
+def deny() -> Response | str:
+    """Deny a pending approval (after a confirmation page)."""
+    page = _unconfirmed("deny", [("approval", _field("approval_id"))])
+    if page is not None:
+        return page
     decided = source().deny(principal(), _field("approval_id"))
     return _back(decided.saga_id, "deny")
 

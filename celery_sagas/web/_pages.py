@@ -7,7 +7,15 @@ from flask import Blueprint, render_template, request
 from ._request import page_error, source
 from ._source import PREFIX_READ, STATES, SagaFilter
 from ._timeline import chart, timeline
-from ._views import effect_rows, finding_forms, hint, lifecycle, outcomes, resolution
+from ._views import (
+    effect_rows,
+    finding_forms,
+    hint,
+    lifecycle,
+    outcomes,
+    resolution,
+    saga_actions,
+)
 
 __all__ = ["blueprint"]
 
@@ -49,7 +57,7 @@ def saga() -> str | tuple[str, int]:
         "saga.html", record=record, timeline=timeline(record, data.now_ms()),
         approvals=data.approvals_of(record), events=lifecycle(record), effects=effect_rows,
         payload=data.payload, resolution=resolution, outcomes=outcomes,
-        open=not record.state.final, undoing=UNDOING,
+        actions=saga_actions(record), undoing=UNDOING,
     )
 
 

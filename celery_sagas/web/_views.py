@@ -20,6 +20,8 @@ from celery_sagas import (
 
 from .._cli_format import iso
 from .._protocol.findings import review_advice
+from .._protocol.moves import unresolved_ambiguity
+from .._protocol.waiting import signal_name_of
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
@@ -30,6 +32,7 @@ __all__ = [
     "EXECUTION",
     "EffectRow",
     "LifecycleRow",
+    "SagaActions",
     "effect_rows",
     "finding_forms",
     "hint",
@@ -37,6 +40,7 @@ __all__ = [
     "lifecycle",
     "outcomes",
     "resolution",
+    "saga_actions",
 ]
 
 EXECUTION = "execution"
@@ -50,7 +54,7 @@ _OUTCOMES = {
 # What a redirect after an action may announce: fixed texts, never anything from the request.
 DONE = {
     "resolve": "Resolved. Resume the saga to drive it on (or let the sweep do it).",
-    "resume": "Resumed.",
+    "resume": "Resumed: the saga goes on from where it stopped.",
     "cancel": "Cancelled: what committed is being compensated.",
     "approve": "Approved. The requester resumes the saga with their token.",
     "deny": "Denied: the saga compensates what came before the gate.",
@@ -76,15 +80,52 @@ def resolution(record: SagaRecord, step: StepRecord) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class SagaActions:
+    """What an operator can do to a saga now: each True only where the facade would act;
+    ``why_none`` says why nothing can be done when nothing can."""
+
+    resume: bool
+    cancel: bool
+    signals: tuple[str, ...]
+    why_none: str | None
+
+
+def saga_actions(record: SagaRecord) -> SagaActions:
+    """The actions that can work on ``record`` as it stands (docs/operations.md, "The web UI")."""
+    blocking = unresolved_ambiguity(record)
+    unresolved = [] if blocking is None else [blocking.name]
+    review = record.state is SagaState.MANUAL_REVIEW
+    # The facade's own rules (moves.resume, moves.cancel): never a button it would refuse.
+    resume = review and not unresolved
+    cancel = record.state is SagaState.RUNNING or (review and not unresolved)
+    signals = tuple(dict.fromkeys(
+        name for step in record.steps if step.state is StepState.WAITING
+        and (name := signal_name_of(step)) is not None)) if record.state is SagaState.RUNNING else ()
+    return SagaActions(resume, cancel, signals, _why_none(record, unresolved)
+                       if not (resume or cancel or signals) else None)
+
+
+def _why_none(record: SagaRecord, unresolved: list[str]) -> str:
+    if record.state.final:
+        return f"The saga is {record.state}: nothing is left to do."
+    if unresolved:
+        return (f"Resolve {', '.join(unresolved)} first (ask the provider, record what it says "
+                "below); then resume or cancel.")
+    if record.state is SagaState.COMPENSATING:
+        return "The saga is compensating by itself: nothing to do unless it stops (see the queue)."
+    return "The saga moves on by itself: nothing to do."
+
+
 def finding_forms(finding: Finding) -> tuple[str, ...]:
     """The forms a finding's row offers: resolve-execution, resolve-compensation, resume, cancel."""
     review = finding.state == str(SagaState.MANUAL_REVIEW)
     if finding.record_kind != "saga":
         return ()
     if finding.kind is FindingKind.AMBIGUOUS_EXECUTION and review:
-        return ("resolve-execution", "resume")
+        return ("resolve-execution",)
     if finding.kind is FindingKind.AMBIGUOUS_COMPENSATION and review:
-        return ("resolve-compensation", "resume")
+        return ("resolve-compensation",)
     if finding.kind is FindingKind.MANUAL_REVIEW:
         return ("resume", "cancel")
     if finding.state == str(SagaState.RUNNING):

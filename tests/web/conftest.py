@@ -54,10 +54,13 @@ class Web:
         return self.client.get(path, headers=headers, **kwargs)
 
     def post(self, path: str, data: dict[str, str], user: str | None = "olive",
-             csrf: bool = True, origin: str | None = ORIGIN) -> TestResponse:
+             csrf: bool = True, origin: str | None = ORIGIN, confirmed: bool = True) -> TestResponse:
         """POST a form as ``user`` from a page of the app (``Origin``), with the CSRF token of
-        the client's session unless ``csrf`` is False."""
+        the client's session unless ``csrf`` is False, as confirmed (the confirmation page's
+        second POST) unless ``confirmed`` is False."""
         form = dict(data)
+        if confirmed:
+            form.setdefault("confirmed", "yes")
         if csrf and user:
             form.setdefault("csrf_token", self.csrf(user))
         headers = basic(user) if user else {}

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import pytest
+from markupsafe import escape
 
 from celery_sagas import SagaState
 from celery_sagas.web import OperatorAction, create_app
@@ -88,7 +89,8 @@ def test_resume_with_an_unresolved_step_is_refused(web: Web) -> None:
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"result": "{not json"}, "result is not JSON"),
-    ({"outcome": "maybe"}, "outcome is one of"),
+    ({"outcome": "maybe"}, "choose the outcome"),
+    ({"outcome": ""}, "choose the outcome"),
     ({"saga_id": ""}, "the form needs saga id"),
     ({"effect_id": " "}, "the form needs effect id"),
 ])
@@ -204,20 +206,31 @@ def test_an_observer_that_raises_changes_nothing(web: Web, caplog: pytest.LogCap
 # ---------------------------------------------------------------- signals, where they exist
 
 
+def signal_waiter(web: Web, saga_id: str = "sw-1") -> None:
+    """A saga waiting for the signal ``go`` (a minute at most)."""
+
+    @web.sagas.saga("web-signal-waiter")
+    def waiter(ctx: Any, data: Any) -> Any:
+        return ctx.wait_signal("go", timeout=60)
+
+    waiter.start({}, saga_id=saga_id)
+    web.shop.driver.run_until_idle()
+
+
 def test_the_signal_form_records_a_signal_in_the_saga(web: Web) -> None:
     # given
-    gated(web.shop)
+    signal_waiter(web)
 
     # when
-    page = web.get("/saga?id=g-1").get_data(as_text=True)
-    response = web.post("/actions/signal", {"saga_id": "g-1", "name": "poke",
+    page = web.get("/saga?id=sw-1").get_data(as_text=True)
+    response = web.post("/actions/signal", {"saga_id": "sw-1", "name": "go",
                                             "payload": '{"n": 1}', "signal_id": "s-1"})
 
     # then
-    assert 'value="signal"' in page or "/actions/signal" in page
+    assert 'name="name" value="go"' in page and "Send signal go" in page
     assert response.status_code == 303
-    record = web.sagas.get("g-1")
-    assert [(s.signal_id, s.name, s.payload) for s in record.signals] == [("s-1", "poke", {"n": 1})]
+    record = web.sagas.get("sw-1")
+    assert [(s.signal_id, s.name, s.payload) for s in record.signals] == [("s-1", "go", {"n": 1})]
 
 
 class _Signalling:
@@ -236,20 +249,20 @@ class _Signalling:
 
 def test_where_the_facade_has_signals_the_form_sends_one(web: Web) -> None:
     # given
-    gated(web.shop)
+    signal_waiter(web, "g-1")
     facade = _Signalling(web.sagas)
     app = create_app(facade, users=USERS, secret=CSRF_SECRET)  # type: ignore[arg-type]
     client = Web(web.shop, app, app.test_client())
 
     # when
     page = client.get("/saga?id=g-1").get_data(as_text=True)
-    response = client.post("/actions/signal", {"saga_id": "g-1", "name": "address-changed",
+    response = client.post("/actions/signal", {"saga_id": "g-1", "name": "go",
                                                "payload": '{"zip": "1000"}', "signal_id": "s-1"})
 
     # then
     assert 'value="signal"' in page
     assert response.status_code == 303
-    assert facade.sent == [("g-1", "address-changed", {"zip": "1000"}, "s-1")]
+    assert facade.sent == [("g-1", "go", {"zip": "1000"}, "s-1")]
 
 
 def test_a_refused_id_from_the_request_is_logged_as_its_repr(
@@ -263,3 +276,67 @@ def test_a_refused_id_from_the_request_is_logged_as_its_repr(
     [refused] = [r for r in caplog.records if getattr(r, "web_outcome", None) == "refused"]
     assert "\n" not in refused.getMessage()
     assert refused.saga_id == repr("o-1\nFAKE: admin resumed everything")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("action", ["cancel", "deny", "resolve"])
+def test_cancel_deny_and_resolve_first_show_a_confirmation_page_and_change_nothing(
+        web: Web, action: str) -> None:
+    # given
+    gated(web.shop)
+    effect = in_review(web.shop)
+    [pending] = web.sagas.approvals.pending("g-1")
+    form = {"cancel": {"saga_id": "g-1"}, "deny": {"approval_id": pending.approval_id},
+            "resolve": resolve_form(effect)}[action]
+    versions = (web.shop.record("g-1").version, web.shop.record("o-1").version)
+
+    # when
+    page = web.post(f"/actions/{action}", form, confirmed=False)
+
+    # then: a page with the same fields and a confirming button; nothing written
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200 and 'name="confirmed" value="yes"' in text
+    for value in form.values():
+        assert f'value="{escape(value)}"' in text
+    assert (web.shop.record("g-1").version, web.shop.record("o-1").version) == versions
+
+    # and: its button does it
+    confirmed = web.post(f"/actions/{action}", {**form, "confirmed": "yes"})
+    assert confirmed.status_code == 303
+
+
+def test_a_running_saga_offers_cancel_but_not_resume(web: Web) -> None:
+    # given
+    gated(web.shop)
+
+    # when
+    text = web.get("/saga?id=g-1").get_data(as_text=True)
+
+    # then
+    assert 'value="cancel"' in text and 'value="resume"' not in text
+
+
+def test_an_unresolved_ambiguity_offers_only_its_resolve_form_and_says_why(web: Web) -> None:
+    # given
+    in_review(web.shop)
+
+    # when
+    text = web.get("/saga?id=o-1").get_data(as_text=True)
+
+    # then
+    assert 'value="resolve"' in text
+    assert 'value="resume"' not in text and 'value="cancel"' not in text
+    assert "Resolve shop.charge first" in text
+    assert '<option value="" selected disabled>' in text  # the outcome has no default
+
+
+def test_a_final_saga_offers_nothing_and_says_so(web: Web) -> None:
+    # given
+    web.shop.start_order("done-1", id="done-1")
+    web.shop.driver.run_until_idle()
+
+    # when
+    text = web.get("/saga?id=done-1").get_data(as_text=True)
+
+    # then
+    assert 'method="post"' not in text
+    assert "nothing is left to do" in text

@@ -69,7 +69,7 @@ def test_an_operator_sees_the_forms(web: Web) -> None:
 
     # then
     text = web.get("/saga?id=o-1").get_data(as_text=True)
-    assert text.count('method="post"') >= 3
+    assert text.count('method="post"') >= 1
     assert f'name="csrf_token" value="{web.csrf()}"' in text
 
 
