@@ -3,9 +3,9 @@
 Authentication, the operator role, the origin and the CSRF token are checked before any of
 these runs (``_guard.gate``). Resolve, cancel and deny change what cannot be taken back: their
 first POST only renders a confirmation page holding the same fields, whose button posts them
-again with ``confirmed=yes`` (no script). Each goes through the adapter to the same facade call as the CLI, with the
-same refusals (rendered by the app's error handler), then redirects (303) to the saga's page,
-or back to the queue when the form came from there.
+again with ``confirmed=yes`` (no script). Each goes through the adapter to the same facade
+call as the CLI, with the same refusals (rendered by the app's error handler), then redirects
+(303) to the saga's page, or back to the queue when the form came from there.
 """
 
 from __future__ import annotations
