@@ -16,7 +16,7 @@ from .._records import (
 from . import codes
 from .compensation import commit_order
 
-__all__ = ["Finding", "FindingKind", "effect_finding", "review_advice", "saga_finding"]
+__all__ = ["Finding", "FindingKind", "effect_finding", "holds", "review_advice", "saga_finding"]
 
 
 class FindingKind(TextEnum):
@@ -116,6 +116,15 @@ def _exhausted(saga: SagaRecord) -> StepRecord | None:
     return failed[0] if failed else None
 
 
+_HELD = (StepState.WAITING, StepState.AWAITING_APPROVAL)
+
+
+def holds(step: StepRecord, stale_before_ms: int) -> bool:
+    """True when ``step`` holds its saga by design (a timer, a signal wait, a child saga, an
+    approval gate) and is not overdue: no wake-up time, or one less than ``stale_after`` past."""
+    return step.state in _HELD and (step.wake_at_ms is None or step.wake_at_ms >= stale_before_ms)
+
+
 def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:
     """The finding (docs/design.md §6) for an open saga, or None."""
     if saga.state not in _OPEN:
@@ -138,8 +147,8 @@ def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:
             return found(FindingKind.MANUAL_REVIEW, exhausted.name,
                          exhausted.compensation_effect_id)
         return found(FindingKind.MANUAL_REVIEW)
-    if any(step.state is StepState.WAITING for step in saga.steps):
-        return None  # a timer or a signal wait: quiet by design, not stale
+    if any(holds(step, stale_before_ms) for step in saga.steps):
+        return None  # waiting for a timer, a signal, a child or an approval: not stale
     if saga.updated_at_ms < stale_before_ms:
         return found(FindingKind.STALE)
     return None

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request
 
+from ._attention import STALE_READ, waits_of
 from ._request import page_error, source
 from ._source import PREFIX_READ, STATES, SagaFilter
 from ._timeline import chart, timeline
 from ._views import (
+    child_of,
     effect_rows,
     finding_forms,
     hint,
     lifecycle,
+    next_attempt,
     outcomes,
+    raised,
     resolution,
     saga_actions,
 )
@@ -23,6 +27,7 @@ blueprint = Blueprint("pages", __name__)
 PAGE_SIZE = 50
 UNDOING = ("compensating", "compensated", "compensation-failed")
 QUEUE_SIZE = 25
+QUEUE_KINDS = ("manual-review", "ambiguous-execution", "ambiguous-compensation", "stale", "corrupt")
 
 
 @blueprint.get("/")
@@ -30,7 +35,7 @@ def overview() -> str:
     """Sagas by state and definition, what waits for an operator, recent finishes."""
     data = source().overview()
     return render_template("overview.html", overview=data, chart=chart(data.finishes),
-                           states=[str(s) for s in STATES])
+                           states=[str(s) for s in STATES], stale_read=STALE_READ)
 
 
 @blueprint.get("/sagas")
@@ -57,7 +62,9 @@ def saga() -> str | tuple[str, int]:
         "saga.html", record=record, timeline=timeline(record, data.now_ms()),
         approvals=data.approvals_of(record), events=lifecycle(record), effects=effect_rows,
         payload=data.payload, resolution=resolution, outcomes=outcomes,
-        actions=saga_actions(record), undoing=UNDOING,
+        actions=saga_actions(record), undoing=UNDOING, raised=raised, child_of=child_of,
+        next_attempt=next_attempt, waits=waits_of(record),
+        children=[child for step in record.steps if (child := child_of(step)) is not None],
     )
 
 
@@ -66,7 +73,9 @@ def attention() -> str:
     """The findings queue and the approvals waiting for a decision, each with its forms."""
     args = request.args
     data = source()
-    findings = data.findings(args.get("cursor") or None, limit=QUEUE_SIZE)
+    kind = args.get("kind") or None
+    findings = data.findings(args.get("cursor") or None, limit=QUEUE_SIZE, kind=kind)
     approvals = data.approvals_waiting(args.get("approvals") or None, limit=QUEUE_SIZE)
     return render_template("attention.html", findings=findings, approvals=approvals, hint=hint,
-                           forms=finding_forms, outcomes=outcomes)
+                           forms=finding_forms, outcomes=outcomes, kind=kind, kinds=QUEUE_KINDS,
+                           waiting=data.waiting(QUEUE_SIZE), now_ms=data.now_ms())

@@ -6,14 +6,15 @@ list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
 - the overview's numbers are store counts from the indexes: per state (``sagas.counts()``),
   per state and definition (``count(..., label=definition)``), completions and compensations
   per minute (``count(..., updated_after_ms=, updated_before_ms=)``; the count of a minute
-  long past is kept, since a final saga is never written again), sagas needing an operator
-  (manual review, plus running or compensating not updated for ``stale_after``) and pending
-  approvals;
+  long past is kept, since a final saga is never written again); sagas needing an operator
+  (manual review, plus the open sagas not updated for ``stale_after`` that the findings judge
+  stale, not those waiting by design: ``_attention``) and pending approvals whose gate still
+  waits;
 - the sagas list is one page of ``sagas.browse(states, definition=...)``: the store filters
   by state and definition. Only the id prefix, which no index holds, is filtered here: on the
   envelopes of the store's scan (only matches are decoded), at most ``PREFIX_READ`` per
   request, with a cursor to go on from there;
-- one saga is one ``sagas.get``; the findings queue is one page of ``sagas.findings``.
+- one saga is one ``sagas.get``; the queue is one page of ``sagas.findings("sagas")``.
 
 Where the facade has no call, this module uses the store and two internal modules (named in
 ``docs/operations.md``, "The web UI"): the record kinds (``_records``) for counts, the codec
@@ -39,6 +40,7 @@ from celery_sagas import (
     CorruptRecord,
     Envelope,
     Finding,
+    FindingKind,
     RecordPage,
     SagaRecord,
     SagaState,
@@ -54,6 +56,7 @@ from .. import _values as values
 from .._codec import Codec
 from .._records import APPROVAL, SAGA
 from .._scans import Scans
+from ._attention import STALE_READ, Attention, WaitingRow, judge_stale, live_gate, waiting_rows
 from ._events import Announce, OperatorAction
 
 if TYPE_CHECKING:
@@ -65,7 +68,6 @@ __all__ = [
     "MINUTE_MS",
     "PREFIX_READ",
     "STATES",
-    "Attention",
     "DefinitionRow",
     "Finishes",
     "Overview",
@@ -83,6 +85,8 @@ STATES = (SagaState.MANUAL_REVIEW, SagaState.RUNNING, SagaState.COMPENSATING,
           SagaState.COMPLETED, SagaState.COMPENSATED)
 _OPEN = [str(SagaState.RUNNING), str(SagaState.COMPENSATING)]
 _FINAL = (SagaState.COMPLETED, SagaState.COMPENSATED)
+_KINDS = frozenset(str(k) for k in FindingKind)
+_QUEUE_PAGES = 8  # pages of the findings walk one filtered queue page reads at most
 _CURSOR_VERSION = 2
 _MAX_CURSOR = 4096
 _MAX_BROWSE = 1000
@@ -109,20 +113,6 @@ class DefinitionRow:
     def total(self) -> int:
         """Sagas of this definition in every state."""
         return sum(self.counts.values())
-
-
-@dataclass(frozen=True, slots=True)
-class Attention:
-    """Sagas an operator should look at: in manual review, or open and not updated for
-    ``stale_after`` (each is one saga finding, docs/design.md §6)."""
-
-    manual_review: int
-    stale: int
-
-    @property
-    def total(self) -> int:
-        """Both together."""
-        return self.manual_review + self.stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,19 +250,45 @@ class SagaSource:
     # ------------------------------------------------------------ overview
 
     def overview(self, minutes: int = 60) -> Overview:
-        """Counts by state and by definition, finishes per minute, what waits for an operator."""
+        """Counts by state and by definition, finishes per minute, what waits for an operator.
+
+        The counts are read one after another while sagas move, so they are made to agree:
+        a state's total is the sum of its definitions' rows plus the others (never below
+        zero), and manual review in the attention figure is that same total."""
         now = self.now_ms()
-        by_state = self._sagas.counts()
-        rows = [DefinitionRow(name, self._by_definition(name, by_state)) for name in self.definitions()]
-        others = {state: by_state[state] - sum(r.counts[state] for r in rows) for state in by_state}
+        raw = self._sagas.counts()
+        rows = [DefinitionRow(name, self._by_definition(name, raw)) for name in self.definitions()]
+        others = {state: max(0, raw[state] - sum(r.counts[state] for r in rows)) for state in raw}
         if any(others.values()):
             rows.append(DefinitionRow(None, others))
+        by_state = {state: sum(r.counts[state] for r in rows) for state in raw}
         stale_before = max(0, now - self._sagas.settings.timing.stale_ms)
-        store = self._sagas.store
-        attention = Attention(by_state[str(SagaState.MANUAL_REVIEW)],
-                              store.count(SAGA, _OPEN, updated_before_ms=stale_before))
+        review = by_state[str(SagaState.MANUAL_REVIEW)]
+        past = self._sagas.store.count(SAGA, _OPEN, updated_before_ms=stale_before)
+        attention = judge_stale(self._scans, stale_before, review) if past else Attention(review, 0)
         return Overview(by_state, tuple(rows), self._finishes(now, minutes), attention,
-                        store.count(APPROVAL, [str(ApprovalState.PENDING)]))
+                        self._live_approvals())
+
+    @property
+    def _scans(self) -> Scans:
+        return Scans(self._sagas.store, self._codec, display=True)
+
+    def _live_approvals(self) -> int:
+        """Pending approvals whose gate still waits: read (up to ``STALE_READ``) and checked
+        when there are few enough, else the index's count of pending ones."""
+        pending = self._sagas.store.count(APPROVAL, [str(ApprovalState.PENDING)])
+        if pending == 0 or pending > STALE_READ:
+            return pending
+        page = self._scans.approvals([ApprovalState.PENDING], limit=max(1, pending))
+        return sum(1 for r in page.records if live_gate(r, self.saga)) + len(page.corrupt)
+
+    def stale_before_ms(self) -> int:
+        """Open sagas updated before this instant are past ``stale_after``."""
+        return max(0, self.now_ms() - self._sagas.settings.timing.stale_ms)
+
+    def waiting(self, limit: int = 25) -> list[WaitingRow]:
+        """Open sagas past ``stale_after`` that wait by design, with what for and until when."""
+        return waiting_rows(self._scans, self.stale_before_ms(), limit)
 
     def _by_definition(self, name: str, by_state: dict[str, int]) -> dict[str, int]:
         """Per state, the sagas of one definition (a state empty overall is not counted)."""
@@ -409,17 +425,27 @@ class SagaSource:
 
     # ------------------------------------------------------------ findings and approvals
 
-    def findings(self, cursor: str | None = None, limit: int = 25) -> FindingRows:
-        """One page of the findings queue (SagaValidationError for a bad cursor)."""
-        page = self._sagas.findings("all", cursor=cursor, limit=limit)
-        return FindingRows(page.findings, page.cursor)
+    def findings(self, cursor: str | None = None, limit: int = 25,
+                 kind: str | None = None) -> FindingRows:
+        """One page of the sagas needing an operator (one finding per saga), oldest first
+        within the page, of one ``kind`` when given (pages of the walk are read until the
+        page is full or ``_QUEUE_PAGES`` were read); SagaValidationError for a bad cursor."""
+        if kind is not None and kind not in _KINDS:
+            raise SagaValidationError(f"unknown finding kind {kind!r}")
+        found: list[Finding] = []
+        for _ in range(_QUEUE_PAGES if kind else 1):
+            page = self._sagas.findings("sagas", cursor=cursor, limit=limit)
+            found += [f for f in page.findings if kind is None or str(f.kind) == kind]
+            cursor = page.cursor
+            if cursor is None or len(found) >= limit:
+                break
+        return FindingRows(tuple(sorted(found, key=lambda f: f.updated_at_ms or 0)), cursor)
 
     def approvals_waiting(self, cursor: str | None = None, limit: int = 25) -> ApprovalPage:
-        """One page of pending approvals, oldest first."""
-        scans = Scans(self._sagas.store, self._codec, display=True)
-        page = scans.approvals([ApprovalState.PENDING], cursor=cursor, limit=limit)
-        return ApprovalPage(tuple(ApprovalView.of(r) for r in page.records), page.corrupt,
-                            page.cursor)
+        """One page of pending approvals whose gate still waits, oldest first."""
+        page = self._scans.approvals([ApprovalState.PENDING], cursor=cursor, limit=limit)
+        live = [r for r in page.records if live_gate(r, self.saga)]
+        return ApprovalPage(tuple(ApprovalView.of(r) for r in live), page.corrupt, page.cursor)
 
     # ------------------------------------------------------------ actions
 

@@ -22,6 +22,7 @@ from .._cli_format import iso
 from .._protocol.findings import review_advice
 from .._protocol.moves import unresolved_ambiguity
 from .._protocol.waiting import signal_name_of
+from .._records import CHILD_TASK
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
@@ -32,13 +33,17 @@ __all__ = [
     "EXECUTION",
     "EffectRow",
     "LifecycleRow",
+    "Raised",
     "SagaActions",
+    "child_of",
     "effect_rows",
     "finding_forms",
     "hint",
     "iso",
     "lifecycle",
+    "next_attempt",
     "outcomes",
+    "raised",
     "resolution",
     "saga_actions",
 ]
@@ -166,6 +171,38 @@ def hint(finding: Finding) -> str:
         return ("Encrypted with a key not in sagas_encryption_keys: list that key again and "
                 "restart. Nothing acts on it meanwhile.")
     return f"The {finding.record_kind} record failed read validation: inspect it in the store."
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """An exception as a record keeps it (``"Type: message"``): its type and its message."""
+
+    type: str
+    message: str
+
+
+def raised(text: str | None) -> Raised | None:
+    """The type and message of a recorded exception text, or None."""
+    if not text:
+        return None
+    name, sep, message = text.partition(": ")
+    if sep and name.replace(".", "").replace("_", "").isalnum():
+        return Raised(name, message)
+    return Raised(text, "") if text.replace(".", "").replace("_", "").isalnum() else Raised("", text)
+
+
+def child_of(step: StepRecord) -> str | None:
+    """The id of the child saga a step started, or None for any other step."""
+    child = step.kwargs.get("saga_id") if step.task == CHILD_TASK else None
+    return child if isinstance(child, str) else None
+
+
+def next_attempt(record: SagaRecord, step: StepRecord) -> int | None:
+    """When the step's next attempt is due, or None when none will come by itself: nothing
+    is retried while the saga waits in manual review (an exhausted compensation among them)."""
+    if record.state is SagaState.MANUAL_REVIEW or record.state.final:
+        return None
+    return step.next_attempt_at_ms
 
 
 # ---------------------------------------------------------------- effects and lifecycle

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from celery_sagas._protocol import codes
 from celery_sagas._protocol.findings import Finding, FindingKind, effect_finding, saga_finding
-from celery_sagas._records import EffectRecord, EffectState, SagaState
+from celery_sagas._records import TIMER_TASK, EffectRecord, EffectState, SagaState, StepState
 
 from .protocol_builders import (
     AM,
@@ -147,13 +149,25 @@ def test_manual_review_of_a_saga_without_steps() -> None:
 
 
 @pytest.mark.parametrize("state", [SS.RUNNING, SS.COMPENSATING], ids=str)
-@pytest.mark.parametrize("variant", [CM, FL, CF, CD, AW, None])
+@pytest.mark.parametrize("variant", [CM, FL, CF, CD, None])
 def test_a_quiet_live_saga_is_stale_only_when_older(state: SagaState, variant: str | None) -> None:
     record = saga(*([] if variant is None else [step(variant, "a")]), state=state)
     found = saga_finding(record, OLD)
     assert found is not None
     assert (found.kind, found.step, found.effect_id) == (K.STALE, None, None)
     assert saga_finding(record, FRESH) is None
+
+
+def test_a_saga_at_an_approval_gate_waits_and_is_never_stale() -> None:
+    assert saga_finding(saga(step(AW, "a"), state=SS.RUNNING), OLD) is None
+
+
+@pytest.mark.parametrize(("wake_at", "stale"), [(None, False), (OLD, False), (OLD - 1, True)])
+def test_a_wait_is_stale_only_once_its_wake_up_is_past_stale_after(wake_at: int | None,
+                                                                   stale: bool) -> None:
+    waiting = replace(step(CM, "a"), state=StepState.WAITING, task=TIMER_TASK, wake_at_ms=wake_at)
+    found = saga_finding(saga(waiting, state=SS.RUNNING), OLD)
+    assert (found is not None and found.kind is K.STALE) is stale
 
 
 @pytest.mark.parametrize("state", [SS.COMPLETED, SS.COMPENSATED], ids=str)

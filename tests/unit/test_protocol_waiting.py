@@ -208,8 +208,13 @@ def test_a_waiting_step_makes_the_saga_due_at_its_wake_up() -> None:
     assert due_at(saga(timer(wake=NOW + 9), state=SagaState.MANUAL_REVIEW)) is None
 
 
-def test_a_waiting_saga_is_no_stale_finding() -> None:
-    assert saga_finding(saga(step(CM_, "a"), timer()), stale_before_ms=NOW * 2) is None
+def test_a_waiting_saga_is_no_stale_finding_until_its_wake_up_is_past_stale_after() -> None:
+    waiting = saga(step(CM_, "a"), timer())
+    wake = waiting.steps[-1].wake_at_ms
+    assert wake is not None
+    assert saga_finding(waiting, stale_before_ms=wake) is None
+    overdue = saga_finding(waiting, stale_before_ms=wake + 1)  # beat has not run the sweep
+    assert overdue is not None and str(overdue.kind) == "stale"
 
 
 # ---------------------------------------------------------------- signal notes
