@@ -291,31 +291,3 @@ def test_a_saga_id_holding_a_script_renders_as_text_everywhere(web: Web) -> None
     saga_page = text_of(web, "/saga?id=%3Cscript%3Ealert(1)%3C/script%3E")
     assert f'<span class="id" id="saga-id">{escaped}</span>' in saga_page
     assert f'name="saga_id" value="{escaped}"' in saga_page
-
-
-def test_a_saga_waiting_for_a_signal_and_its_child_show_on_their_pages(web: Web) -> None:
-    # given: a parent whose child saga waits for a signal
-    sagas = web.sagas
-
-    @sagas.saga("web-child")
-    def child(ctx: Any, data: Any) -> Any:
-        return ctx.wait_signal("go", timeout=60)
-
-    @sagas.saga("web-parent")
-    def parent(ctx: Any, data: Any) -> Any:
-        ctx.sleep(0)
-        return ctx.child(child, {})
-
-    parent.start({}, saga_id="wp-1")
-    web.shop.clock.advance(1)
-    sagas.sweep()
-    child_id = sagas.get("wp-1").steps[1].kwargs["saga_id"]
-
-    # when
-    parent_page = web.get("/saga?id=wp-1")
-    child_page = web.get(f"/saga?id={child_id}")
-
-    # then
-    assert parent_page.status_code == child_page.status_code == 200
-    assert "waiting" in parent_page.get_data(as_text=True)
-    assert "signal:go" in child_page.get_data(as_text=True)
