@@ -1,0 +1,177 @@
+"""An async web route that starts sagas: ``sagas.aio`` against the sync client in a thread
+pool, measured in the same run (issue 30); and how soon ``aio.wait`` returns once a saga ended.
+
+Starts: uvicorn serves ``bench/async_app.py`` (one process); each round fires ``--concurrency``
+requests at once at ``POST /aio`` or ``POST /sync`` (alternating which goes first) with
+httpx's async client, and records each request's latency and the round's requests/s. The
+figures are the medians over the rounds of each round's p50, p99 and requests/s.
+
+Wait: with a real worker running the saga, ``--waits`` sagas are started and awaited
+concurrently with ``aio.wait``; the delay of each is the time ``wait`` returned minus the
+saga's ``updated_at_ms`` (the settle write, same machine clock). Target: median <= 20 ms.
+
+    .venv/bin/python -m bench.async_start                              # Redis store
+    .venv/bin/python -m bench.async_start --store postgresql+psycopg://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from bench.common import (
+    RESULTS,
+    ROOT,
+    free_port,
+    git_commit,
+    machine,
+    median,
+    percentile,
+    start_worker,
+    wait_until,
+    write_json,
+)
+
+_REDIS = os.environ.get("CELERY_SAGAS_TEST_REDIS", "redis://127.0.0.1:6379/15")
+_BROKER = os.environ.get("CELERY_SAGAS_TEST_BROKER", "redis://127.0.0.1:6379/14")
+
+
+async def _round(base: str, route: str, concurrency: int) -> dict[str, float]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=120) as http:
+        await http.post(f"/{route}")  # a warm connection pool on both sides
+
+        async def one() -> float:
+            began = time.perf_counter()
+            response = await http.post(f"/{route}")
+            response.raise_for_status()
+            return (time.perf_counter() - began) * 1000
+
+        began = time.perf_counter()
+        latencies = await asyncio.gather(*(one() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99),
+            "rps": concurrency / elapsed}
+
+
+def _serve(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "bench.async_app:web", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning", "--backlog", "2048"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{base}/docs", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 60, "uvicorn")
+    return proc, base
+
+
+async def _waits(n: int) -> list[float]:
+    from bench.async_app import sagas
+
+    aio = sagas.aio
+    try:
+        async def one(i: int) -> float:
+            handle = await aio.start("async-bench", {"i": i}, saga_id=f"w-{uuid.uuid4().hex}")
+            record = await handle.wait(timeout=120)
+            returned = time.time() * 1000
+            assert record.state == "completed", record.state
+            return returned - record.updated_at_ms
+
+        delays = []
+        for batch in range(0, n, 10):  # ten at a time: a wait, not a queue, is measured
+            delays += await asyncio.gather(*(one(i) for i in range(batch, min(n, batch + 10))))
+        return delays
+    finally:
+        await aio.aclose()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default=_REDIS, help="store URL (default: CELERY_SAGAS_TEST_REDIS)")
+    parser.add_argument("--broker", default=_BROKER, help="Redis broker URL")
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--waits", type=int, default=100)
+    args = parser.parse_args()
+    prefix = "ab" + uuid.uuid4().hex[:8]
+    env = {**os.environ, "ASYNC_BENCH_STORE": args.store, "ASYNC_BENCH_BROKER": args.broker,
+           "ASYNC_BENCH_PREFIX": prefix, "ASYNC_BENCH_QUEUE": f"q-{prefix}", "PYTHONPATH": str(ROOT)}
+    os.environ.update({k: v for k, v in env.items() if k.startswith("ASYNC_BENCH_")})
+    tmp = Path(tempfile.mkdtemp(prefix="async-bench-"))
+    server, base = _serve(env, tmp / "uvicorn.log")
+    rounds: dict[str, list[dict[str, float]]] = {"aio": [], "sync": []}
+    try:
+        for r in range(args.rounds):
+            order = ("aio", "sync") if r % 2 == 0 else ("sync", "aio")
+            for route in order:
+                rounds[route].append(asyncio.run(_round(base, route, args.concurrency)))
+                print(f"round {r + 1} {route:4}: {rounds[route][-1]}  load {os.getloadavg()[0]:.2f}")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    env["ASYNC_BENCH_READY"] = str(tmp / "ready")
+    worker = start_worker("bench.async_app", f"q-{prefix}", env, tmp / "worker.log",
+                          tmp / "ready", concurrency=2)
+    try:
+        delays = asyncio.run(_waits(args.waits))
+    finally:
+        worker.stop()
+        _wipe(args.store, prefix)
+    summary = {side: {k: median(r[k] for r in runs) for k in ("p50_ms", "p99_ms", "rps")}
+               for side, runs in rounds.items()}
+    summary["wait_delay_ms"] = {"median": median(delays), "p99": percentile(delays, 99)}
+    load = os.getloadavg()[0]
+    print(f"\nstore {args.store.split('://')[0]}, {args.concurrency} concurrent requests, "
+          f"{args.rounds} rounds (load {load:.2f})")
+    for side in ("aio", "sync"):
+        s = summary[side]
+        print(f"  {side:4}: p50 {s['p50_ms']:7.1f} ms  p99 {s['p99_ms']:7.1f} ms  "
+              f"{s['rps']:6.1f} requests/s")
+    print(f"  aio/sync requests/s: {summary['aio']['rps'] / summary['sync']['rps']:.2f}")
+    print(f"  aio.wait after the saga ended: median {summary['wait_delay_ms']['median']:.1f} ms, "
+          f"p99 {summary['wait_delay_ms']['p99']:.1f} ms (target: median <= 20 ms)")
+    write_json(RESULTS / "async_start.json", {"machine": machine(), "commit": git_commit(),
+                                              "args": vars(args), "rounds": rounds,
+                                              "summary": summary, "load_end": load})
+    return 0
+
+
+def _wipe(store: str, prefix: str) -> None:
+    if store.startswith(("redis://", "rediss://")):
+        from redis import Redis
+
+        client = Redis.from_url(store)
+        keys = list(client.scan_iter(match=f"{{{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        return
+    from celery_sagas.stores.sql.store import SqlStore
+
+    SqlStore.from_url(store, table_prefix=f"{prefix}_").drop_tables()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
