@@ -30,7 +30,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-from typing import Any
 
 import httpx
 
