@@ -18,7 +18,7 @@ from typing import Any
 from . import errors
 from ._approvals.gate import ApprovalGate, PendingApproval
 from ._celery import Saga, SagaHandle, Sagas, SagaSchedule
-from ._context import SagaContext, StepContext
+from ._context import CompensationReason, SagaContext, StepContext
 from ._events import FindingEvent, LifecycleEvent, Phase, Stage
 from ._findings import FindingPage
 from ._protocol.findings import Finding, FindingKind
@@ -50,6 +50,7 @@ __all__ = [
     "ApprovalRecord",
     "ApprovalState",
     "Binding",
+    "CompensationReason",
     "CorruptRecord",
     "EffectRecord",
     "EffectState",

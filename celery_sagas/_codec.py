@@ -134,6 +134,7 @@ _STEP: dict[str, _Field] = {
     "execution": _maybe(dict, _mark),
     "compensation": _maybe(dict, _mark),
     "exception": _maybe(str),
+    "outcome_unknown": _maybe(bool),
 }
 
 _SIGNAL: dict[str, _Field] = {

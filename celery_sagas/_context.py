@@ -48,7 +48,14 @@ from ._records import (
 from .errors import SagaValidationError, SignalTimeout, StepNotCommitted
 
 __all__ = [
-    "APPROVAL_TASK", "Call", "ChildCall", "SagaContext", "StepContext", "replay", "signature_of",
+    "APPROVAL_TASK",
+    "Call",
+    "ChildCall",
+    "CompensationReason",
+    "SagaContext",
+    "StepContext",
+    "replay",
+    "signature_of",
     "step_accepts",
 ]
 
@@ -57,14 +64,37 @@ logger = logging.getLogger("celery_sagas.engine")
 
 
 @dataclass(frozen=True, slots=True)
+class CompensationReason:
+    """Why a saga compensates: the step and error code that turned it back (``step`` is None
+    when ``run`` refused to go on, or the saga was cancelled: code ``cancelled``)."""
+
+    code: str
+    step: str | None = None
+
+    def __str__(self) -> str:
+        return self.code if self.step is None else f"{self.step}: {self.code}"
+
+
+@dataclass(frozen=True, slots=True)
 class StepContext:
-    """Handed to a step or compensator body that declares a keyword ``saga``."""
+    """Handed to a step or compensator body that declares a keyword ``saga``.
+
+    A compensator's context also says what it undoes and why: ``input`` (the saga's input),
+    ``forward_effect_id`` (the effect id of the step being undone: the idempotency key its
+    provider saw), ``reason`` (a ``CompensationReason``) and ``outcome`` (``"committed"``, or
+    ``"unknown"`` for a step declared ``compensate_unknown`` whose outcome is unknown: there
+    may be nothing to undo). They are None for a step body.
+    """
 
     saga_id: str
     step: str
     effect_id: str
     attempt: int
     stage: Stage = Stage.EXECUTION
+    input: Any = None
+    forward_effect_id: str | None = None
+    reason: CompensationReason | None = None
+    outcome: str | None = None
 
     @property
     def idempotency_key(self) -> str:

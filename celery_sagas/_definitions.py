@@ -265,7 +265,8 @@ class Registry:
         if cached is not None:
             return cached
         steps: Mapping[str, StepPolicy] = {
-            name: StepPolicy(o.idempotent, o.attempts_per_effect) for name, o in self.steps.items()
+            name: StepPolicy(o.idempotent, o.attempts_per_effect, o.compensate_unknown)
+            for name, o in self.steps.items()
         }
         idempotent = frozenset(n for n, o in self.compensators.items() if o.idempotent)
         limits = {n: o.time_limit_ms for n, o in self.compensators.items() if o.time_limit_ms}

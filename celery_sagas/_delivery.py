@@ -20,13 +20,18 @@ from enum import Enum
 from typing import Any
 
 from . import _values as values
-from ._context import StepContext
+from ._context import CompensationReason, StepContext
 from ._definitions import Backoff, StepOptions
 from ._engine import Engine
 from ._events import Phase, Stage
 from ._liveness import claim_tag, dead_effects
 from ._protocol import codes, moves
-from ._protocol.compensation import check_backoff, default_backoff_ms, full_jitter_ms
+from ._protocol.compensation import (
+    check_backoff,
+    default_backoff_ms,
+    full_jitter_ms,
+    rollback_reason,
+)
 from ._protocol.decide import judge_in_flight
 from ._protocol.decisions import Vanished
 from ._protocol.notes import ClaimNote
@@ -367,14 +372,16 @@ class Delivery:
         if outcome.kind is _Kind.FAILED:
             return failed
         transient = outcome.kind is _Kind.TRANSIENT
-        unknown: Move = failed if transient else lambda s: moves.step_ambiguous(s, ref, code, now)
+        declared = options.compensate_unknown
+        unknown: Move = failed if transient else (
+            lambda s: moves.step_ambiguous(s, ref, code, now, compensate=declared))
         if step.attempts >= options.attempts_per_effect or not (transient or options.idempotent):
             return unknown
         delay = self._retry_delay(options.backoff, step.attempts)
         if delay is None:
             # No retry can be scheduled: the outcome stays unknown, under its own code.
-            return failed if transient else (
-                lambda s: moves.step_ambiguous(s, ref, codes.INVALID_RETRY_POLICY, now))
+            return failed if transient else (lambda s: moves.step_ambiguous(
+                s, ref, codes.INVALID_RETRY_POLICY, now, compensate=declared))
         retry_at = now + delay
 
         def release(s: SagaRecord) -> SagaRecord:
@@ -398,8 +405,7 @@ class Delivery:
 
     def _compensate(self, claimed: SagaRecord, body: CompensationBody) -> SagaRecord | None:
         step = self._step_of(claimed)
-        ctx = StepContext(self.saga_id, step.name, self.effect_id, step.compensation_attempts,
-                          Stage.COMPENSATION)
+        ctx = _compensation_context(claimed, step, self.effect_id)
         started = time.monotonic()
         exception = None
         try:
@@ -447,6 +453,15 @@ class Delivery:
         if delay is not None and backoff is default_backoff_ms:
             delay = full_jitter_ms(delay, self.engine.draw())
         return delay
+
+
+def _compensation_context(saga: SagaRecord, step: StepRecord, effect_id: str) -> StepContext:
+    """What a compensator's ``saga`` keyword holds: its attempt, and what it undoes and why."""
+    step_name, code = rollback_reason(saga)
+    return StepContext(saga.saga_id, step.name, effect_id, step.compensation_attempts,
+                       Stage.COMPENSATION, input=saga.input, forward_effect_id=step.effect_id,
+                       reason=CompensationReason(code, step_name),
+                       outcome="unknown" if step.outcome_unknown else "committed")
 
 
 def _error_code(exc: BaseException, default: str) -> str:

@@ -417,7 +417,8 @@ class Engine:
         else:
             ref, stage = AttemptRef.execution(step), Stage.EXECUTION
             after = (moves.release_step(saga, ref, now, decision.error_code, now) if decision.retry
-                     else moves.step_ambiguous(saga, ref, decision.error_code, now))
+                     else moves.step_ambiguous(saga, ref, decision.error_code, now,
+                                               compensate=decision.compensate))
         phase = Phase.FAILED if decision.retry else Phase.AMBIGUOUS
         return Plan(after=after, then=(lambda w: self.emit(w, step, stage, phase, decision.error_code),))
 

@@ -200,6 +200,9 @@ class StepRecord:
         exception: the type and message of the exception the step's body (or its compensator)
             last raised (``"TimeoutError: provider did not answer"``), or None. Written by
             your own code, so it is kept with the payloads, never logged by the library.
+        outcome_unknown: True when the step's outcome was unknown and it is compensated
+            anyway, as its ``compensate_unknown=True`` declares (its execution effect stays
+            ``unknown``); None otherwise.
     """
 
     name: str
@@ -226,6 +229,7 @@ class StepRecord:
     execution: EffectMark | None = None
     compensation: EffectMark | None = None
     exception: str | None = None
+    outcome_unknown: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ __all__ = [
     "default_backoff_ms",
     "full_jitter_ms",
     "plan_compensation",
+    "rollback_reason",
 ]
 
 # Past a year "now + delay" stops meaning anything (and near 2**53 it leaves the safe range).
@@ -54,6 +55,20 @@ def commit_order(saga: SagaRecord) -> list[StepRecord]:
 
 
 _TO_UNDO = (StepState.COMMITTED, StepState.COMPENSATION_FAILED)
+
+
+def rollback_reason(saga: SagaRecord) -> tuple[str | None, str]:
+    """(step, code) that turned the saga back: the latest step that failed with the saga's
+    error code, or whose unknown outcome is being compensated (its execution effect keeps the
+    code); no step when ``run`` refused or the saga was cancelled."""
+    code = saga.error_code or codes.CANCELLED
+    for step in reversed(saga.steps):
+        if step.state is StepState.FAILED and step.error_code == code:
+            return step.name, code
+        if step.outcome_unknown and step.execution is not None \
+                and step.execution.error_code == code:
+            return step.name, code
+    return None, code
 
 
 def plan_compensation(saga: SagaRecord, now_ms: int, max_compensation_attempts: int) -> Decision:

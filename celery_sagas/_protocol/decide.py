@@ -43,7 +43,8 @@ def _vanished(step: StepRecord, policy: SagaPolicy, rolling_back: bool, code: st
         return Vanished(step, compensation=True, retry=retry, error_code=code)
     options = policy.step(step.task)
     retry = options.idempotent and step.attempts < options.attempts_per_effect and not rolling_back
-    return Vanished(step, compensation=False, retry=retry, error_code=code)
+    return Vanished(step, compensation=False, retry=retry, error_code=code,
+                    compensate=options.compensate_unknown)
 
 
 def judge_in_flight(
@@ -110,7 +111,8 @@ def _in_flight(
             # An idempotent step released for a retry: its last attempt may have committed,
             # and no retry starts while rolling back, so its outcome stays unknown.
             return Vanished(step, compensation=False, retry=False,
-                            error_code=step.error_code or codes.STEP_ERROR)
+                            error_code=step.error_code or codes.STEP_ERROR,
+                            compensate=policy.step(step.task).compensate_unknown)
         verdict = judge_in_flight(step, now_ms, policy, dead, rolling_back=saga.rolling_back)
         if not isinstance(verdict, Wait):
             return verdict

@@ -33,6 +33,7 @@ class StepPolicy:
 
     idempotent: bool = False
     attempts_per_effect: int = 1
+    compensate_unknown: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +89,14 @@ class Redispatch:
 
 @dataclass(frozen=True, slots=True)
 class Vanished:
-    """A claimed attempt went silent: retry it (idempotent) or declare it ambiguous."""
+    """A claimed attempt went silent: retry it (idempotent), declare it ambiguous, or (a step
+    declared ``compensate_unknown``, ``compensate``) compensate it."""
 
     step: StepRecord
     compensation: bool
     retry: bool
     error_code: str
+    compensate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

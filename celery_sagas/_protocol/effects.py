@@ -116,6 +116,8 @@ def _execution_target(step: StepRecord) -> _Target | None:
         if step.started_at_ms is not None:
             return EXECUTING, step.started_at_ms
         return (ADMISSION, step.dispatched_at_ms) if step.attempts == 0 else (EXECUTING, None)
+    if step.outcome_unknown:
+        return UNKNOWN, None  # compensated as declared (compensate_unknown): never known
     if step.state is StepState.COMMITTED:
         return COMMITTED, step.committed_at_ms
     state = _EXECUTION.get(step.state)

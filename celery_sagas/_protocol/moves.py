@@ -68,6 +68,7 @@ __all__ = [
     "start_compensation",
     "step_ambiguous",
     "to_manual_review",
+    "unknown_reason",
     "unknown_task",
     "unresolved_ambiguity",
     "wake_step",
@@ -171,18 +172,31 @@ def derive_state(saga: SagaRecord) -> SagaRecord:
     return saga
 
 
+def unknown_reason(step: StepRecord, code: str | None) -> str:
+    """Why a saga compensates a step declared ``compensate_unknown`` (ids, never payloads)."""
+    return (f"step {step.name!r} effect {step.effect_id}: outcome unknown ({code}); "
+            "compensated as declared (compensate_unknown)")
+
+
 def _rollback_cause(saga: SagaRecord) -> tuple[str | None, str | None]:
     if not saga.rolling_back:
         return None, None
     for step in saga.steps:
         if step.state is StepState.FAILED and step.error_code != codes.NOT_STARTED:
             return step.error_code, f"step {step.name!r} did not commit ({step.error_code})"
+        if step.outcome_unknown and step.error_code is not None:
+            return step.error_code, unknown_reason(step, step.error_code)
     return codes.CANCELLED, "cancelled"
+
+
+def _rolls_back(changes: dict[str, Any]) -> bool:
+    """A known failure, or an unknown outcome compensated as declared, turns a saga back."""
+    return changes.get("state") is StepState.FAILED or bool(changes.get("outcome_unknown"))
 
 
 def _step_move(saga: SagaRecord, step: StepRecord, now_ms: int, **changes: Any) -> SagaRecord:
     moved = replace(saga, steps=_swap(saga, step, **changes))
-    if changes.get("state") is StepState.FAILED and not saga.rolling_back:
+    if _rolls_back(changes) and not saga.rolling_back:
         moved = replace(moved, rolling_back=True)
         if saga.state is SagaState.RUNNING:
             code, reason = _rollback_cause(moved)
@@ -282,9 +296,13 @@ def fail_step(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int) -
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
 
 
-def step_ambiguous(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int) -> SagaRecord:
+def step_ambiguous(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int, *,
+                   compensate: bool = False) -> SagaRecord:
     """A started step's outcome is unknown: never guessed, sent to review once others settle.
 
+    With ``compensate`` (the step declared ``compensate_unknown=True``) the step is compensated
+    instead, as if committed: ``outcome_unknown`` is set, its execution effect stays unknown,
+    and the saga rolls back as for a known failure, its reason saying the outcome was unknown.
     While rolling back this also takes a step released for a retry that will not run now.
     """
     step = _find(saga, ref.step, ref.effect_id, "step_ambiguous", compensation=False)
@@ -293,6 +311,10 @@ def step_ambiguous(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: i
           started=None if released else True)
     if step.attempts != ref.attempt:
         raise _illegal(saga, "step_ambiguous: another attempt", step)
+    if compensate and step.compensator is not None:
+        return _step_move(saga, step, now_ms, state=StepState.COMMITTED, outcome_unknown=True,
+                          error_code=_code(error_code), result=None, next_attempt_at_ms=None,
+                          committed_at_ms=_commit_stamp(saga, step, now_ms))
     return _step_move(saga, step, now_ms, state=StepState.AMBIGUOUS, error_code=_code(error_code))
 
 

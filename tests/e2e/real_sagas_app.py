@@ -4,7 +4,10 @@ It is ``tests.e2e.app`` (same environment variables, broker, store and worker se
 the sagas the reference ports needed:
 
 - ``real-limited``: reserve, then ``real.call``, which the provider rate-limits as often as
-  the plan's ``limited`` says (``retry_on=(RateLimited,)``, ``retries=3``).
+  the plan's ``limited`` says (``retry_on=(RateLimited,)``, ``retries=3``);
+- ``real-label``: reserve, buy a label (``compensate_unknown=True``: its cancel runs whatever
+  the purchase's outcome), ship. The plan's ``block`` ({"label": name}) holds the label body
+  until the test drops CONTROL/<name>.
 
 Every body and compensator appends a JSON line to the ledger (``tests.e2e.parallel_app``'s
 ``Provider``), so tests count how often each side effect and each undo really happened.
@@ -50,7 +53,30 @@ def build(config: Config) -> Shop:
         ctx.step(reserve, data["sku"], plan)
         return ctx.step(call, data["user"], plan)
 
-    tasks = {**shop.tasks, "call": call}
+    @sagas.step(name="real.label", compensate="real.cancel_label", compensate_unknown=True)
+    def label(order_id: str, plan: dict[str, Any], *, saga: Any = None) -> dict[str, str]:
+        """Buy a shipping label (the plan may block it, for a test to kill the worker)."""
+        provider.note("label.start", saga)
+        provider.act("label", plan, saga)
+        provider.note("label.done", saga)
+        return {"label": f"lbl-{order_id}"}
+
+    @sagas.compensator(name="real.cancel_label")
+    def cancel_label(order_id: str, plan: dict[str, Any], *, result: Any = None,
+                     saga: Any = None) -> None:
+        """Cancel the label by its request id, whatever came of the purchase."""
+        provider.note("cancel_label", saga, outcome=saga.outcome, undoes=saga.forward_effect_id,
+                      reason=str(saga.reason), result=result)
+
+    @sagas.saga("real-label")
+    def _shipping(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve, buy a label, then ship (the plan may decline the shipment)."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        ctx.step(label, data["id"], plan)
+        return ctx.step(shop.tasks["ship"], data["id"], plan)
+
+    tasks = {**shop.tasks, "call": call, "label": label, "cancel_label": cancel_label}
     return Shop(shop.app, sagas, limited, tasks)
 
 

@@ -6,9 +6,12 @@ The sagas are those of ``tests.e2e.real_sagas_app``.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, wait_until
 from tests.e2e.real_sagas_app import build
 
 pytestmark = pytest.mark.e2e
@@ -48,3 +51,29 @@ def test_retry_on_recovers_when_the_limit_lifts(real_stack: Stack) -> None:
     assert record.state == "completed"
     assert [s["attempt"] for s in real_stack.ops("call.start", "limit-2")] == [1, 2, 3]
     assert real_stack.ops("release") == []
+
+
+def test_a_compensate_unknown_step_killed_mid_body_is_compensated_exactly_once(
+        real_stack: Stack) -> None:
+    # given: a worker, and a label purchase that blocks mid-body
+    real_stack.worker()
+    plan = {"block": {"label": "go"}}
+    real_stack.sagas.start("real-label", {"sku": "S", "id": "s1", "plan": plan}, saga_id="lbl-1")
+    started = wait_until(lambda: real_stack.ops("label.start", "lbl-1"), what="label started")
+
+    # when: the pool child running it is SIGKILLed (the broker requeues the message)
+    os.kill(int(started[0]["pid"]), signal.SIGKILL)
+    record = real_stack.wait_settled("lbl-1")
+    real_stack.release("go")
+
+    # then: compensated, not in review; the label cancelled once, told the outcome is unknown
+    assert record.state == "compensated", (record.error_code, record.reason)
+    assert record.error_code == "worker_lost" and "outcome unknown" in (record.reason or "")
+    step = record.step("real.label")
+    assert step is not None and (step.state, step.outcome_unknown) == ("compensated", True)
+    assert len(real_stack.ops("label.start", "lbl-1")) == 1  # never re-run
+    [cancel] = real_stack.ops("cancel_label", "lbl-1")
+    assert (cancel["outcome"], cancel["undoes"], cancel["result"]) == (
+        "unknown", step.effect_id, None)
+    assert cancel["reason"] == "real.label: worker_lost"
+    assert len(real_stack.ops("release", "lbl-1")) == 1

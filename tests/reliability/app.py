@@ -12,7 +12,9 @@ The fake providers keep a ledger (one JSON line per call, keyed by effect id):
 - ``<op>.done``: the provider applied the effect (for compensators: ``undoes`` names the
   execution effect id it reverses, taken from the step's committed result);
 - ``<op>.dedup``: an idempotent provider saw an effect id it had already applied;
-- ``<op>.fail``: the provider refused (nothing applied).
+- ``<op>.fail``: the provider refused (nothing applied);
+- ``refund.nothing``: the refund of a charge whose outcome was unknown (``charge_unknown``,
+  declared ``compensate_unknown``) found the charge never applied: nothing to undo.
 
 Idempotent providers (``charge_idem``, the ``refund`` compensator) apply an effect id once:
 an ``O_EXCL`` marker file per effect id is the provider's own deduplication table.
@@ -41,13 +43,16 @@ DEFINITION = "rel-order"
 CHILD_DEFINITION = "rel-payment"
 STEP_NAMES = {
     "reserve": "rel.reserve", "charge": "rel.charge", "charge_idem": "rel.charge_idem",
-    "ship": "rel.ship",
+    "charge_unknown": "rel.charge_unknown", "ship": "rel.ship",
 }
 COMPENSATORS = {"release": "rel.release", "refund": "rel.refund"}
 SECOND_RESERVE = "rel.reserve-b"  # the step name of the parallel branch's reservation
 # Provider ops whose repeated body run under one effect id would be a double side effect.
-NON_IDEMPOTENT_STEPS = ("reserve", "charge", "ship")
+NON_IDEMPOTENT_STEPS = ("reserve", "charge", "charge_unknown", "ship")
 IDEMPOTENT_STEPS = ("charge_idem",)
+# Steps declared compensate_unknown: an unknown outcome of theirs is compensated, never
+# reviewed (and their compensator tolerates nothing to undo).
+COMPENSATE_UNKNOWN_STEPS = (STEP_NAMES["charge_unknown"],)
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,10 @@ class Provider:
                 return
         self.record(f"{op}.done", ctx, **extra)
 
+    def has_applied(self, effect_id: str) -> bool:
+        """True when a step applied ``effect_id`` under a marker (``apply(idempotent=True)``)."""
+        return any(self.config.applied.glob(f"*-{effect_id}"))
+
     def down(self, name: str | None) -> bool:
         """True while the control file ``name`` exists."""
         return name is not None and (self.config.control / name).exists()
@@ -238,12 +247,22 @@ def build(config: Config) -> Shop:
         """Charge the card with an idempotency key the provider honours."""
         return {**behave("charge_idem", plan, saga, True), "charged": amount}
 
+    @sagas.step(compensate=COMPENSATORS["refund"], compensate_unknown=True,
+                name=STEP_NAMES["charge_unknown"])
+    def charge_unknown(amount: int, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Charge the card; refunded even when the outcome is unknown (compensate_unknown)."""
+        return {**behave("charge_unknown", plan, saga, True), "charged": amount}
+
     @sagas.compensator(name=COMPENSATORS["refund"], idempotent=True)
     def refund(amount: int, plan: dict[str, Any], *, result: Any = None, saga: Any = None) -> None:
-        """Refund the charge (idempotent: the provider dedupes by effect id)."""
-        undoes = result["effect"]
-        provider.record("refund.start", saga, undoes=undoes)
+        """Refund the charge by its effect id (idempotent: the provider dedupes by effect id);
+        a charge whose outcome is unknown and that never happened has nothing to refund."""
+        undoes = saga.forward_effect_id
+        provider.record("refund.start", saga, undoes=undoes, outcome=saga.outcome)
         _pause(plan, "refund")
+        if saga.outcome == "unknown" and not provider.has_applied(undoes):
+            provider.record("refund.nothing", saga, undoes=undoes)
+            return
         provider.apply("refund", saga, True, undoes=undoes)
 
     @sagas.step(compensate=None, name=STEP_NAMES["ship"])
@@ -272,6 +291,7 @@ def build(config: Config) -> Shop:
             with contextlib.suppress(SignalTimeout):
                 ctx.wait_signal("go", timeout=plan.get("signal_timeout"))
         charge_task = charge_idem if plan.get("idempotent") else charge
+        charge_task = charge_unknown if plan.get("unknown") else charge_task
         charging = (ctx.call_child(payment, {"amount": data["amount"], "plan": plan})
                     if plan.get("child") else ctx.call(charge_task, data["amount"], plan))
         if plan.get("parallel"):

@@ -26,7 +26,7 @@ from tests.reliability.cluster import Cluster
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
 
-_FINISHED = (".done", ".dedup", ".fail")
+_FINISHED = (".done", ".dedup", ".fail", ".nothing")
 
 
 class LedgerTail:

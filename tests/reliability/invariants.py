@@ -16,7 +16,11 @@ store says at the end. Together they must show:
    grant of the same lease was known to exist must have been refused, and a sweep made no
    write without its fence;
 6. ambiguity is never guessed away: a non-idempotent body SIGKILLed before it finished leaves
-   its step ``ambiguous`` (its compensation ``ambiguous_compensation``) for an operator.
+   its step ``ambiguous`` (its compensation ``ambiguous_compensation``) for an operator,
+   unless the step is declared ``compensate_unknown``: then it is compensated (its step
+   record says ``outcome_unknown``), and only such a step may be. A compensation of a
+   declared step is no blind compensation: its compensator may start for an effect the
+   provider never applied, and must then find nothing to undo.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_sagas._records import WAITING_TASKS, SagaRecord, SagaState, StepState
-from tests.reliability.app import NON_IDEMPOTENT_STEPS
+from tests.reliability.app import COMPENSATE_UNKNOWN_STEPS, NON_IDEMPOTENT_STEPS
 
 SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
 COMPENSATOR_OPS = ("release", "refund")
-TERMINAL = (".done", ".dedup", ".fail")
+TERMINAL = (".done", ".dedup", ".fail", ".nothing")
 _COMMITTED_ONCE = (StepState.COMMITTED, StepState.COMPENSATING, StepState.COMPENSATION_FAILED,
                    StepState.COMPENSATED)
 
@@ -108,8 +112,9 @@ def _compensation_rules(records: Mapping[str, SagaRecord | None],
     found = []
     applied, undos = _applied(ops), _undos(ops)
     comp_started = {(x["saga_id"], x["step"]) for op in COMPENSATOR_OPS for x in ops.get(f"{op}.start", [])}
+    declared = _declared_unknown(records)
     for line in (x for op in COMPENSATOR_OPS for x in ops.get(f"{op}.start", [])):
-        if line["undoes"] not in applied:
+        if line["undoes"] not in applied and (line["saga_id"], line["step"]) not in declared:
             found.append(Violation("undo-unapplied", line["saga_id"],
                                    f"{line['op']} started for {line['undoes']}, never applied"))
     for effect, count in undos.items():
@@ -121,7 +126,11 @@ def _compensation_rules(records: Mapping[str, SagaRecord | None],
         for step in record.steps:
             if step.task in WAITING_TASKS:
                 continue  # a timer, a signal wait or a child step: no provider effect of its own
-            if step.state in _COMMITTED_ONCE and step.effect_id not in applied:
+            if step.outcome_unknown and step.task not in COMPENSATE_UNKNOWN_STEPS:
+                found.append(Violation("blind-compensation", saga_id,
+                                       f"{step.name} compensated though not declared"))
+            if step.state in _COMMITTED_ONCE and step.effect_id not in applied \
+                    and not step.outcome_unknown:
                 found.append(Violation("phantom-commit", saga_id,
                                        f"{step.name} is {step.state}, never applied"))
             if step.state is StepState.AMBIGUOUS and (saga_id, step.name) in comp_started:
@@ -134,6 +143,13 @@ def _compensation_rules(records: Mapping[str, SagaRecord | None],
             if record.state is SagaState.COMPLETED and undos[step.effect_id]:
                 found.append(Violation("undo-completed", saga_id, f"{step.name} was undone"))
     return found
+
+
+def _declared_unknown(records: Mapping[str, SagaRecord | None]) -> set[tuple[str, str]]:
+    """(saga, step) of every step compensated although its outcome was unknown, as declared."""
+    return {(saga_id, step.name) for saga_id, record in records.items() if record is not None
+            for step in record.steps
+            if step.outcome_unknown and step.task in COMPENSATE_UNKNOWN_STEPS}
 
 
 def _orphans(records: Mapping[str, SagaRecord | None],
@@ -220,7 +236,8 @@ def _unguessed(killed: Iterable[Mapping[str, Any]], records: Mapping[str, SagaRe
         step = None if record is None else record.step(body["step"])
         if step is None or (body["effect_id"], body["attempt"]) in finished:
             continue
-        if op in NON_IDEMPOTENT_STEPS and step.state is not StepState.AMBIGUOUS:
+        if op in NON_IDEMPOTENT_STEPS and step.state is not StepState.AMBIGUOUS \
+                and not (step.outcome_unknown and step.task in COMPENSATE_UNKNOWN_STEPS):
             found.append(Violation("guessed", body["saga_id"],
                                    f"{op} killed mid-body, step ended {step.state}"))
         if op == "release" and not (step.state is StepState.COMPENSATING

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-OPS = ("reserve", "charge", "charge_idem", "ship", "release", "refund")
+OPS = ("reserve", "charge", "charge_idem", "charge_unknown", "ship", "release", "refund")
 
 
 def mixed_plan(rng: random.Random, index: int) -> dict[str, Any]:
@@ -32,6 +32,10 @@ def mixed_plan(rng: random.Random, index: int) -> dict[str, Any]:
         plan["crash"] = "charge"
     elif roll < 0.41:
         plan["crash_after"] = "reserve"
+    elif roll < 0.47:
+        # a charge declared compensate_unknown: its unknown outcome is refunded, not reviewed
+        plan["unknown"] = True
+        plan["crash"] = rng.choice(("charge_unknown", None))
     return plan
 
 

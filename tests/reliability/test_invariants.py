@@ -113,3 +113,26 @@ def test_a_sweep_write_without_its_fence_is_reported() -> None:
     assert _rules({"s1": record}, [], []) == []
     assert _rules({"s1": record}, [], [saga]) == ["unfenced-sweep-write"]
     assert _rules({"s1": record}, [], [approval]) == ["unfenced-sweep-write"]
+
+
+def _unknown_charge(task: str) -> StepRecord:
+    """A charge killed mid-body and refunded because its outcome was unknown."""
+    step = StepRecord("rel.charge_unknown", task, "e1", "c1", StepState.COMPENSATED,
+                      compensator="rel.refund", outcome_unknown=True)
+    return step
+
+
+def test_a_declared_compensate_unknown_step_killed_mid_body_is_no_blind_compensation() -> None:
+    killed = [_line("charge_unknown.start", "e1", step="rel.charge_unknown")]
+    refund = [_line("refund.start", "c1", step="rel.charge_unknown", undoes="e1"),
+              _line("refund.nothing", "c1", step="rel.charge_unknown", undoes="e1")]
+    record = _saga(SagaState.COMPENSATED, _unknown_charge("rel.charge_unknown"))
+    assert [v.rule for v in check(["s1"], {"s1": record}, killed + refund, [], killed)] == []
+
+
+def test_an_unknown_outcome_compensated_without_the_declaration_is_blind() -> None:
+    killed = [_line("charge.start", "e1", step="rel.charge_unknown")]
+    refund = [_line("refund.start", "c1", step="rel.charge_unknown", undoes="e1")]
+    record = _saga(SagaState.COMPENSATED, _unknown_charge("rel.charge"))
+    rules = sorted(v.rule for v in check(["s1"], {"s1": record}, killed + refund, [], killed))
+    assert rules == ["blind-compensation", "guessed", "undo-unapplied"]

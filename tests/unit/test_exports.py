@@ -12,6 +12,7 @@ EXPECTED = [
     "ApprovalRecord",
     "ApprovalState",
     "Binding",
+    "CompensationReason",
     "CorruptRecord",
     "EffectRecord",
     "EffectState",

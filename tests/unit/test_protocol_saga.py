@@ -115,6 +115,16 @@ MOVES = [
         settles=True,
     ),
     Move(
+        "step_ambiguous(compensate=True)",
+        lambda s, st, now: moves.step_ambiguous(s, AttemptRef.execution(st), codes.TIME_LIMIT,
+                                                now, compensate=True),
+        lambda c, v: where(OPEN, (X1,))(c, v) or where(ROLLING_BACK, (XR,))(c, v),
+        lambda st, now: replace(st, state=S.COMMITTED, outcome_unknown=True, result=None,
+                                error_code=codes.TIME_LIMIT, next_attempt_at_ms=None,
+                                committed_at_ms=now),
+        settles=True,
+    ),
+    Move(
         "release_step",
         lambda s, st, now: moves.release_step(s, AttemptRef.execution(st), RETRY_AT,
                                               codes.WORKER_LOST, now),
@@ -229,9 +239,11 @@ def expected_after_step_move(before: SagaRecord, moved: StepRecord, settles: boo
                     version=before.version + 1, updated_at_ms=max(NOW, before.updated_at_ms))
     if not settles:
         return after
-    rolling = before.rolling_back or moved.state is S.FAILED
+    # a known failure turns the saga back; so does an unknown outcome compensated as declared
+    turns_back = moved.state is S.FAILED or bool(moved.outcome_unknown)
+    rolling = before.rolling_back or turns_back
     after = replace(after, rolling_back=rolling)
-    if moved.state is S.FAILED and before.state is SS.RUNNING and not before.rolling_back:
+    if turns_back and before.state is SS.RUNNING and not before.rolling_back:
         after = replace(after, error_code=moved.error_code)
     if _is_ambiguous(moved):
         if before.state is SS.MANUAL_REVIEW:
