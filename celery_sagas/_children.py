@@ -7,17 +7,28 @@ reopened child is only reopened from ``completed``. So the sweep can call ``reco
 parent at any time: it starts a child whose start was lost, reports a child whose report was
 lost, cancels the running children of a parent that rolls back, and undoes a completed child
 whose parent compensates it.
+
+A tree of sagas is walked in a loop, never by recursion: driving one saga of a tree may have to
+drive another (a child reports to its parent, a parent reopens or cancels its children), and
+every such call made while this thread already drives one waits in a queue the outermost call
+empties (``_soon``). Limits hold before a child exists (docs/concepts.md "Limits"): a child
+step deeper than ``sagas_child_depth_limit`` or past ``sagas_children_limit`` of its parent
+fails with ``child_depth_exceeded`` or ``too_many_children``, and the parent rolls back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, Protocol
 
 from ._protocol import codes, moves
 from ._protocol.children import child_id_of, settle
+from ._protocol.limits import Limits, child_position
 from ._records import ParentRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
 from .errors import SagaConflictError, SagaError, SagaNotFound
@@ -34,6 +45,11 @@ class Host(Protocol):
     """What child sagas need of the engine."""
 
     repository: SagaRepository
+
+    @property
+    def limits(self) -> Limits:
+        """The limits of saga trees and signals."""
+        ...
 
     def now(self) -> int:
         """The current time in ms."""
@@ -66,6 +82,30 @@ class ChildSagas:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        self._local = threading.local()  # the queue of the saga tree this thread drives
+
+    def _soon(self, saga_id: str, work: Callable[[], object]) -> None:
+        """Do ``work`` (which drives the saga ``saga_id``) now, or, when this thread already
+        drives a saga, once that is done: the outermost call empties the queue, so a tree of
+        any depth or width costs a loop, not a stack. Work queued behind the first that fails
+        is logged and left to the sweep; the first's error is the caller's."""
+        fence = self.host.fence_for(saga_id)
+
+        def run() -> None:
+            with self.host.fenced(fence):
+                work()
+
+        queue: deque[Callable[[], None]] | None = getattr(self._local, "queue", None)
+        if queue is not None:
+            queue.append(run)
+            return
+        self._local.queue = queue = deque()
+        try:
+            run()
+            while queue:
+                _logged(queue.popleft())
+        finally:
+            self._local.queue = None
 
     # ------------------------------------------------------------ forward
 
@@ -73,14 +113,19 @@ class ChildSagas:
         """Start the children of newly recorded child steps (after the write that recorded them)."""
         for step in steps:
             if child_id_of(step) is not None:
-                self.start(parent.saga_id, step)
+                self._soon(parent.saga_id, partial(self.start, parent, step))
 
-    def start(self, parent_id: str, step: StepRecord) -> None:
-        """Start the child a step names; report it at once if it settled while starting."""
-        child_id, kwargs = child_id_of(step), step.kwargs
+    def start(self, parent: SagaRecord, step: StepRecord) -> None:
+        """Start the child a step names (or refuse it, past a limit); report it at once if it
+        settled while starting."""
+        parent_id, child_id, kwargs = parent.saga_id, child_id_of(step), step.kwargs
         assert child_id is not None
         ref = ParentRef(parent_id, step.name)
         try:
+            refusal = self._refusal(parent, step)
+            if refusal is not None:
+                self._refuse(parent_id, step, child_id, refusal)
+                return
             child = self.host.start(kwargs["definition"], kwargs.get("input"), child_id, parent=ref)
         except SagaConflictError:
             self._taken(parent_id, step)
@@ -92,6 +137,35 @@ class ChildSagas:
             self._taken(parent_id, step)
             return
         self.report(child)
+
+    def _refusal(self, parent: SagaRecord, step: StepRecord) -> str | None:
+        """The code a child step breaks a limit with, or None: its place among its parent's
+        children, then its depth (its ancestors read up to the limit, no further)."""
+        limits = self.host.limits
+        if child_position(parent, step.name) > limits.children:
+            return codes.TOO_MANY_CHILDREN
+        depth, ref = 1, parent.parent
+        while ref is not None:
+            depth += 1
+            if depth > limits.child_depth:
+                return codes.CHILD_DEPTH_EXCEEDED
+            ancestor = self.host.repository.get(ref.saga_id)
+            ref = None if ancestor is None else ancestor.parent
+        return codes.CHILD_DEPTH_EXCEEDED if depth > limits.child_depth else None
+
+    def _refuse(self, parent_id: str, step: StepRecord, child_id: str, code: str) -> None:
+        logger.warning("saga %s: child step %s refused (%s)", parent_id, step.name, code)
+
+        def decide(parent: SagaRecord) -> Plan | None:
+            current = parent.step(step.name)
+            if current is None or current.state is not StepState.WAITING:
+                return None
+            return Plan(after=moves.refuse_child(parent, step.name, child_id, code,
+                                                 self.host.now()))
+
+        parent, plan = self._update(parent_id, decide)
+        if plan is not None:
+            self._soon(parent_id, lambda: self.host.advance(parent_id, parent))
 
     def report(self, child: SagaRecord) -> None:
         """Tell the parent of a child that completed, compensated or went to review."""
@@ -116,7 +190,7 @@ class ChildSagas:
         if orphaned:
             self._reopen(child.saga_id)
         if plan is not None:
-            self.host.advance(ref.saga_id, parent)
+            self._soon(ref.saga_id, lambda: self.host.advance(ref.saga_id, parent))
 
     # ------------------------------------------------------------ backward
 
@@ -142,7 +216,7 @@ class ChildSagas:
 
         child, plan = self._update(child_id, decide)
         if plan is not None or child.state is SagaState.COMPENSATING:
-            self.host.advance(child_id, child)
+            self._soon(child_id, lambda: self.host.advance(child_id, child))
 
     # ------------------------------------------------------------ repair
 
@@ -173,14 +247,14 @@ class ChildSagas:
             if saga.rolling_back:
                 self._abandon(saga.saga_id, step)
             elif saga.state is SagaState.RUNNING:
-                self.start(saga.saga_id, step)
+                self.start(saga, step)
             return
         if child.parent != ParentRef(saga.saga_id, step.name):
             self._taken(saga.saga_id, step)
         elif child.state in _SETTLED:
             self.report(child)
         elif saga.rolling_back and child.state is SagaState.RUNNING:
-            self.host.cancel(child_id)
+            self._soon(child_id, lambda: self.host.cancel(child_id))
 
     def _abandon(self, parent_id: str, step: StepRecord) -> None:
         def decide(parent: SagaRecord) -> Plan | None:
@@ -191,7 +265,7 @@ class ChildSagas:
 
         parent, plan = self._update(parent_id, decide)
         if plan is not None:
-            self.host.advance(parent_id, parent)
+            self._soon(parent_id, lambda: self.host.advance(parent_id, parent))
 
     def _taken(self, parent_id: str, step: StepRecord) -> None:
         reason = f"the id {child_id_of(step)!r} of child step {step.name!r} is another saga's"
@@ -207,3 +281,11 @@ class ChildSagas:
     def _update(self, saga_id: str, decide: Callable[[SagaRecord], Plan | None]
                 ) -> tuple[SagaRecord, Plan | None]:
         return self.host.repository.update(saga_id, decide, fence=self.host.fence_for(saga_id))
+
+
+def _logged(work: Callable[[], None]) -> None:
+    """Do queued work; a saga error is logged (the sweep repairs what it left undone)."""
+    try:
+        work()
+    except SagaError:
+        logger.exception("a saga of this tree was not driven on; the sweep will")

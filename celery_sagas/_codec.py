@@ -158,6 +158,7 @@ _SAGA: dict[str, _Field] = {
     "signals": _maybe(list, _signals),
     "result": _Field(None, True),
     "parent": _maybe(dict, _parent),
+    "signals_dropped": _maybe(int),
 }
 
 _APPROVAL: dict[str, _Field] = {
@@ -219,7 +220,7 @@ def _json(value: Any) -> Any:
 
 
 # Saga fields added later are left out while empty: older records read back unchanged.
-_OMITTED_WHEN_EMPTY = frozenset({"patches", "signals"})
+_OMITTED_WHEN_EMPTY = frozenset({"patches", "signals", "signals_dropped"})
 
 
 def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:

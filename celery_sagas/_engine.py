@@ -51,17 +51,17 @@ from ._protocol.decisions import (
     Wake,
 )
 from ._protocol.due import due_at
-from ._protocol.notes import SignalNote
+from ._protocol.limits import Limits, signal_room
+from ._protocol.notes import SignalNote, with_signal
 from ._protocol.resolution import resolve as resolve_outcome
 from ._records import CHILD_TASK, AttemptRef, ParentRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
 from .errors import (
     IllegalTransition,
     PayloadTooLarge,
-    SagaConcurrencyError,
+    SagaAlreadyFinal,
     SagaConfigurationError,
     SagaConflictError,
-    SagaNotFound,
     SagaResolutionError,
     SagaValidationError,
 )
@@ -84,6 +84,7 @@ class EngineSettings:
 
     payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT
     timing: Timing = field(default_factory=Timing)
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,11 @@ class Engine:
         self._ambient = threading.local()  # the fence of the sweep this thread works under
 
     # ------------------------------------------------------------ records
+
+    @property
+    def limits(self) -> Limits:
+        """The limits of saga trees and signals (docs/concepts.md "Limits")."""
+        return self.settings.limits
 
     def now(self) -> int:
         """The current time in ms, validated."""
@@ -426,21 +432,31 @@ class Engine:
 
     def signal(self, saga_id: str, name: str, payload: Any = None,
                signal_id: str | None = None) -> SagaRecord:
-        """Record a signal for a saga (docs/design.md §3.5): one note appended without a read
-        (a repeated ``signal_id`` is one signal), then advance the saga so a wait for it
-        commits at once. The record after that."""
+        """Record a signal for a saga (docs/design.md §3.5): one note appended at the version
+        read, once every limit is checked (a repeated ``signal_id`` is one signal), then
+        advance the saga so a wait for it commits at once. The record after that."""
         values.saga_id(saga_id)
         values.signal_name(name)
         sent_id = str(uuid.uuid4()) if signal_id is None else values.signal_id(signal_id)
         canonical = values.encode_json(payload, field="signal payload",
                                        limit=max(1, self.settings.payload_limit // 4))
-        stored = self.repository.codec.payload_out(values.decode_json(canonical))
-        note = SignalNote(sent_id, name, stored, self.now()).text()
-        record = self.repository.note(saga_id, note, None)
-        if record is None:
-            if self.repository.get(saga_id) is None:
-                raise SagaNotFound(saga_id=saga_id)
-            raise SagaConcurrencyError(f"saga {saga_id!r} holds too many notes; send it again")
+        value = values.decode_json(canonical)
+        note = SignalNote(sent_id, name, self.repository.codec.payload_out(value), self.now())
+
+        def decide_signal(saga: SagaRecord) -> Plan | None:
+            if any(s.signal_id == sent_id for s in saga.signals):
+                return None  # a repeat: the signal is there already
+            if saga.state.final:
+                raise SagaAlreadyFinal(saga_id=saga_id, state=str(saga.state))
+            signal_room(saga, len(canonical.encode("utf-8")), self.settings.limits)
+            self.repository.codec.saga_envelope(with_signal(saga, note, value))  # size check
+            return Plan(note=note.text())
+
+        try:
+            record, _ = self.repository.update(saga_id, decide_signal)
+        except PayloadTooLarge as exc:
+            raise _too_large_with(exc, "signal payload", canonical, self.settings.payload_limit,
+                                  encoded=True) from None
         if record.state is not SagaState.RUNNING:
             return record
         try:

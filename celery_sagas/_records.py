@@ -264,6 +264,8 @@ class SagaRecord:
         signals: the signals sent to it, in the order they were recorded (docs/design.md §3.5).
         result: the value ``run`` returned, once completed (JSON), or None.
         parent: the parent saga and step of a child saga (docs/design.md §3.7), or None.
+        signals_dropped: how many signals no wait had consumed when the saga turned back
+            (cancel, a failure): they were dropped from ``signals``.
     """
 
     saga_id: str
@@ -283,6 +285,7 @@ class SagaRecord:
     signals: tuple[SignalRecord, ...] = ()
     result: Any = None
     parent: ParentRef | None = None
+    signals_dropped: int = 0
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""

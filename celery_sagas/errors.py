@@ -13,6 +13,8 @@
     ├── SagaConcurrencyError                 lost a compare-and-set race
     ├── SagaNotFound (LookupError)           no saga with that id
     ├── SagaConflictError                    start() reused an id for other input
+    ├── SagaAlreadyFinal                     a signal sent to a completed or compensated saga
+    ├── SignalLimitExceeded                  a signal past sagas_signal_limit or _bytes_limit
     ├── SagaAmbiguousStepError               a step's outcome is unknown
     ├── SagaResolutionError                  resolve() asked for an impossible outcome
     ├── NondeterminismError                  replay diverged from the record
@@ -59,6 +61,7 @@ __all__ = [
     "NonDurableStoreError",
     "NondeterminismError",
     "PayloadTooLarge",
+    "SagaAlreadyFinal",
     "SagaAmbiguousStepError",
     "SagaConcurrencyError",
     "SagaConfigurationError",
@@ -68,6 +71,7 @@ __all__ = [
     "SagaResolutionError",
     "SagaUsageError",
     "SagaValidationError",
+    "SignalLimitExceeded",
     "SignalTimeout",
     "StepNotCommitted",
     "StoreError",
@@ -210,6 +214,41 @@ class SagaConflictError(SagaError):
 
     def render(self) -> str:
         return f"saga {self._fields['saga_id']!r} exists with another definition or input"
+
+
+class SagaAlreadyFinal(SagaError):
+    """A signal was sent to a saga that is completed or compensated: no wait can receive it,
+    so it is refused (nothing is written); a repeat of a signal it already holds is not."""
+
+    saga_id: str
+    state: str
+
+    def __init__(self, message: str = "", *, saga_id: str = "", state: str = "") -> None:
+        super().__init__(message, saga_id=saga_id, state=state)
+
+    def render(self) -> str:
+        f = self._fields
+        return f"saga {f['saga_id']!r} is {f['state']}: it takes no more signals (signal refused)"
+
+
+class SignalLimitExceeded(SagaError):
+    """A saga holds as many unconsumed signals (or bytes of them) as a setting allows: the
+    signal is refused before anything is written."""
+
+    saga_id: str
+    setting: str
+    limit: int
+    held: int
+
+    def __init__(self, message: str = "", *, saga_id: str = "", setting: str = "",
+                 limit: int = 0, held: int = 0) -> None:
+        super().__init__(message, saga_id=saga_id, setting=setting, limit=limit, held=held)
+
+    def render(self) -> str:
+        f = self._fields
+        unit = "bytes of " if f["setting"].endswith("bytes_limit") else ""
+        return (f"saga {f['saga_id']!r} holds {f['held']} {unit}unconsumed signals; one more "
+                f"would pass {f['setting']} ({f['limit']}): signal refused, nothing written")
 
 
 class SagaAmbiguousStepError(SagaError):

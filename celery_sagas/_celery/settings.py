@@ -9,12 +9,14 @@ from typing import Any
 from .. import _values as values
 from .._crypto import sealer_of
 from .._definitions import Timing
+from .._protocol.limits import Limits
 from ..errors import SagaConfigurationError
 from ..stores._urls import redact, reveal
 
 __all__ = ["SETTING_DOCS", "SagaSettings"]
 
 _DEFAULT_TIMING = Timing()
+_LIMITS = Limits()
 _HIDDEN = frozenset({"approval_secrets", "encryption_keys"})  # never shown by repr
 
 # name: (default, one-line description); the docs' configuration reference is built from this.
@@ -28,6 +30,14 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
     "default_time_limit": (_DEFAULT_TIMING.default_time_limit_ms / 1000,
                            "hard time limit (s) given to steps and compensators that set none"),
     "payload_limit": (values.DEFAULT_PAYLOAD_LIMIT, "maximum bytes of one saga record"),
+    "child_depth_limit": (_LIMITS.child_depth, "how deep child sagas nest below a saga started "
+                          "by start(); a deeper ctx.child step fails (child_depth_exceeded)"),
+    "children_limit": (_LIMITS.children, "child sagas one saga may start; one more ctx.child "
+                       "step fails (too_many_children)"),
+    "signal_limit": (_LIMITS.signals, "signals a saga holds unconsumed; one more is refused "
+                     "(SignalLimitExceeded)"),
+    "signal_bytes_limit": (_LIMITS.signal_bytes, "bytes of JSON payload of the signals a saga "
+                           "holds unconsumed; one more is refused (SignalLimitExceeded)"),
     "key_prefix": ("sagas", "Redis key prefix of the store"),
     "table_prefix": ("sagas_", "SQL table prefix of the store"),
     "queue": (None, "queue of the sweep task (None: the default queue)"),
@@ -132,6 +142,23 @@ def _archive(value: Any) -> Any:
     return value
 
 
+def _count(name: str, value: Any, top: int) -> int:
+    """A ``sagas_*`` limit: an int in 1..``top``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        raise SagaConfigurationError(f"sagas_{name} must be an int in 1..{top}")
+    return value
+
+
+def _limits(raw: Mapping[str, Any]) -> Limits:
+    """The limits of saga trees and signals (docs/concepts.md "Limits")."""
+    return Limits(
+        child_depth=_count("child_depth_limit", raw["child_depth_limit"], 100),
+        children=_count("children_limit", raw["children_limit"], 100_000),
+        signals=_count("signal_limit", raw["signal_limit"], 100_000),
+        signal_bytes=_count("signal_bytes_limit", raw["signal_bytes_limit"], 2**31),
+    )
+
+
 def _shards(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
         raise SagaConfigurationError("sagas_sweep_shards must be an int in 1..64")
@@ -161,6 +188,7 @@ class SagaSettings:
     retention_ms: int | None = 604_800_000
     archive: Any = None  # a callable, or its dotted path (resolved by the runtime)
     notify: bool = True
+    limits: Limits = _LIMITS
 
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
@@ -213,6 +241,7 @@ class SagaSettings:
             retention_ms=_retention(raw["retention"]),
             archive=_archive(raw["archive"]),
             notify=_flag("notify", raw["notify"]),
+            limits=_limits(raw),
         )
 
     def __repr__(self) -> str:

@@ -63,7 +63,7 @@ class Runtime:
         self.engine = Engine(
             self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,
             events=events, clock=clock,
-            settings=EngineSettings(settings.payload_limit, settings.timing),
+            settings=EngineSettings(settings.payload_limit, settings.timing, settings.limits),
         )
         self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None
         self.scans = Scans(store, codec)

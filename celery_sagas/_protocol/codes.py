@@ -26,6 +26,8 @@ SIGNAL_TIMEOUT = "signal_timeout"
 CHILD_COMPENSATED = "child_compensated"
 CHILD_IN_REVIEW = "child_in_review"
 CHILD_ID_TAKEN = "child_id_taken"
+CHILD_DEPTH_EXCEEDED = "child_depth_exceeded"
+TOO_MANY_CHILDREN = "too_many_children"
 PARENT_COMPENSATING = "parent_compensating"
 INVALID_RESULT = "invalid_result"
 

@@ -62,6 +62,7 @@ __all__ = [
     "mark_redispatched",
     "one_write",
     "pass_gate",
+    "refuse_child",
     "release_step",
     "reopen",
     "resume",
@@ -409,6 +410,17 @@ def child_settled(saga: SagaRecord, name: str, child_id: str, outcome: StepState
     raise _illegal(saga, f"child_settled: {outcome}", step)
 
 
+def refuse_child(saga: SagaRecord, name: str, child_id: str, error_code: str,
+                 now_ms: int) -> SagaRecord:
+    """A child step whose saga would pass a limit (depth, children per saga) fails before the
+    child exists (docs/concepts.md "Limits"): the parent rolls back as for a failed step."""
+    step = saga.step(name)
+    if step is None or step.task != CHILD_TASK or step.kwargs.get("saga_id") != child_id:
+        raise _illegal(saga, "refuse_child")
+    _need(saga, step, "refuse_child", (StepState.WAITING,), _ANY_OPEN)
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
+
+
 def mark_redispatched(saga: SagaRecord, name: str, now_ms: int) -> SagaRecord:
     """Note that an unclaimed step or compensator was sent again (so it is not stale)."""
     step = saga.step(name)
@@ -576,7 +588,7 @@ def start_compensation(saga: SagaRecord, error_code: str, reason: str, now_ms: i
     if saga.state is not SagaState.RUNNING:
         raise _illegal(saga, "start_compensation")
     return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
-                  error_code=_code(error_code), reason=reason)
+                  error_code=_code(error_code), reason=reason, **_unwaited(saga))
 
 
 _UNDONE = (StepState.COMPENSATED, StepState.FAILED)
@@ -588,7 +600,17 @@ def cancel(saga: SagaRecord, now_ms: int) -> SagaRecord:
     if saga.state is not SagaState.RUNNING and not reviewable:
         raise _illegal(saga, "cancel")
     return _write(saga, now_ms, state=SagaState.COMPENSATING, rolling_back=True,
-                  error_code=codes.CANCELLED, reason="cancelled")
+                  error_code=codes.CANCELLED, reason="cancelled", **_unwaited(saga))
+
+
+def _unwaited(saga: SagaRecord) -> dict[str, Any]:
+    """A saga that turns back waits for no more signals: those no wait consumed are dropped
+    and counted, so even a saga at its size limit can be cancelled (docs/concepts.md "Limits")."""
+    kept = tuple(s for s in saga.signals if s.consumed_by is not None)
+    dropped = len(saga.signals) - len(kept)
+    if not dropped:
+        return {}
+    return {"signals": kept, "signals_dropped": saga.signals_dropped + dropped}
 
 
 def _nothing_to_undo(step: StepRecord) -> bool:

@@ -27,10 +27,12 @@ from flask import Flask, jsonify, request
 from celery_sagas import SagaRecord
 from celery_sagas.errors import (
     ApprovalError,
+    SagaAlreadyFinal,
     SagaConflictError,
     SagaError,
     SagaNotFound,
     SagaValidationError,
+    SignalLimitExceeded,
 )
 
 from .app import sagas
@@ -139,6 +141,8 @@ def carrier_webhook() -> Any:
         return jsonify(error="no such order"), 404
     except SagaValidationError as exc:
         return jsonify(error=str(exc)), 400
+    except (SagaAlreadyFinal, SignalLimitExceeded) as exc:
+        return jsonify(error=str(exc)), 409  # the order ended, or holds too many signals
     return jsonify(saga_id=record.saga_id, state=str(record.state)), 202
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from celery_sagas import SignalTimeout
 from celery_sagas._records import SagaState, StepState
-from celery_sagas.errors import PayloadTooLarge, SagaNotFound, SagaValidationError
+from celery_sagas.errors import PayloadTooLarge, SagaAlreadyFinal, SagaNotFound, SagaValidationError
 from tests.engine.conftest import Shop, kinds, nothing_stored
 
 
@@ -286,14 +286,15 @@ def test_a_timeout_taken_as_a_path_goes_on_the_other_way(shop: Shop) -> None:
     shop.clock.advance(30_000)
     shop.sagas.sweep()
     shop.driver.run_until_idle()
-    shop.sagas.signal("w-1", "paid", {"amount": 5})  # too late: nothing waits for it now
+    with pytest.raises(SagaAlreadyFinal):  # too late: the saga completed without it
+        shop.sagas.signal("w-1", "paid", {"amount": 5})
 
     # then
     record = shop.record("w-1")
     assert record.state == SagaState.COMPLETED
     assert record.steps[1].result == {"timeout": True}
     assert shop.script.names() == ["reserve", "ship"]
-    assert record.signals[0].consumed_by is None
+    assert record.signals == ()
 
 
 def test_an_uncaught_timeout_rolls_the_saga_back(shop: Shop) -> None:

@@ -334,9 +334,15 @@ def _signal_later(cluster: Cluster, saga_id: str, plan: dict[str, Any],
         return
 
     def send() -> None:
+        from celery_sagas.errors import SagaAlreadyFinal
+
         for _ in range(2):
-            retrying(lambda: cluster.sagas.signal(saga_id, "go", {"by": "harness"},
-                                                  signal_id=f"{saga_id}-go"), f"signal {saga_id}")
+            try:
+                retrying(lambda: cluster.sagas.signal(saga_id, "go", {"by": "harness"},
+                                                      signal_id=f"{saga_id}-go"),
+                         f"signal {saga_id}")
+            except SagaAlreadyFinal:
+                return  # a fault ended the saga before its signal: it is refused, not lost
 
     if when == "early":
         send()
