@@ -19,8 +19,8 @@ fails with ``child_depth_exceeded`` or ``too_many_children``, and the parent rol
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -82,7 +82,9 @@ class ChildSagas:
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self._local = threading.local()  # the queue of the saga tree this thread drives
+        # the queue of the saga tree this thread (or greenlet: sagas.aio) drives, if any
+        self._queue: contextvars.ContextVar[deque[Callable[[], None]] | None] = \
+            contextvars.ContextVar(f"saga_tree_{id(self)}", default=None)
 
     def _soon(self, saga_id: str, work: Callable[[], object]) -> None:
         """Do ``work`` (which drives the saga ``saga_id``) now, or, when this thread already
@@ -95,17 +97,18 @@ class ChildSagas:
             with self.host.fenced(fence):
                 work()
 
-        queue: deque[Callable[[], None]] | None = getattr(self._local, "queue", None)
+        queue = self._queue.get()
         if queue is not None:
             queue.append(run)
             return
-        self._local.queue = queue = deque()
+        queue = deque()
+        token = self._queue.set(queue)
         try:
             run()
             while queue:
                 _logged(queue.popleft())
         finally:
-            self._local.queue = None
+            self._queue.reset(token)
 
     # ------------------------------------------------------------ forward
 
