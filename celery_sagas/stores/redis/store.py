@@ -67,6 +67,7 @@ from ..base import (
     check_scan_args,
     check_state,
 )
+from ._hints import scheme_hint
 from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout, check_buckets
 from ._scripts import Scripts
 
@@ -115,8 +116,10 @@ class RedisStore:
             client = _open_client(url, client_options)
         except (ValueError, TypeError, RedisError, RedisClusterException) as exc:
             # The driver's message can quote the URL, password included.
+            hint = scheme_hint(exc)
             raise StoreError(
                 f"cannot open a Redis client on {redact(url)}: {type(exc).__name__}"
+                + (f": {hint}" if hint else "")
             ) from exc
         store = cls(client, prefix=prefix, buckets=count)
         store._owns_client = True
@@ -412,8 +415,10 @@ class RedisStore:
         except (RedisError, RedisClusterException) as exc:
             if kind is not None and record_id is not None and _wrong_type(exc):
                 raise InvalidRecordError(kind=kind, record_id=record_id) from exc
+            hint = scheme_hint(exc)
             raise StoreError(
                 f"redis {action} failed: {type(exc).__name__}: {redact_text(str(exc))}"
+                + (f" ({hint})" if hint else "")
             ) from exc
         except UnicodeDecodeError as exc:  # a decode_responses client met binary garbage
             if kind is not None and record_id is not None:
