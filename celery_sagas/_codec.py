@@ -27,6 +27,7 @@ from typing import Any
 
 from . import _values as values
 from ._crypto import Sealer, sealer_of
+from ._history_codec import history_prefix, read_history
 from ._protocol.due import due_at
 from ._protocol.notes import apply_notes, parse_note
 from ._records import (
@@ -192,7 +193,8 @@ Slot = tuple[str | None, int, str]
 
 # Fields the envelope carries, never the body.
 _ENVELOPED = frozenset({"state", "version", "updated_at_ms"})
-_SAGA_ENVELOPED = _ENVELOPED | {"saga_id"}
+# The history goes in front of the body's JSON (``_history_codec``), never through ``_body``.
+_SAGA_ENVELOPED = _ENVELOPED | {"saga_id", "history", "history_folded"}
 _APPROVAL_ENVELOPED = _ENVELOPED | {"approval_id"}
 
 
@@ -440,6 +442,10 @@ class Codec:
         if self._sealer is not None:
             text = _ENCODER.encode(_seal(body, self._sealer))
             limit = len(text)
+        history = history_prefix(record)
+        if history:
+            text = "{" + history + text[1:]
+            limit += len(history.encode("utf-8"))
         envelope = Envelope(SAGA, record.saga_id, record.version, str(record.state),
                             record.updated_at_ms, text, record.definition, due_at(record))
         if not stamp:
@@ -454,6 +460,10 @@ class Codec:
         """
         raw, fail = _open(envelope, SAGA, saga_id)
         assert envelope is not None
+        try:
+            history, folded = read_history(raw)
+        except ValueError:
+            raise fail from None
         opaque = _unseal(raw, self._sealer, fail) if _SEALED in raw else None
         if opaque is not None and not display:
             raise UndecryptableRecord(kind=SAGA, record_id=saga_id)
@@ -470,6 +480,8 @@ class Codec:
             input=raw.get("input"),
             **{k: v for k, v in read.items() if k not in ("input", "result")},
             result=raw.get("result"),
+            history=history,
+            history_folded=folded,
         )
         _check_unique(record, fail)
         if opaque:

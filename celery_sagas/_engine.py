@@ -54,7 +54,17 @@ from ._protocol.due import due_at
 from ._protocol.limits import Limits, signal_room
 from ._protocol.notes import SignalNote, with_signal
 from ._protocol.resolution import resolve as resolve_outcome
-from ._records import CHILD_TASK, AttemptRef, ParentRef, SagaRecord, SagaState, StepRecord, StepState
+from ._records import (
+    CHILD_TASK,
+    AttemptRef,
+    HistoryEvent,
+    OperatorAction,
+    ParentRef,
+    SagaRecord,
+    SagaState,
+    StepRecord,
+    StepState,
+)
 from ._repository import Plan, SagaRepository
 from .errors import (
     IllegalTransition,
@@ -239,7 +249,7 @@ class Engine:
     def _create(self, plan: Plan) -> SagaRecord | None:
         """Create the plan's record; None when the saga id exists already."""
         assert plan.after is not None
-        return plan.after if self.repository.create(plan.after) else None
+        return self.repository.create(plan.after)
 
     def _first_write(self, fresh: SagaRecord) -> Plan:
         """Replay ``run`` in this process up to its first step: the record to create (version 1),
@@ -431,17 +441,21 @@ class Engine:
     # ------------------------------------------------------------ signals
 
     def signal(self, saga_id: str, name: str, payload: Any = None,
-               signal_id: str | None = None) -> SagaRecord:
+               signal_id: str | None = None, *, actor: str | None = None,
+               reason: str | None = None) -> SagaRecord:
         """Record a signal for a saga (docs/design.md §3.5): one note appended at the version
         read, once every limit is checked (a repeated ``signal_id`` is one signal), then
-        advance the saga so a wait for it commits at once. The record after that."""
+        advance the saga so a wait for it commits at once. The record after that. ``actor``
+        and ``reason`` go to its history."""
         values.saga_id(saga_id)
         values.signal_name(name)
+        action = _action(HistoryEvent.SIGNAL, actor, reason)
         sent_id = str(uuid.uuid4()) if signal_id is None else values.signal_id(signal_id)
         canonical = values.encode_json(payload, field="signal payload",
                                        limit=max(1, self.settings.payload_limit // 4))
         value = values.decode_json(canonical)
-        note = SignalNote(sent_id, name, self.repository.codec.payload_out(value), self.now())
+        note = SignalNote(sent_id, name, self.repository.codec.payload_out(value), self.now(),
+                          action.actor, action.reason)
 
         def decide_signal(saga: SagaRecord) -> Plan | None:
             if any(s.signal_id == sent_id for s in saga.signals):
@@ -471,9 +485,11 @@ class Engine:
     # ------------------------------------------------------------ approval gates
 
     def finish_gate(self, saga_id: str, name: str, approval_id: str, outcome: GateOutcome,
-                    fence: Fence | None = None) -> tuple[SagaRecord, bool]:
+                    fence: Fence | None = None, action: OperatorAction | None = None
+                    ) -> tuple[SagaRecord, bool]:
         """Pass or fail a gate step as its approval record says; (record, whether this call
-        did it). SagaResolutionError when the saga has no such gate."""
+        did it). SagaResolutionError when the saga has no such gate. ``action``: the decision
+        that did it (who denied), for the history."""
 
         def decide_gate(saga: SagaRecord) -> Plan | None:
             step = saga.step(name)
@@ -487,14 +503,27 @@ class Engine:
             else:
                 after = moves.fail_gate(saga, name, approval_id, outcome.failure, now)
             phase = Phase.COMMITTED if outcome.failure is None else Phase.FAILED
-            return Plan(after=after, then=(lambda w: self.emit(w, step, Stage.EXECUTION, phase,
-                                                               outcome.failure),))
+            return Plan(after=after, action=action,
+                        then=(lambda w: self.emit(w, step, Stage.EXECUTION, phase,
+                                                  outcome.failure),))
 
         saga, plan = self.repository.update(saga_id, decide_gate, fence=fence)
         if plan is None:
             return saga, False
         plan.run_effects(saga)
         return self.advance(saga_id, saga, fence), True
+
+    def record_action(self, saga_id: str, action: OperatorAction) -> SagaRecord:
+        """Append an operator's action that changed no saga field (an approval granted on its
+        own record) to the saga's history, in a write of its own."""
+
+        def decide_record(saga: SagaRecord) -> Plan:
+            at = max(self.now(), saga.updated_at_ms)
+            return Plan(after=moves.one_write(saga, replace(saga, updated_at_ms=at)),
+                        action=action)
+
+        saga, _ = self.repository.update(saga_id, decide_record, fence=self.fence_for(saga_id))
+        return saga
 
     def reconcile_gates(self, saga: SagaRecord, fence: Fence | None = None) -> SagaRecord:
         """Bring every waiting gate of ``saga`` in line with its approval record (sweep repair)."""
@@ -527,37 +556,44 @@ class Engine:
 
     # ------------------------------------------------------------ operator actions
 
-    def cancel(self, saga_id: str) -> SagaRecord:
-        """Stop forward progress and compensate what committed; a final saga is left as is."""
+    def cancel(self, saga_id: str, *, actor: str | None = None,
+               reason: str | None = None) -> SagaRecord:
+        """Stop forward progress and compensate what committed; a final saga is left as is.
+        ``actor`` (who) and ``reason`` (why) are kept in the saga's history."""
 
         def settled(saga: SagaRecord) -> bool:
             return saga.state.final or saga.state is SagaState.COMPENSATING
 
-        cancelled = self._operator_move(saga_id, "cancel", moves.cancel, settled)
+        action = _action(HistoryEvent.CANCEL, actor, reason)
+        cancelled = self._operator_move(saga_id, action, moves.cancel, settled)
         return self.children.reconcile(cancelled)  # running children are cancelled too
 
-    def resume(self, saga_id: str) -> SagaRecord:
-        """Lift manual review (once nothing is unresolved) and drive the saga on."""
+    def resume(self, saga_id: str, *, actor: str | None = None,
+               reason: str | None = None) -> SagaRecord:
+        """Lift manual review (once nothing is unresolved) and drive the saga on. ``actor``
+        (who) and ``reason`` (why) are kept in the saga's history."""
 
         def not_in_review(saga: SagaRecord) -> bool:
             return saga.state is not SagaState.MANUAL_REVIEW
 
-        return self._operator_move(saga_id, "resume", moves.resume, not_in_review)
+        action = _action(HistoryEvent.RESUME, actor, reason)
+        return self._operator_move(saga_id, action, moves.resume, not_in_review)
 
     def _operator_move(
         self,
         saga_id: str,
-        verb: str,
+        action: OperatorAction,
         move: Callable[[SagaRecord, int], SagaRecord],
         needless: Callable[[SagaRecord], bool],
     ) -> SagaRecord:
         """Apply an operator's move (re-deciding on a lost race), then advance."""
+        verb = str(action.event)
 
         def decide_move(saga: SagaRecord) -> Plan | None:
             if needless(saga):
                 return None
             try:
-                return Plan(after=move(saga, self.now()))
+                return Plan(after=move(saga, self.now()), action=action)
             except IllegalTransition as exc:
                 raise SagaResolutionError(
                     f"saga {saga_id!r} has an unresolved step; resolve it first ({verb} refused)"
@@ -567,11 +603,15 @@ class Engine:
         return saga if saga.state.final else self.advance(saga_id, saga)
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
-                result: Any = None, error_code: str | None = None) -> SagaRecord:
-        """Record what an operator found out about an unknown outcome (no advance)."""
+                result: Any = None, error_code: str | None = None, actor: str | None = None,
+                reason: str | None = None) -> SagaRecord:
+        """Record what an operator found out about an unknown outcome (no advance); ``actor``
+        (who) and ``reason`` (why) are kept in the saga's history beside the ambiguity."""
         values.step_name(step)
         values.effect_id(effect_id)
         normalised = values.json_value(result, field="result")
+        action = replace(_action(HistoryEvent.RESOLVE, actor, reason), step=step,
+                         state=str(outcome), code=error_code)
 
         def decide_resolution(saga: SagaRecord) -> Plan:
             after = resolve_outcome(
@@ -579,7 +619,7 @@ class Engine:
                 max_compensation_attempts=self.definition_of(saga).max_compensation_attempts,
                 result=normalised, error_code=error_code,
             )
-            return Plan(after=after)
+            return Plan(after=after, action=action)
 
         try:
             written, _ = self.repository.update(saga_id, decide_resolution)
@@ -636,6 +676,13 @@ class Engine:
             send()
         except Exception:
             logger.exception("dispatch failed; the sweep will send it again")
+
+
+def _action(event: HistoryEvent, actor: str | None, reason: str | None) -> OperatorAction:
+    """An operator's action for the history, its actor and reason checked (nothing written
+    when either is malformed)."""
+    return OperatorAction(event, None if actor is None else values.actor(actor),
+                          None if reason is None else values.reason(reason))
 
 
 def _valid_trace_parent(value: str | None) -> str | None:

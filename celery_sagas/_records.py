@@ -6,7 +6,7 @@ validation) is ``_codec.py``'s business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -29,12 +29,17 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "Encrypted",
+    "HistoryEntry",
+    "HistoryEvent",
+    "OperatorAction",
+    "SagaHistory",
     "SagaRecord",
     "SagaState",
     "SignalRecord",
     "StepRecord",
     "StepState",
     "TextEnum",
+    "entry_dict",
 ]
 
 SAGA = "saga"
@@ -266,6 +271,9 @@ class SagaRecord:
         parent: the parent saga and step of a child saga (docs/design.md §3.7), or None.
         signals_dropped: how many signals no wait had consumed when the saga turned back
             (cancel, a failure): they were dropped from ``signals``.
+        history: what happened to the saga, oldest first (docs/design.md §2.6): appended in
+            the write of each transition, never rewritten, the oldest folded past the bound.
+        history_folded: how many of the oldest entries were folded away by the bound.
     """
 
     saga_id: str
@@ -286,6 +294,8 @@ class SagaRecord:
     result: Any = None
     parent: ParentRef | None = None
     signals_dropped: int = 0
+    history: tuple[HistoryEntry, ...] = ()
+    history_folded: int = 0
 
     def step(self, name: str) -> StepRecord | None:
         """The step record with this name, or None."""
@@ -310,6 +320,120 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
+
+
+class HistoryEvent(TextEnum):
+    """What a history entry records (docs/design.md §2.6)."""
+
+    CREATED = "created"
+    STATE = "state"
+    INTENT = "intent"
+    CLAIMED = "claimed"
+    RESENT = "resent"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    AMBIGUOUS = "ambiguous"
+    RETRY = "retry"
+    STEP = "step"
+    COMPENSATION_INTENT = "compensation_intent"
+    COMPENSATION_CLAIMED = "compensation_claimed"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    COMPENSATION_AMBIGUOUS = "compensation_ambiguous"
+    TIMER_SET = "timer_set"
+    TIMER_FIRED = "timer_fired"
+    SIGNAL_WAIT = "signal_wait"
+    SIGNAL = "signal"
+    SIGNAL_CONSUMED = "signal_consumed"
+    SIGNAL_TIMED_OUT = "signal_timed_out"
+    CHILD_STARTED = "child_started"
+    CHILD_ENDED = "child_ended"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_DECIDED = "approval_decided"
+    ARCHIVED = "archived"
+    # Operator actions (with an actor and the reason given).
+    RESOLVE = "resolve"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    APPROVE = "approve"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One thing that happened to a saga (docs/design.md §2.6): ids, names, codes and times,
+    never a payload. Fields an event has no use for are None.
+
+    Attributes:
+        at_ms: when it happened (ms since the epoch).
+        event: a ``HistoryEvent``: a step's or the saga's transition, or an operator action.
+        step: the step it is about, if any.
+        attempt: the attempt of the step's execution (or compensation) it is about.
+        state: the saga's new state (``state``), the step's (``step``, ``child_ended``,
+            ``approval_decided``), or the outcome an operator recorded (``resolve``).
+        code: the error code (a failure, an ambiguity's cause, why the saga stopped), or a
+            signal's name.
+        ref: an id: who claimed the attempt, the signal, the child saga, the approval.
+        due_ms: when a timer, a signal wait's timeout or a retry falls due.
+        actor: who acted (an operator action, a signal, an approval's decision).
+        reason: the reason the operator gave; for a ``state`` entry, the saga's reason.
+    """
+
+    at_ms: int
+    event: HistoryEvent | str  # a str: an event of a later release, read back as written
+    step: str | None = None
+    attempt: int | None = None
+    state: str | None = None
+    code: str | None = None
+    ref: str | None = None
+    due_ms: int | None = None
+    actor: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SagaHistory:
+    """What ``sagas.history(saga_id)`` returns: a saga's history entries, oldest first, and
+    how many older ones the bound folded away; iterating it yields the entries."""
+
+    saga_id: str
+    entries: tuple[HistoryEntry, ...]
+    folded: int = 0
+
+    def __iter__(self) -> Iterator[HistoryEntry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The history as plain JSON values (``celery sagas history --json``)."""
+        return {"saga_id": self.saga_id, "folded": self.folded,
+                "entries": [entry_dict(e) for e in self.entries]}
+
+
+def entry_dict(entry: HistoryEntry) -> dict[str, Any]:
+    """A history entry as plain JSON values, its None fields left out."""
+    return {name: str(value) if name == "event" else value
+            for name, value in asdict(entry).items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorAction:
+    """Who did what to a saga, and why: the history entry an operator's write appends."""
+
+    event: HistoryEvent
+    actor: str | None = None
+    reason: str | None = None
+    step: str | None = None
+    state: str | None = None
+    code: str | None = None
+    ref: str | None = None
+
+    def entry(self, at_ms: int) -> HistoryEntry:
+        """The action as the history entry written at ``at_ms``."""
+        return HistoryEntry(at_ms, self.event, self.step, None, self.state, self.code, self.ref,
+                            None, self.actor, self.reason)
 
 
 @dataclass(frozen=True, slots=True)

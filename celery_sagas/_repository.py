@@ -3,8 +3,11 @@
 ``SagaRepository.update(saga_id, decide)`` is how anything changes a saga: read the record
 (or start from the one the caller holds), let ``decide`` return a ``Plan`` (a whole new
 record to compare-and-set, or a note to append), write it, and on a lost race read again and
-decide again. The repository remembers the last version of each saga this process read or
-wrote, which is what lets a delivery claim its step without reading first.
+decide again. Each write appends to the saga's history what it changed (and the operator's
+action the plan names), derived in one place (``_protocol/history.py``), so every writer
+records its transitions without knowing it (docs/design.md §2.6). The repository remembers
+the last version of each saga this process read or wrote, which is what lets a delivery claim
+its step without reading first.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from . import _values as values
 from ._cas import MAX_RACES, until_written
 from ._codec import Codec, carries_write, new_write_id
+from ._protocol.history import DEFAULT_HISTORY_LIMIT, recorded
 from ._protocol.notes import apply_notes, parse_note
-from ._records import SAGA, SagaRecord, SagaState
+from ._records import SAGA, OperatorAction, SagaRecord, SagaState
 from .errors import (
     FencedWriteRefused,
     PayloadTooLarge,
@@ -45,6 +49,8 @@ class Plan:
 
     after: SagaRecord | None = None
     note: str | None = None
+    # Who did it and why (an operator's write): the history entry the write opens with.
+    action: OperatorAction | None = None
     before: Callable[[], None] | None = None
     then: tuple[Callable[[SagaRecord], None], ...] = field(default=())
     # Written instead when ``after`` is over the payload limit (a callable: worked out only then).
@@ -124,12 +130,14 @@ class SagaRepository:
         store_wait_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
         on_settled: Callable[[str], None] | None = None,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
     ) -> None:
         self.store = store
         # Told the id of every saga this process moved into a settled state (completed,
         # compensated, manual review): an async ``wait`` elsewhere wakes on it.
         self._on_settled = on_settled
         self.codec = codec
+        self.history_limit = history_limit
         self.recent = RecentSagas()
         self._max_races = max_races
         self._store_wait_s = store_wait_s
@@ -169,14 +177,16 @@ class SagaRepository:
 
     # ------------------------------------------------------------ writing
 
-    def create(self, record: SagaRecord) -> bool:
-        """Insert a new saga record; False when the id exists."""
+    def create(self, record: SagaRecord) -> SagaRecord | None:
+        """Insert a new saga record (its history begun): the record as stored, or None when
+        the id exists."""
+        record = recorded(None, record, limit=self.history_limit)
         envelope = self.codec.saga_envelope(record)
-        created = self.store.create(envelope)
-        if created:
-            self.recent.remember(record, len(envelope.body))
-            self._settled(None, record)
-        return created
+        if not self.store.create(envelope):
+            return None
+        self.recent.remember(record, len(envelope.body))
+        self._settled(None, record)
+        return record
 
     def note(self, saga_id: str, note: str, expected_version: int | None, *,
              take_back_unreadable: bool = False) -> SagaRecord | None:
@@ -307,7 +317,7 @@ class SagaRepository:
         after = plan.after
         try:
             stored = self._unanswered(
-                plan, lambda: self._compare_and_set(current, after, fence, write_id))
+                plan, lambda: self._compare_and_set(current, after, fence, write_id, plan.action))
         except PayloadTooLarge:
             fallback = plan.fallback()
             if fallback is None:
@@ -326,8 +336,10 @@ class SagaRepository:
         except StoreError as exc:
             raise _Unanswered(str(exc), plan=plan, error=exc) from exc
 
-    def _compare_and_set(self, before: SagaRecord, after: SagaRecord,
-                         fence: Fence | None, write_id: str | None = None) -> SagaRecord | None:
+    def _compare_and_set(self, before: SagaRecord, after: SagaRecord, fence: Fence | None,
+                         write_id: str | None = None, action: OperatorAction | None = None
+                         ) -> SagaRecord | None:
+        after = recorded(before, after, action=action, limit=self.history_limit)
         # Stamped with a fresh write id: two racers that computed the same next record must
         # not both be told they won (a store takes an identical record for a retried write).
         envelope = self.codec.saga_envelope(after, stamp=True, write_id=write_id)

@@ -4,7 +4,8 @@ The pass scans the final states' indexes (``completed``, ``compensated``) of one
 sagas not updated since ``now - retention``, so its cost follows what it deletes, never what is
 kept. For each saga it reads:
 
-1. the ``archive`` callable, when configured, receives the record; if it raises, the record is
+1. the ``archive`` callable, when configured, receives the record, its history ending with an
+   ``archived`` entry (docs/design.md §2.6); if it raises, the record is
    kept (deleted by a later sweep once the archive works), an ERROR line names the saga and a
    finding of kind ``archive_failed`` is reported;
 2. a child saga whose parent is still open is kept: the parent may yet compensate it;
@@ -28,6 +29,7 @@ from typing import Any
 
 from ._engine import Engine
 from ._protocol.findings import Finding, FindingKind
+from ._protocol.history import archived
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._scans import RecordPage, Scans
 from ._sweep import Pass, PassFactory, SweepReport
@@ -65,7 +67,7 @@ def retention_pass(retention_ms: int, archive: Archive | None = None) -> PassFac
                 return  # never delete what is not final and due, whatever a scan returned
             if _parent_open(scans, record):
                 return  # the parent may still compensate this child as a unit (§3.7)
-            if archive is not None and not _archived(archive, record, report):
+            if archive is not None and not _archived(archive, archived(record, now), report):
                 return
             for approval_id in _owned_approvals(record):
                 envelope = scans.store.get(APPROVAL, approval_id)

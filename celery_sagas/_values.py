@@ -18,7 +18,9 @@ from .errors import ERROR_CODE_RULE, PayloadTooLarge, SagaValidationError
 
 __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",
+    "MAX_REASON",
     "MAX_SAFE_INTEGER",
+    "actor",
     "approval_id",
     "capability",
     "change_id",
@@ -35,6 +37,7 @@ __all__ = [
     "nonce",
     "principal_id",
     "printable",
+    "reason",
     "saga_id",
     "seconds_ms",
     "signal_id",
@@ -89,6 +92,26 @@ def token(value: object, *, field: str, max_len: int) -> str:
         raise SagaValidationError(
             f"{field} must be printable ASCII without spaces: {_shown(value)}"
         )
+    return value
+
+
+MAX_REASON = 500  # characters of an operator's reason (docs/design.md §2.6)
+
+
+def actor(value: object) -> str:
+    """Who acted on a saga (an operator, a service): token of at most 128 characters."""
+    return token(value, field="actor", max_len=128)
+
+
+def reason(value: object) -> str:
+    """The reason an operator gave: 1..500 printable characters (spaces allowed; no line
+    breaks or control characters, so it can never forge a line where it is shown)."""
+    if not isinstance(value, str):
+        raise SagaValidationError(f"reason must be a str, got {type(value).__name__}")
+    if not 0 < len(value) <= MAX_REASON:
+        raise SagaValidationError(f"reason must have 1..{MAX_REASON} characters, got {len(value)}")
+    if not value.isprintable():
+        raise SagaValidationError(f"reason must be printable text on one line: {_shown(value)}")
     return value
 
 

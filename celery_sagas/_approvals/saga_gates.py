@@ -18,12 +18,23 @@ what the engine asks (``Gates``), and the engine writes the saga.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from .. import _values as values
 from .._clock import now_ms
 from .._engine import Engine, GateOutcome
 from .._protocol.codes import APPROVAL_DENIED, APPROVAL_EXPIRED
-from .._records import ApprovalRecord, ApprovalState, Binding, SagaRecord, StepRecord, StepState
+from .._records import (
+    ApprovalRecord,
+    ApprovalState,
+    Binding,
+    HistoryEvent,
+    OperatorAction,
+    SagaRecord,
+    StepRecord,
+    StepState,
+)
 from .._scans import RecordPage, Scans
 from .._sweep import Pass, PassFactory, SweepReport
 from ..errors import (
@@ -31,6 +42,7 @@ from ..errors import (
     ApprovalDenied,
     ApprovalTokenInvalid,
     ApprovalTokenReplay,
+    SagaError,
     SagaNotFound,
     SagaResolutionError,
 )
@@ -38,6 +50,8 @@ from ..stores.base import Fence
 from .gate import OPEN_STATES, ApprovalGate, PendingApproval
 
 __all__ = ["SagaApprovals", "SagaGates", "expiry_pass"]
+
+logger = logging.getLogger("celery_sagas.approvals")
 
 
 def _decision(record: ApprovalRecord) -> dict[str, Any]:
@@ -116,8 +130,10 @@ class SagaApprovals:
         return self.gate.get(approval_id)
 
     def decide(self, approval_id: str, *, tenant_id: str, decision: str,
-               decided_by: str) -> ApprovalRecord:
-        """Approve or deny once, while its gate still waits; a denial rolls the saga back at once."""
+               decided_by: str, reason: str | None = None) -> ApprovalRecord:
+        """Approve or deny once, while its gate still waits; a denial rolls the saga back at once.
+        The decision, ``decided_by`` and the ``reason`` given go to the saga's history."""
+        why = None if reason is None else values.reason(reason)
         record = self.gate.get(approval_id)
         # Only a pending approval of this tenant is judged here: any other gets the ledger's
         # own refusal (already decided, another tenant's), which says no more than it should.
@@ -126,9 +142,22 @@ class SagaApprovals:
             self._refuse_closed_gate(record)
         record = self.gate.decide(approval_id, tenant_id=tenant_id, decision=decision,
                                   decided_by=decided_by)
-        if record.state is ApprovalState.DENIED and record.saga_id and record.step:
+        if not (record.saga_id and record.step):
+            return record
+        denied = record.state is ApprovalState.DENIED
+        action = OperatorAction(HistoryEvent.DENY if denied else HistoryEvent.APPROVE,
+                                record.decided_by, why, step=record.step, ref=approval_id)
+        if denied:
             self.engine.finish_gate(record.saga_id, record.step, record.approval_id,
-                                    GateOutcome(failure=APPROVAL_DENIED))
+                                    GateOutcome(failure=APPROVAL_DENIED), action=action)
+            return record
+        try:
+            self.engine.record_action(record.saga_id, action)
+        except SagaError:
+            # The approval is decided; only its line in the saga's history is missing (the
+            # gate's commit still names who approved).
+            logger.warning("saga %s: approval %s recorded; its history entry was not",
+                           record.saga_id, approval_id)
         return record
 
     def _refuse_closed_gate(self, record: ApprovalRecord) -> None:

@@ -29,7 +29,7 @@ from .._events import EventBus, FindingObserver, Observer
 from .._findings import FindingPage, window_of
 from .._metrics import SagaMetrics
 from .._protocol.findings import Finding
-from .._records import SAGA, SagaRecord, SagaState
+from .._records import SAGA, SagaHistory, SagaRecord, SagaState
 from .._reseal import ResealPage, reseal_page
 from .._scans import RecordPage
 from .._sweep import SweepReport
@@ -401,44 +401,66 @@ class Sagas:
                 raise TimeoutError(f"saga {saga_id!r} still {record.state} after {timeout}s")
             time.sleep(interval)
 
-    def cancel(self, saga_id: str) -> SagaRecord:
-        """Stop forward progress and compensate what committed."""
-        return self._operation("saga.cancel", saga_id, lambda: self.engine.cancel(saga_id),
-                               trace_parent=self._trace_parent_of(saga_id))
+    def history(self, saga_id: str) -> SagaHistory:
+        """What happened to a saga, oldest first (docs/design.md §2.6): every transition with
+        its cause and every operator action with its actor and reason, never rewritten; the
+        oldest past ``sagas_history_limit`` are counted in ``folded``. SagaNotFound when the
+        saga is absent (deleted with it by retention)."""
+        record = self.engine.get(saga_id)
+        if record is None:
+            raise SagaNotFound(saga_id=saga_id)
+        return SagaHistory(record.saga_id, record.history, record.history_folded)
 
-    def resume(self, saga_id: str) -> SagaRecord:
-        """Lift manual review (nothing unresolved) and drive the saga on."""
-        return self._operation("saga.resume", saga_id, lambda: self.engine.resume(saga_id),
-                               trace_parent=self._trace_parent_of(saga_id))
+    def cancel(self, saga_id: str, *, actor: str | None = None,
+               reason: str | None = None) -> SagaRecord:
+        """Stop forward progress and compensate what committed; ``actor`` (who) and
+        ``reason`` (why, one line) are kept in the saga's history."""
+        return self._operation(
+            "saga.cancel", saga_id, lambda: self.engine.cancel(saga_id, actor=actor, reason=reason),
+            trace_parent=self._trace_parent_of(saga_id))
+
+    def resume(self, saga_id: str, *, actor: str | None = None,
+               reason: str | None = None) -> SagaRecord:
+        """Lift manual review (nothing unresolved) and drive the saga on; ``actor`` and
+        ``reason`` are kept in the saga's history."""
+        return self._operation(
+            "saga.resume", saga_id, lambda: self.engine.resume(saga_id, actor=actor, reason=reason),
+            trace_parent=self._trace_parent_of(saga_id))
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
-                result: Any = None, error_code: str | None = None) -> SagaRecord:
-        """Settle an ambiguous step or compensation as an operator found it."""
+                result: Any = None, error_code: str | None = None, actor: str | None = None,
+                reason: str | None = None) -> SagaRecord:
+        """Settle an ambiguous step or compensation as an operator found it; ``actor`` and
+        ``reason`` are kept in the saga's history beside the ambiguity they settle."""
         return self._operation(
             "saga.resolve", saga_id,
             lambda: self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
-                                        error_code=error_code),
+                                        error_code=error_code, actor=actor, reason=reason),
             step=step, effect_id=effect_id, outcome=outcome,
             trace_parent=self._trace_parent_of(saga_id),
         )
 
     def signal(self, saga_id: str, name: str, payload: Any = None,
-               signal_id: str | None = None) -> SagaRecord:
+               signal_id: str | None = None, *, actor: str | None = None,
+               reason: str | None = None) -> SagaRecord:
         """Send the signal ``name`` to a saga (docs/design.md §3.5); returns the saga record.
 
         The signal is recorded durably with one write and no read; a ``ctx.wait_signal(name)``
         of the saga, waiting now or later, receives ``payload``. Sending again with the same
         ``signal_id`` (say, a webhook delivery id) is one signal; without one each call is a
-        new signal. A saga waiting for it is advanced at once, in this process.
+        new signal. A saga waiting for it is advanced at once, in this process. ``actor`` and
+        ``reason`` are kept in the saga's history with the signal.
 
         Raises:
-            SagaValidationError: a bad id or name, or a payload that is not JSON or is over a
-                quarter of ``sagas_payload_limit``; nothing is written.
+            SagaValidationError: a bad id, name, actor or reason, or a payload that is not JSON
+                or is over a quarter of ``sagas_payload_limit``; nothing is written.
             SagaNotFound: no saga has that id.
         """
-        return self._operation("saga.signal", saga_id,
-                               lambda: self.engine.signal(saga_id, name, payload, signal_id),
-                               signal=name)
+        return self._operation(
+            "saga.signal", saga_id,
+            lambda: self.engine.signal(saga_id, name, payload, signal_id, actor=actor,
+                                       reason=reason),
+            signal=name)
 
     def _trace_parent_of(self, saga_id: str) -> Callable[[], str | None]:
         """Reads the saga's stored traceparent (tracing calls it only when it records a span)."""

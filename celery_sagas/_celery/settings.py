@@ -9,6 +9,7 @@ from typing import Any
 from .. import _values as values
 from .._crypto import sealer_of
 from .._definitions import Timing
+from .._protocol.history import DEFAULT_HISTORY_LIMIT
 from .._protocol.limits import Limits
 from ..errors import SagaConfigurationError
 from ..stores._urls import redact, reveal
@@ -54,6 +55,8 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
                       "deletes it"),
     "notify": (True, "publish each settled saga's id (Redis PUBLISH, PostgreSQL NOTIFY) so "
                      "async waits wake at once: one round trip per saga, not per step"),
+    "history_limit": (DEFAULT_HISTORY_LIMIT, "history entries kept per saga; older ones are folded "
+                                             "into a count (docs/design.md §2.6)"),
     "metrics": (False, "Prometheus metrics (extra 'metrics'): True for the default registry, or a "
                        "CollectorRegistry"),
 }
@@ -159,6 +162,13 @@ def _limits(raw: Mapping[str, Any]) -> Limits:
     )
 
 
+def _history_limit(value: Any) -> int:
+    """``sagas_history_limit``: how many history entries a saga keeps (10..10000)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 10 <= value <= 10_000:
+        raise SagaConfigurationError("sagas_history_limit must be an int in 10..10000")
+    return value
+
+
 def _shards(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
         raise SagaConfigurationError("sagas_sweep_shards must be an int in 1..64")
@@ -189,6 +199,7 @@ class SagaSettings:
     archive: Any = None  # a callable, or its dotted path (resolved by the runtime)
     notify: bool = True
     limits: Limits = _LIMITS
+    history_limit: int = DEFAULT_HISTORY_LIMIT
 
     @classmethod
     def load(cls, conf: Mapping[str, Any], overrides: Mapping[str, Any]) -> SagaSettings:
@@ -242,6 +253,7 @@ class SagaSettings:
             archive=_archive(raw["archive"]),
             notify=_flag("notify", raw["notify"]),
             limits=_limits(raw),
+            history_limit=_history_limit(raw["history_limit"]),
         )
 
     def __repr__(self) -> str:

@@ -58,7 +58,8 @@ class Runtime:
         self.codec = codec
         self.store = store
         notifier = store.notify_settled if isinstance(store, Notifying) and settings.notify else None
-        self.repository = SagaRepository(store, codec, on_settled=notifier)
+        self.repository = SagaRepository(store, codec, on_settled=notifier,
+                                          history_limit=settings.history_limit)
         self.gate = _gate(store, clock, settings, codec)
         self.engine = Engine(
             self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,

@@ -21,9 +21,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._records import SagaRecord, SignalRecord
-from .._values import effect_id, json_value, signal_id, signal_name, step_name, timestamp_ms, token
+from .._records import HistoryEvent, OperatorAction, SagaRecord, SignalRecord
+from .._values import (
+    actor,
+    effect_id,
+    json_value,
+    reason,
+    signal_id,
+    signal_name,
+    step_name,
+    timestamp_ms,
+    token,
+)
 from ..errors import IllegalTransition
+from .history import recorded
 from .moves import claim_compensation, claim_step
 
 __all__ = [
@@ -50,17 +61,28 @@ class ClaimNote:
 @dataclass(frozen=True, slots=True)
 class SignalNote:
     """A signal sent to a saga, appended without a read (docs/design.md §3.5); ``stored`` is
-    its payload as the codec stores a payload outside a body (``{"payload": value}``)."""
+    its payload as the codec stores a payload outside a body (``{"payload": value}``);
+    ``actor`` and ``reason`` go to the saga's history (docs/design.md §2.6)."""
 
     signal_id: str
     name: str
     stored: Any
     at_ms: int
+    actor: str | None = None
+    reason: str | None = None
 
     def text(self) -> str:
-        """The note as stored: one line of JSON."""
-        return json.dumps({"signal": [self.signal_id, self.name, self.stored, self.at_ms]},
-                          separators=(",", ":"), sort_keys=True, allow_nan=False)
+        """The note as stored: one line of JSON (the four fields of earlier releases when no
+        actor or reason is given, so they can read it)."""
+        fields: list[Any] = [self.signal_id, self.name, self.stored, self.at_ms]
+        if self.actor is not None or self.reason is not None:
+            fields += [self.actor, self.reason]
+        return json.dumps({"signal": fields}, separators=(",", ":"), sort_keys=True,
+                          allow_nan=False)
+
+    def action(self) -> OperatorAction:
+        """The signal as its history entry's action (who sent it, and why)."""
+        return OperatorAction(HistoryEvent.SIGNAL, self.actor, self.reason, ref=self.signal_id)
 
 
 OpenPayload = Callable[[Any], Any]
@@ -95,14 +117,16 @@ def parse_note(text: str) -> Note:
 
 
 def _signal_note(fields: Any) -> SignalNote:
-    if not isinstance(fields, list) or len(fields) != 4:
+    if not isinstance(fields, list) or len(fields) not in (4, 6):
         raise ValueError("malformed signal note")
-    sent_id, name, stored, at = fields
+    sent_id, name, stored, at = fields[:4]
+    by, why = fields[4:] if len(fields) == 6 else (None, None)
     if type(stored) is not dict or len(stored) != 1 or not set(stored) & {"payload", "sealed"}:
         raise ValueError("malformed signal note")
     try:
         return SignalNote(signal_id(sent_id), signal_name(name),
-                          json_value(stored, field="signal payload"), timestamp_ms(at))
+                          json_value(stored, field="signal payload"), timestamp_ms(at),
+                          None if by is None else actor(by), None if why is None else reason(why))
     except Exception as exc:
         raise ValueError("malformed signal note") from exc
 
@@ -134,8 +158,12 @@ def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecor
 
 def apply_notes(saga: SagaRecord, notes: Sequence[Note],
                 open_payload: OpenPayload = clear_payload) -> SagaRecord:
-    """The record with its notes applied in order (its version already counts them)."""
+    """The record with its notes applied in order (its version already counts them), each
+    one's transitions in its history (docs/design.md §2.6), at the note's time."""
     applied = saga
     for note in notes:
-        applied = _apply(applied, note, open_payload)
+        moved = _apply(applied, note, open_payload)
+        if moved is not applied:
+            action = note.action() if isinstance(note, SignalNote) else None
+            applied = recorded(applied, moved, action=action, at_ms=note.at_ms, limit=None)
     return replace(applied, version=saga.version, updated_at_ms=saga.updated_at_ms)

@@ -114,7 +114,9 @@ def test_only_final_sagas_past_retention_are_archived_then_deleted(shop: Shop, a
     # then
     assert report.deleted == 2 and report.complete
     assert sorted(r.saga_id for r in archive.received) == ["old-done", "old-undone"]
-    assert {r.saga_id: r for r in archive.received}["old-done"] == old_done
+    archived = {r.saga_id: r for r in archive.received}["old-done"]
+    assert replace(archived, history=archived.history[:-1]) == old_done
+    assert (archived.history[-1].event, archived.history[-1].at_ms) == ("archived", shop.clock.now_ms())
     assert shop.sagas.get("old-done") is None and shop.sagas.get("old-undone") is None
     assert shop.record("review").state is SagaState.MANUAL_REVIEW
     assert shop.record("review").version >= review.version

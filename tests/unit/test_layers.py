@@ -59,7 +59,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (0, "values", ("celery_sagas.errors", "celery_sagas._values", "celery_sagas._clock")),
     (1, "model", ("celery_sagas._records", "celery_sagas.stores.base")),
     (2, "protocol", ("celery_sagas._protocol.*",)),
-    (3, "storage", ("celery_sagas._codec", "celery_sagas._crypto", "celery_sagas.stores.*")),
+    (3, "storage", ("celery_sagas._codec", "celery_sagas._history_codec", "celery_sagas._crypto",
+                    "celery_sagas.stores.*")),
     (4, "engine", (
         "celery_sagas._definitions", "celery_sagas._context", "celery_sagas._events",
         "celery_sagas._repository", "celery_sagas._delivery", "celery_sagas._engine",

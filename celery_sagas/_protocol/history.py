@@ -1,0 +1,201 @@
+"""A saga's history, derived from the records a write replaces (docs/design.md §2.6).
+
+Theory of operation. Every write of a saga record goes through one place (the repository's
+compare-and-set, its create, and the notes a reader applies); that place hands this module
+the record before the write and the record the write stores, and ``recorded`` returns the
+latter with the history of the former plus what changed between the two. No move has to
+remember to write history, and a transition added later shows up here as a generic ``step``
+or ``state`` entry without teaching anyone. Derived entries hold ids, names, states, codes
+and times, never a payload, so the history needs no sealing. Who acted and why cannot be
+read from a diff: an operator's write passes an ``OperatorAction``, appended before the
+transitions it caused.
+
+The history is only ever appended to (``before.history`` is copied, never what ``after``
+carries); past ``limit`` entries the oldest fold into ``history_folded``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from .._records import (
+    APPROVAL_TASK,
+    CHILD_TASK,
+    SIGNAL_TASK,
+    TIMER_TASK,
+    HistoryEntry,
+    HistoryEvent,
+    OperatorAction,
+    SagaRecord,
+    StepRecord,
+    StepState,
+)
+
+__all__ = ["DEFAULT_HISTORY_LIMIT", "archived", "bounded", "recorded", "transitions"]
+
+DEFAULT_HISTORY_LIMIT = 200
+
+E = HistoryEvent
+_COMPENSATION_STATES = (StepState.COMPENSATING, StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
+
+
+def recorded(before: SagaRecord | None, after: SagaRecord, *,
+             action: OperatorAction | None = None, at_ms: int | None = None,
+             limit: int | None = DEFAULT_HISTORY_LIMIT) -> SagaRecord:
+    """``after`` carrying ``before``'s history plus the entries of this write: the operator's
+    ``action`` (if any), then what changed from ``before`` (None: the saga is created), at
+    ``at_ms`` (default: ``after.updated_at_ms``); the oldest folded past ``limit`` (None: no
+    bound, for a reader applying notes)."""
+    at = after.updated_at_ms if at_ms is None else at_ms
+    new = list(transitions(before, after, at, action))
+    history = before.history if before is not None else ()
+    folded = before.history_folded if before is not None else 0
+    if new:
+        history = (*history, *new)
+    if history is not after.history or folded != after.history_folded:
+        after = replace(after, history=history, history_folded=folded)
+    return after if limit is None else bounded(after, limit)
+
+
+def archived(saga: SagaRecord, at_ms: int) -> SagaRecord:
+    """``saga`` as retention hands it to the archive: its history ends with ``archived``."""
+    return replace(saga, history=(*saga.history, HistoryEntry(at_ms, E.ARCHIVED)))
+
+
+def bounded(saga: SagaRecord, limit: int) -> SagaRecord:
+    """``saga`` with at most ``limit`` history entries, the oldest counted as folded."""
+    extra = len(saga.history) - limit
+    if extra <= 0:
+        return saga
+    return replace(saga, history=saga.history[extra:], history_folded=saga.history_folded + extra)
+
+
+def transitions(before: SagaRecord | None, after: SagaRecord, at_ms: int,
+                action: OperatorAction | None = None) -> Iterator[HistoryEntry]:
+    """The entries of one write, in order: the action, the creation, signals received, step
+    transitions in step order, then the saga's change of state."""
+    signal_action = action is not None and action.event is E.SIGNAL
+    if action is not None and not signal_action:
+        yield action.entry(at_ms)
+    if before is None:
+        yield HistoryEntry(at_ms, E.CREATED, ref=after.parent.saga_id if after.parent else None)
+    yield from _signals(before, after, action if signal_action else None)
+    old_steps = {s.name: s for s in before.steps} if before is not None else {}
+    for step in after.steps:
+        old = old_steps.get(step.name)
+        if old is not step:
+            yield from _step(old, step, at_ms, after)
+    if before is not None and before.state is not after.state:
+        yield HistoryEntry(at_ms, E.STATE, state=str(after.state), code=after.error_code,
+                           reason=after.reason)
+
+
+def _signals(before: SagaRecord | None, after: SagaRecord,
+             action: OperatorAction | None) -> Iterator[HistoryEntry]:
+    if before is not None and after.signals is before.signals:
+        return
+    known = {s.signal_id for s in before.signals} if before is not None else set()
+    for signal in after.signals:
+        if signal.signal_id in known:
+            continue
+        by = action if action is not None and action.ref == signal.signal_id else None
+        yield HistoryEntry(signal.sent_at_ms, E.SIGNAL, code=signal.name, ref=signal.signal_id,
+                           actor=by.actor if by else None, reason=by.reason if by else None)
+
+
+def _step(old: StepRecord | None, new: StepRecord, at: int,
+          saga: SagaRecord) -> Iterator[HistoryEntry]:
+    if old is None:
+        yield _intent(new, at)
+        return
+    claimed = new.started_at_ms is not None and new.started_at_ms != old.started_at_ms
+    if claimed:
+        yield _claim(new, at)
+    if new.state is not old.state:
+        yield _moved(new, at, saga)
+    elif new.state is StepState.EXECUTING and new.next_attempt_at_ms is not None \
+            and new.next_attempt_at_ms != old.next_attempt_at_ms:
+        yield HistoryEntry(at, E.RETRY, new.name, new.attempts, code=new.error_code,
+                           due_ms=new.next_attempt_at_ms)
+    elif new.state is StepState.COMPENSATING and new.error_code is not None \
+            and new.error_code != old.error_code:
+        yield HistoryEntry(at, E.COMPENSATION_AMBIGUOUS, new.name, new.compensation_attempts,
+                           code=new.error_code)
+    elif not claimed and new.dispatched_at_ms is not None \
+            and new.dispatched_at_ms != old.dispatched_at_ms:
+        yield HistoryEntry(at, E.RESENT, new.name, _attempt(new))
+
+
+def _attempt(step: StepRecord) -> int:
+    return step.compensation_attempts if step.state in _COMPENSATION_STATES else step.attempts
+
+
+def _intent(step: StepRecord, at: int) -> HistoryEntry:
+    """A step appended: its intent, or the wait it opens."""
+    if step.state is StepState.AWAITING_APPROVAL:
+        return HistoryEntry(at, E.APPROVAL_REQUESTED, step.name, ref=step.approval_id)
+    if step.task == TIMER_TASK:
+        return HistoryEntry(at, E.TIMER_SET, step.name, due_ms=step.wake_at_ms)
+    if step.task == SIGNAL_TASK:
+        name = step.kwargs.get("signal")
+        return HistoryEntry(at, E.SIGNAL_WAIT, step.name, code=name if isinstance(name, str)
+                            else None, due_ms=step.wake_at_ms)
+    if step.task == CHILD_TASK:
+        child = step.kwargs.get("saga_id")
+        return HistoryEntry(at, E.CHILD_STARTED, step.name,
+                            ref=child if isinstance(child, str) else None)
+    state = None if step.state is StepState.EXECUTING else str(step.state)
+    return HistoryEntry(at, E.INTENT, step.name, state=state, code=step.error_code)
+
+
+def _claim(step: StepRecord, at: int) -> HistoryEntry:
+    if step.state in _COMPENSATION_STATES:
+        return HistoryEntry(at, E.COMPENSATION_CLAIMED, step.name, step.compensation_attempts,
+                            ref=step.claimed_by)
+    return HistoryEntry(at, E.CLAIMED, step.name, step.attempts, ref=step.claimed_by)
+
+
+def _moved(step: StepRecord, at: int, saga: SagaRecord) -> HistoryEntry:
+    """A step's change of state, named for what it means for the step's kind."""
+    state, name = step.state, step.name
+    if step.task in (APPROVAL_TASK, CHILD_TASK, TIMER_TASK, SIGNAL_TASK) and \
+            state in (StepState.COMMITTED, StepState.FAILED):
+        return _wait_ended(step, at, saga)
+    if state is StepState.COMMITTED:
+        return HistoryEntry(at, E.COMMITTED, name, step.attempts)
+    if state is StepState.FAILED:
+        return HistoryEntry(at, E.FAILED, name, step.attempts, code=step.error_code)
+    if state is StepState.AMBIGUOUS:
+        return HistoryEntry(at, E.AMBIGUOUS, name, step.attempts, code=step.error_code)
+    if state is StepState.COMPENSATING:
+        return HistoryEntry(at, E.COMPENSATION_INTENT, name, step.compensation_attempts)
+    if state is StepState.COMPENSATED:
+        return HistoryEntry(at, E.COMPENSATED, name, step.compensation_attempts)
+    if state is StepState.COMPENSATION_FAILED:
+        return HistoryEntry(at, E.COMPENSATION_FAILED, name, step.compensation_attempts,
+                            code=step.error_code, due_ms=step.next_attempt_at_ms)
+    return HistoryEntry(at, E.STEP, name, _attempt(step), state=str(state), code=step.error_code)
+
+
+def _wait_ended(step: StepRecord, at: int, saga: SagaRecord) -> HistoryEntry:
+    """A step no task runs committed or failed: the timer fired, the signal came (or the wait
+    timed out), the child ended, the approval was decided."""
+    state, name, code = str(step.state), step.name, step.error_code
+    if step.task == APPROVAL_TASK:
+        result = step.result if isinstance(step.result, dict) else {}
+        by = result.get("decided_by")
+        return HistoryEntry(at, E.APPROVAL_DECIDED, name, state=state, code=code,
+                            ref=step.approval_id, actor=by if isinstance(by, str) else None)
+    if step.task == CHILD_TASK:
+        child = step.kwargs.get("saga_id")
+        return HistoryEntry(at, E.CHILD_ENDED, name, state=state, code=code,
+                            ref=child if isinstance(child, str) else None)
+    if step.state is StepState.FAILED:
+        return HistoryEntry(at, E.FAILED, name, step.attempts, code=code)
+    if step.task == TIMER_TASK:
+        return HistoryEntry(at, E.TIMER_FIRED, name)
+    consumed = next((s for s in saga.signals if s.consumed_by == name), None)
+    if consumed is None:
+        return HistoryEntry(at, E.SIGNAL_TIMED_OUT, name)
+    return HistoryEntry(at, E.SIGNAL_CONSUMED, name, code=consumed.name, ref=consumed.signal_id)
