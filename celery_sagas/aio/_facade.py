@@ -23,7 +23,7 @@ from .._definitions import Registry
 from .._dispatch import Dispatcher
 from .._events import EventBus
 from .._findings import FindingPage
-from .._records import SagaRecord
+from .._records import SagaHistory, SagaRecord
 from .._repository import SETTLED
 from ..errors import SagaNotFound
 from ..stores.base import Store
@@ -118,24 +118,34 @@ class AsyncSagas:
         """As ``Sagas.get``: the saga record, or None."""
         return await self._call(lambda view: view.get(saga_id))
 
+    async def history(self, saga_id: str) -> SagaHistory:
+        """As ``Sagas.history``: what happened to the saga, oldest first."""
+        return await self._call(lambda view: view.history(saga_id))
+
     async def signal(self, saga_id: str, name: str, payload: Any = None,
-                     signal_id: str | None = None) -> SagaRecord:
+                     signal_id: str | None = None, *, actor: str | None = None,
+                     reason: str | None = None) -> SagaRecord:
         """As ``Sagas.signal``: record the signal (one write) and advance a saga waiting for it."""
-        return await self._call(lambda view: view.signal(saga_id, name, payload, signal_id))
+        return await self._call(lambda view: view.signal(saga_id, name, payload, signal_id,
+                                                         actor=actor, reason=reason))
 
-    async def cancel(self, saga_id: str) -> SagaRecord:
+    async def cancel(self, saga_id: str, *, actor: str | None = None,
+                     reason: str | None = None) -> SagaRecord:
         """As ``Sagas.cancel``."""
-        return await self._call(lambda view: view.cancel(saga_id))
+        return await self._call(lambda view: view.cancel(saga_id, actor=actor, reason=reason))
 
-    async def resume(self, saga_id: str) -> SagaRecord:
+    async def resume(self, saga_id: str, *, actor: str | None = None,
+                     reason: str | None = None) -> SagaRecord:
         """As ``Sagas.resume``."""
-        return await self._call(lambda view: view.resume(saga_id))
+        return await self._call(lambda view: view.resume(saga_id, actor=actor, reason=reason))
 
     async def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
-                      result: Any = None, error_code: str | None = None) -> SagaRecord:
+                      result: Any = None, error_code: str | None = None,
+                      actor: str | None = None, reason: str | None = None) -> SagaRecord:
         """As ``Sagas.resolve``."""
         return await self._call(lambda view: view.resolve(
-            saga_id, step, effect_id, outcome, result=result, error_code=error_code))
+            saga_id, step, effect_id, outcome, result=result, error_code=error_code,
+            actor=actor, reason=reason))
 
     async def findings(self, report: str = "all", *, cursor: str | None = None,
                        limit: int = 100) -> FindingPage:
