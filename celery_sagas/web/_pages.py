@@ -5,9 +5,10 @@ from __future__ import annotations
 from flask import Blueprint, render_template, request
 
 from ._attention import STALE_READ, waits_of
+from ._chart import chart
 from ._request import page_error, source
 from ._source import PREFIX_READ, STATES, SagaFilter
-from ._timeline import chart, timeline
+from ._timeline import timeline
 from ._views import (
     child_of,
     effect_rows,

@@ -1,4 +1,4 @@
-"""Geometry of the two server-rendered SVG drawings: a saga's timeline and the finishes chart.
+"""Geometry of a saga's timeline, drawn as SVG on the server (the finishes chart: ``_chart``).
 
 Pure functions of records and numbers; the templates draw the shapes (Jinja escapes every
 label). Each step carries an effect mark per effect (docs/design.md §2.3: state, when it last
@@ -7,12 +7,15 @@ timeline draws:
 
 - forward lane: the wait for a worker (dispatched → started), the run (started → committed,
   or to the execution mark's time when it failed, or to now while executing or unknown), an
-  approval gate as a wait from the gate's opening to its decision; a step whose forward times
+  approval gate as a wait from the gate's opening to its decision, a timer, a signal wait and
+  a child saga each as its own kind of wait, with a ◆ at its wake-up or timeout; a step whose forward times
   were overwritten by its compensation starts at the commit of the step before it;
 - compensation lane: from the compensator's dispatch to its mark's time once committed or
   failed, or to now while it runs or its outcome is unknown;
-- marks: ✕ failed, ? unknown outcome, ⟳ a retry waiting for its time, and xN after an effect
-  that took N attempts; each with the effect's error code in its tooltip.
+- marks: ✕ failed, ? unknown outcome, ⟳ a retry waiting for its time (none in manual review:
+  nothing is retried there), and xN after an effect that took N attempts; each with the
+  effect's error code in its tooltip;
+- the scale: piecewise, each long idle stretch a marked break (``_Scale``).
 """
 
 from __future__ import annotations
@@ -22,20 +25,25 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from celery_sagas import EffectState, SagaRecord, StepRecord, StepState
+from celery_sagas import EffectState, SagaRecord, SagaState, StepRecord, StepState
 
-from ._source import Finishes
+from .._records import CHILD_TASK, SIGNAL_TASK, TIMER_TASK
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
 
-__all__ = ["Bar", "Chart", "Mark", "Timeline", "chart", "timeline"]
+__all__ = ["Bar", "Gap", "Mark", "Tick", "Timeline", "clock", "timeline"]
 
 LABEL_WIDTH = 190.0
 PLOT_WIDTH = 640.0
 ROW_HEIGHT = 34.0
+TICK_GAP = 70.0
 TOP = 26.0
 MIN_BAR = 3.0
+BREAK_WIDTH = 26.0
+GAP_SHARE = 0.25  # an idle stretch longer than this share of the span becomes a break
+MIN_GAP_MS = 2_000
+MAX_GAPS = 6
 TIMES = "\N{MULTIPLICATION SIGN}"
 _FORWARD = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
             StepState.COMMITTED, StepState.FAILED, StepState.AMBIGUOUS)
@@ -94,17 +102,61 @@ class Timeline:
     ticks: tuple[Tick, ...]
     start_ms: int
     end_ms: int
+    gaps: tuple[Gap, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A long idle stretch the scale leaves out: drawn as a marked break of ``BREAK_WIDTH``."""
+
+    x: float
+    start_ms: int
+    end_ms: int
+
+    @property
+    def label(self) -> str:
+        """How long nothing happened, in words."""
+        return f"idle {_duration(self.end_ms - self.start_ms)}"
 
 
 class _Scale:
-    """Maps epoch milliseconds onto the plot."""
+    """Maps epoch milliseconds onto the plot, piecewise: an idle stretch between two moments of
+    activity longer than ``MIN_GAP_MS`` and than ``GAP_SHARE`` of the time left once longer
+    ones are left out becomes a break of fixed width (``MAX_GAPS`` at most), so seconds of
+    work are not squeezed into pixels by hours of waiting."""
 
-    def __init__(self, start_ms: int, end_ms: int) -> None:
-        self.start, self.span = start_ms, max(1, end_ms - start_ms)
+    def __init__(self, start_ms: int, end_ms: int, busy: Sequence[tuple[int, int]] = ()) -> None:
+        self.start, self.end = start_ms, max(start_ms + 1, end_ms)
+        span = self.end - self.start
+        gaps: list[tuple[int, int]] = []
+        active = span
+        # Longest first, each judged against what is left once the longer ones are left out.
+        for a, b in sorted(_idle(self.start, self.end, busy), key=lambda g: g[0] - g[1])[:MAX_GAPS]:
+            if b - a > max(MIN_GAP_MS, active * GAP_SHARE):
+                gaps.append((a, b))
+                active -= b - a
+        gaps.sort()
+        active = max(1, active)
+        self._unit = (PLOT_WIDTH - BREAK_WIDTH * len(gaps)) / active
+        self._gaps = gaps
+        self.gaps = tuple(Gap(self._x_before(a), a, b) for a, b in gaps)
+
+    def _x_before(self, at_ms: int) -> float:
+        """x of ``at_ms``, counting active time and the breaks before it."""
+        skipped = 0.0
+        breaks = 0.0
+        for a, b in self._gaps:
+            if at_ms <= a:
+                break
+            if at_ms < b:  # inside a break: proportionally across it
+                return round(LABEL_WIDTH + (a - self.start - skipped) * self._unit + breaks
+                             + BREAK_WIDTH * (at_ms - a) / (b - a), 1)
+            skipped += b - a
+            breaks += BREAK_WIDTH
+        return round(LABEL_WIDTH + (at_ms - self.start - skipped) * self._unit + breaks, 1)
 
     def x(self, at_ms: int) -> float:
-        fraction = min(1.0, max(0.0, (at_ms - self.start) / self.span))
-        return round(LABEL_WIDTH + fraction * PLOT_WIDTH, 1)
+        return self._x_before(min(self.end, max(self.start, at_ms)))
 
     def bar(self, begin: int, end: int, y: float, height: float, kind: str, title: str) -> Bar:
         left = self.x(begin)
@@ -112,15 +164,37 @@ class _Scale:
         return Bar(left, y, round(width, 1), height, kind, title)
 
 
-def _clock(ms: int) -> str:
+def _idle(start: int, end: int, busy: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The stretches of [start, end] no busy interval (or moment: a zero-length one) covers."""
+    idle, at = [], start
+    for a, b in sorted((max(start, a), min(end, b)) for a, b in busy if b >= start and a <= end):
+        if a > at:
+            idle.append((at, a))
+        at = max(at, b)
+    if end > at:
+        idle.append((at, end))
+    return idle
+
+
+def _duration(ms: int) -> str:
+    seconds = ms // 1000
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def clock(ms: int) -> str:
+    """``HH:MM:SS`` of epoch milliseconds, UTC."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%H:%M:%S")
 
 
 def _tick(ms: int, span_ms: int) -> str:
     """A tick label: seconds, or milliseconds when the whole span is under 20 seconds."""
     if span_ms >= 20_000:
-        return _clock(ms)
-    return _clock(ms) + f".{ms % 1000:03d}"
+        return clock(ms)
+    return clock(ms) + f".{ms % 1000:03d}"
 
 
 def _forward_begin(record: SagaRecord, index: int) -> int:
@@ -152,12 +226,17 @@ def _forward(record: SagaRecord, index: int, now: int, scale: _Scale,
         if step.state is StepState.FAILED:  # denied or expired; a gate has no effect marks
             right = bars[-1].x + bars[-1].width + 8
             marks.append(Mark(right, top + 10, "✕", "failed", f"gate closed ({step.error_code})"))
-    elif step.task.startswith("celery_sagas."):  # a timer or a signal wait: no task runs
+    elif step.task.startswith("celery_sagas."):  # a timer, a signal wait, a child: no task runs
         end = step.committed_at_ms or (now if step.state is StepState.WAITING else begin)
-        bars.append(scale.bar(begin, end, top, height, "wait", f"{step.name}: {step.state}"))
+        kind, title = _held(step)
+        bars.append(scale.bar(begin, end, top, height, kind, title))
+        if step.wake_at_ms is not None and step.state is StepState.WAITING:
+            word = "wakes" if kind == "timer" else "times out"
+            marks.append(Mark(scale.x(step.wake_at_ms), top + 10, "◆", "deadline",
+                              f"{step.name} {word} at {clock(step.wake_at_ms)} UTC"))
     elif step.state is StepState.EXECUTING and started is None and step.next_attempt_at_ms:
         bars.append(scale.bar(begin, step.next_attempt_at_ms, top, height, "retry",
-                              f"{step.name}: retry due at {_clock(step.next_attempt_at_ms)} UTC"))
+                              f"{step.name}: retry due at {clock(step.next_attempt_at_ms)} UTC"))
         marks.append(Mark(scale.x(step.next_attempt_at_ms) + 8, top + 10, "⟳", "retry",
                           "retry waiting"))
     else:
@@ -170,6 +249,20 @@ def _forward(record: SagaRecord, index: int, now: int, scale: _Scale,
                               f"{step.name}: execution {state or step.state}"))
     marks.extend(_outcome_marks(step.execution, step.attempts, bars[-1], top + 10, "execution"))
     return bars, marks
+
+
+def _held(step: StepRecord) -> tuple[str, str]:
+    """The bar kind and tooltip of a step no task runs."""
+    until = "" if step.wake_at_ms is None else f" until {clock(step.wake_at_ms)} UTC"
+    if step.task == TIMER_TASK:
+        return "timer", f"{step.name}: timer{until} ({step.state})"
+    if step.task == SIGNAL_TASK:
+        name = step.kwargs.get("signal")
+        timeout = "" if step.wake_at_ms is None else f", times out at {clock(step.wake_at_ms)} UTC"
+        return "signal", f"{step.name}: waiting for signal {name}{timeout} ({step.state})"
+    if step.task == CHILD_TASK:
+        return "child", f"{step.name}: child saga {step.kwargs.get('saga_id')} ({step.state})"
+    return "wait", f"{step.name}: {step.state}"
 
 
 def _forward_end(step: StepRecord, run_from: int, now: int) -> int:
@@ -217,8 +310,9 @@ def _compensation(record: SagaRecord, step: StepRecord, now: int, scale: _Scale,
     kind = "unknown" if mark.state is EffectState.UNKNOWN else "undo"
     bars = [scale.bar(begin, end, top, height, kind,
                       f"{step.name}: compensation {mark.state} ({step.state})")]
-    if step.state is StepState.COMPENSATION_FAILED and step.next_attempt_at_ms:
-        due = _clock(step.next_attempt_at_ms)
+    if step.state is StepState.COMPENSATION_FAILED and step.next_attempt_at_ms and \
+            record.state is not SagaState.MANUAL_REVIEW:  # in review nothing is retried
+        due = clock(step.next_attempt_at_ms)
         bars.append(scale.bar(end, step.next_attempt_at_ms, top, height, "retry",
                               f"{step.name}: compensation retry due at {due} UTC"))
     failed = step.state is StepState.COMPENSATION_FAILED
@@ -234,14 +328,32 @@ def _failed(mark: EffectMark, code: str | None) -> EffectMark:
 
 def _span(record: SagaRecord, now: int) -> tuple[int, int]:
     end = record.updated_at_ms if record.state.final else max(now, record.updated_at_ms)
-    retries = [s.next_attempt_at_ms for s in record.steps if s.next_attempt_at_ms]
-    return record.created_at_ms, max([end, *retries])
+    later = [] if record.state.final or record.state is SagaState.MANUAL_REVIEW else [
+        t for s in record.steps for t in (s.next_attempt_at_ms, s.wake_at_ms) if t]
+    return record.created_at_ms, max([end, *later])
+
+
+def _busy(record: SagaRecord, now: int) -> list[tuple[int, int]]:
+    """When something happened or ran: each step's work (sent to done; a timer, a signal
+    wait, a child or a gate only where it began and ended) and every instant recorded. The
+    rest is idle time the scale may leave out."""
+    busy = [(t, t) for t in (record.created_at_ms, record.updated_at_ms, now)]
+    for step in record.steps:
+        times = [t for t in (step.dispatched_at_ms, step.started_at_ms, step.committed_at_ms,
+                             step.next_attempt_at_ms, step.wake_at_ms) if t]
+        times += [m.at_ms for m in (step.execution, step.compensation) if m is not None]
+        busy += [(t, t) for t in times]
+        if times and not step.task.startswith("celery_sagas."):
+            running = step.state in (StepState.EXECUTING, StepState.COMPENSATING)
+            busy.append((min(times), now if running else max(times)))
+    busy += [(signal.sent_at_ms, signal.sent_at_ms) for signal in record.signals]
+    return busy
 
 
 def timeline(record: SagaRecord, now_ms: int) -> Timeline:
     """The timeline of ``record`` as seen at ``now_ms``."""
     start, end = _span(record, now_ms)
-    scale = _Scale(start, end)
+    scale = _Scale(start, end, _busy(record, now_ms))
     rows, bars, marks = [], [], []
     for index, step in enumerate(record.steps):
         y = TOP + index * ROW_HEIGHT
@@ -250,58 +362,21 @@ def timeline(record: SagaRecord, now_ms: int) -> Timeline:
                       _compensation(record, step, now_ms, scale, y)):
             bars.extend(drawn[0])
             marks.extend(drawn[1])
-    ticks = tuple(Tick(scale.x(at), _tick(at, end - start))
-                  for at in (start + (end - start) * i // 4 for i in range(5)))
     height = TOP + max(1, len(record.steps)) * ROW_HEIGHT + 6
     return Timeline(LABEL_WIDTH + PLOT_WIDTH + 60, height, tuple(rows), tuple(bars), tuple(marks),
-                    ticks, start, end)
+                    _ticks(scale, start, end), start, end, scale.gaps)
 
 
-# ---------------------------------------------------------------- the finishes chart
-
-
-@dataclass(frozen=True, slots=True)
-class Chart:
-    """Stacked bars per minute: completions (bottom) and compensations (top)."""
-
-    width: float
-    height: float
-    bars: tuple[Bar, ...]
-    ticks: tuple[Tick, ...]
-    peak: int
-    total_completed: int
-    total_compensated: int
-
-
-CHART_WIDTH = 720.0
-CHART_HEIGHT = 140.0
-_PLOT_TOP, _PLOT_BOTTOM, _PLOT_LEFT = 10.0, 116.0, 36.0
-
-
-def _column(left: float, width: float, counts: Sequence[tuple[int, str]],
-            unit: float, title: str) -> list[Bar]:
-    bars, bottom = [], _PLOT_BOTTOM
-    for count, kind in counts:
-        if count:
-            height = round(count * unit, 1)
-            bottom -= height
-            bars.append(Bar(left, round(bottom, 1), width, height, kind, title))
-    return bars
-
-
-def chart(finishes: Finishes) -> Chart:
-    """The finishes chart: one column per minute, oldest on the left."""
-    minutes = len(finishes.completed)
-    peak = max([1, *(a + b for a, b in zip(finishes.completed, finishes.compensated, strict=True))])
-    unit = (_PLOT_BOTTOM - _PLOT_TOP) / peak
-    step = (CHART_WIDTH - _PLOT_LEFT - 10) / max(1, minutes)
-    bars: list[Bar] = []
-    for minute, (done, undone) in enumerate(zip(finishes.completed, finishes.compensated, strict=True)):
-        at = finishes.start_ms + minute * 60_000
-        title = f"{_clock(at)[:5]} UTC: {done} completed, {undone} compensated"
-        bars += _column(round(_PLOT_LEFT + minute * step, 1), round(max(1.0, step - 1), 1),
-                        ((done, "completed"), (undone, "compensated")), unit, title)
-    ticks = tuple(Tick(round(_PLOT_LEFT + m * step, 1), _clock(finishes.start_ms + m * 60_000)[:5])
-                  for m in range(0, minutes, max(1, minutes // 6)))
-    return Chart(CHART_WIDTH, CHART_HEIGHT, tuple(bars), ticks, peak, sum(finishes.completed),
-                 sum(finishes.compensated))
+def _ticks(scale: _Scale, start: int, end: int) -> tuple[Tick, ...]:
+    """Ticks at the start, around each break and at the end, with more in between where the
+    plot has room; none closer than ``TICK_GAP`` pixels to the one before."""
+    moments = [start]
+    edges = [start, *(t for gap in scale.gaps for t in (gap.start_ms, gap.end_ms)), end]
+    for a, b in zip(edges[::2], edges[1::2], strict=False):
+        moments += [a + (b - a) * i // 4 for i in range(5)]
+    ticks: list[Tick] = []
+    for at in sorted(set(moments)):
+        x = scale.x(at)
+        if not ticks or x - ticks[-1].x >= TICK_GAP:
+            ticks.append(Tick(x, _tick(at, end - start)))
+    return tuple(ticks)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from celery_sagas import EffectState, SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas._records import EffectMark
+from celery_sagas.web._chart import chart
 from celery_sagas.web._source import Finishes
-from celery_sagas.web._timeline import LABEL_WIDTH, PLOT_WIDTH, TOP, chart, timeline
+from celery_sagas.web._timeline import BREAK_WIDTH, LABEL_WIDTH, PLOT_WIDTH, TOP, timeline
 
 T0 = 1_700_000_000_000
 
@@ -43,7 +44,7 @@ def test_a_committed_step_has_a_wait_and_a_run_bar_inside_the_plot() -> None:
 def test_failures_ambiguity_attempts_and_retries_are_marked() -> None:
     # given
     record = saga(
-        SagaState.MANUAL_REVIEW,
+        SagaState.RUNNING,
         step("a", StepState.COMMITTED, started_at_ms=T0, committed_at_ms=T0 + 1_000, attempts=3,
              execution=mark(EffectState.COMMITTED, T0 + 1_000, 3)),
         step("b", StepState.AMBIGUOUS, started_at_ms=T0 + 1_000, attempts=1, error_code="step_error",
@@ -74,7 +75,9 @@ def test_a_failed_execution_ends_at_its_mark_with_its_error_code() -> None:
 
     # then
     [run] = drawn.bars
-    assert run.x + run.width == LABEL_WIDTH + PLOT_WIDTH * 0.4  # 4 s of a 10 s saga
+    [gap] = drawn.gaps  # the 6 idle seconds after the failure are a break, not 60 % of the plot
+    assert run.x + run.width == gap.x == LABEL_WIDTH + PLOT_WIDTH - BREAK_WIDTH
+    assert (gap.start_ms, gap.end_ms, gap.label) == (T0 + 4_000, T0 + 10_000, "idle 6 s")
     [failed] = drawn.marks
     assert (failed.symbol, failed.title) == ("✕", "execution failed (declined)")
 
@@ -150,3 +153,43 @@ def test_the_chart_stacks_compensations_on_completions() -> None:
     assert done.x == undone.x < alone.x
     assert undone.y + undone.height == done.y
     assert abs(done.height - 2 * alone.height) < 0.2
+
+
+def test_seconds_of_work_before_hours_of_waiting_fill_the_plot() -> None:
+    # given: two steps in the first 3 seconds, then a signal wait of two hours so far
+    wait = StepRecord(name="signal:go", task="celery_sagas.wait_signal", effect_id="w-e",
+                      compensation_effect_id="w-c", state=StepState.WAITING,
+                      kwargs={"signal": "go", "timeout": 86400}, dispatched_at_ms=T0 + 3_000,
+                      wake_at_ms=T0 + 86_400_000)
+    record = saga(SagaState.RUNNING,
+                  step("a", StepState.COMMITTED, started_at_ms=T0, committed_at_ms=T0 + 1_000),
+                  step("b", StepState.COMMITTED, started_at_ms=T0 + 1_000,
+                       committed_at_ms=T0 + 3_000),
+                  wait, updated=T0 + 3_000)
+
+    # when
+    drawn = timeline(record, T0 + 7_200_000)
+
+    # then: the work takes most of the plot; the idle stretches are marked breaks
+    a, b, signal = drawn.bars
+    assert a.width + b.width > PLOT_WIDTH / 4
+    assert signal.kind == "signal" and "times out at" in signal.title
+    assert len(drawn.gaps) == 2 and drawn.gaps[0].label == "idle 119 min"
+    [deadline] = [m for m in drawn.marks if m.kind == "deadline"]
+    assert deadline.x == LABEL_WIDTH + PLOT_WIDTH and "times out" in deadline.title
+
+
+def test_an_exhausted_compensation_in_review_shows_no_next_attempt() -> None:
+    # given
+    record = saga(SagaState.MANUAL_REVIEW,
+                  step("a", StepState.COMPENSATION_FAILED, dispatched_at_ms=T0 + 1_000,
+                       compensation_attempts=5, next_attempt_at_ms=T0 + 5_000,
+                       compensation=mark(EffectState.EXECUTING, T0 + 2_000, 5)),
+                  updated=T0 + 3_000)
+
+    # when
+    drawn = timeline(record, T0 + 60_000)
+
+    # then
+    assert "retry" not in [b.kind for b in drawn.bars]
+    assert drawn.end_ms == T0 + 60_000
