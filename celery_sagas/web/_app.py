@@ -6,8 +6,10 @@ import logging
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from flask import Flask, Response, g, request
+from werkzeug.datastructures import MultiDict
 
 from celery_sagas.errors import (
     InvalidRecordError,
@@ -118,7 +120,27 @@ def _context() -> dict[str, Any]:
         "csrf_token": csrf_token,
         "can_signal": web().source.can_signal,
         "notice": DONE.get(request.args.get("done", "")),
+        **_refresh(),
     }
+
+
+REFRESH_S = ("10", "30", "60")
+
+
+def _refresh() -> dict[str, Any]:
+    """Opt-in auto-refresh with no script: ``?refresh=N`` renders ``<meta http-equiv=refresh>``
+    (the CSP stays strict), and links to turn it on or off for the page shown."""
+    if request.method != "GET":
+        return {"refresh": None, "refresh_on": None, "refresh_off": None}
+    chosen = request.args.get("refresh")
+    args = MultiDict(request.args)
+    args.pop("done", None)
+    args.pop("refresh", None)
+    off = request.path + ("?" + urlencode(list(args.items(multi=True))) if args else "")
+    args["refresh"] = "30"
+    return {"refresh": chosen if chosen in REFRESH_S else None,
+            "refresh_on": request.path + "?" + urlencode(list(args.items(multi=True))),
+            "refresh_off": off}
 
 
 def _status(exc: SagaError) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from flask import Blueprint, render_template, request
 
 from ._attention import STALE_READ, waits_of
@@ -44,11 +46,20 @@ def sagas() -> str:
     """One page of sagas, filtered by state, definition and id prefix."""
     args = request.args
     chosen = SagaFilter.of(args.getlist("state"), args.get("definition") or None,
-                           args.get("id") or None)
+                           args.get("id") or None, args.get("error") or None,
+                           args.get("before") or None)
     page = source().page(chosen, args.get("cursor") or None, limit=PAGE_SIZE)
     return render_template("sagas.html", page=page, chosen=chosen,
                            states=[str(s) for s in STATES],
-                           definitions=source().definitions(), prefix_read=PREFIX_READ)
+                           definitions=source().definitions(), prefix_read=PREFIX_READ,
+                           before=_local(chosen.updated_before_ms))
+
+
+def _local(ms: int | None) -> str:
+    """The value of a ``datetime-local`` input for epoch milliseconds (UTC), or empty."""
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 @blueprint.get("/saga")

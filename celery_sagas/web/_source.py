@@ -31,6 +31,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import celery_sagas
@@ -133,15 +134,20 @@ class Overview:
 
 @dataclass(frozen=True, slots=True)
 class SagaFilter:
-    """The sagas list's filter: states (empty: all), a definition and an id prefix."""
+    """The sagas list's filter: states (empty: all), a definition, an id prefix, an error code
+    and a time (last written before it)."""
 
     states: tuple[str, ...] = ()
     definition: str | None = None
     id_prefix: str | None = None
+    error_code: str | None = None
+    updated_before_ms: int | None = None
 
     @classmethod
-    def of(cls, states: Sequence[str], definition: str | None, id_prefix: str | None) -> SagaFilter:
-        """A validated filter (SagaValidationError names what is wrong)."""
+    def of(cls, states: Sequence[str], definition: str | None, id_prefix: str | None,
+           error_code: str | None = None, updated_before: str | None = None) -> SagaFilter:
+        """A validated filter (SagaValidationError names what is wrong); ``updated_before`` is
+        an ISO 8601 date and time, UTC unless it names its offset."""
         known = {str(s) for s in SagaState}
         for state in states:
             if state not in known:
@@ -149,17 +155,37 @@ class SagaFilter:
         definition = values.definition_name(definition) if definition else None
         if id_prefix:
             values.token(id_prefix, field="id prefix", max_len=128)
-        return cls(tuple(dict.fromkeys(states)), definition, id_prefix or None)
+        if error_code:
+            values.token(error_code, field="error code", max_len=64)
+        return cls(tuple(dict.fromkeys(states)), definition, id_prefix or None,
+                   error_code or None, _instant(updated_before) if updated_before else None)
 
     @property
     def browsed_states(self) -> list[str]:
         """The states the list walks, open ones first."""
         return list(self.states) or [str(s) for s in STATES]
 
+    @property
+    def read_here(self) -> bool:
+        """True when records are filtered here (id prefix, error code), not by an index."""
+        return self.id_prefix is not None or self.error_code is not None
+
     def fingerprint(self) -> str:
         """A short digest that ties a cursor to this filter."""
-        text = json.dumps([self.states, self.definition, self.id_prefix])
+        text = json.dumps([self.states, self.definition, self.id_prefix, self.error_code,
+                           self.updated_before_ms])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _instant(text: str) -> int:
+    """Epoch milliseconds of an ISO 8601 date and time (UTC when it names no offset)."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise SagaValidationError("updated before is not an ISO 8601 date and time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,21 +369,26 @@ class SagaSource:
         if not 1 <= limit <= _MAX_BROWSE:
             raise SagaValidationError(f"limit must be in 1..{_MAX_BROWSE}")
         at = _decode_cursor(cursor, chosen.fingerprint()) if cursor else _At(None, limit, 0)
-        if chosen.id_prefix is None:
+        if not chosen.read_here:
             page = self._browse(chosen, at.cursor, limit)
             after = None if page.cursor is None else _At(page.cursor, limit, 0).encode(chosen)
-            matching = self._sagas.store.count(SAGA, chosen.browsed_states, label=chosen.definition)
+            matching = self._sagas.store.count(SAGA, chosen.browsed_states, label=chosen.definition,
+                                               updated_before_ms=chosen.updated_before_ms)
             return SagaPage(page.records, page.corrupt, after, len(page.records) + len(page.corrupt),
                             matching=matching)
-        return self._prefixed(chosen, chosen.id_prefix, at, limit)
+        return self._filtered(chosen, at, limit)
 
     def _browse(self, chosen: SagaFilter, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
         return self._sagas.browse(states=chosen.browsed_states, definition=chosen.definition,
-                                  cursor=cursor, limit=limit)
+                                  updated_before_ms=chosen.updated_before_ms, cursor=cursor,
+                                  limit=limit)
 
-    def _prefixed(self, chosen: SagaFilter, prefix: str, at: _At, limit: int) -> SagaPage:
-        """Pages of the store's scan (states and definition filtered there), of which only the
-        records whose id starts with ``prefix`` are decoded; at most ``PREFIX_READ`` read."""
+    def _filtered(self, chosen: SagaFilter, at: _At, limit: int) -> SagaPage:
+        """Pages of the store's scan (states, definition and time filtered there), of which
+        only the records whose id starts with the prefix are decoded, and only those with the
+        error code kept; at most ``PREFIX_READ`` read."""
+        prefix = chosen.id_prefix or ""
+        exact = self.saga(prefix) if prefix else None
         records: list[SagaRecord] = []
         corrupt: list[CorruptRecord] = []
         read = 0
@@ -366,21 +397,25 @@ class SagaSource:
             # the same items.
             size = at.size if at.skip else min(_MAX_BROWSE, PREFIX_READ - read)
             page = self._sagas.store.scan(SAGA, chosen.browsed_states, label=chosen.definition,
+                                          updated_before_ms=chosen.updated_before_ms,
                                           cursor=at.cursor, limit=size)
             for index in range(at.skip, len(page.items)):
                 read += 1
                 envelope = page.items[index]
                 if envelope.id.startswith(prefix):
                     self._decode(envelope, records, corrupt)
+                    if chosen.error_code and records and records[-1].saga_id == envelope.id \
+                            and records[-1].error_code != chosen.error_code:
+                        records.pop()
                 full = len(records) + len(corrupt) == limit
                 if full or read >= PREFIX_READ:
                     after = _At(at.cursor, size, index + 1) if index + 1 < len(page.items) else \
                         None if page.cursor is None else _At(page.cursor, size, 0)
                     return SagaPage(tuple(records), tuple(corrupt),
                                     None if after is None else after.encode(chosen), read,
-                                    not full and after is not None, self.saga(prefix))
+                                    not full and after is not None, exact)
             if page.cursor is None:
-                return SagaPage(tuple(records), tuple(corrupt), None, read, False, self.saga(prefix))
+                return SagaPage(tuple(records), tuple(corrupt), None, read, False, exact)
             at = _At(page.cursor, size, 0)
 
     def _decode(self, envelope: Envelope, records: list[SagaRecord],
