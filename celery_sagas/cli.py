@@ -25,6 +25,7 @@ from kombu.exceptions import OperationalError
 
 from . import _cli_format as fmt
 from ._celery.facade import Sagas, sagas_of
+from ._export import export_line, export_target
 from ._findings import REPORTS
 from ._records import SagaRecord, SagaState
 from .errors import (
@@ -219,6 +220,9 @@ def _before_option(value: str | None) -> int | None:
     return max(0, int(moment.timestamp() * 1000))
 
 
+_EXPORT_PAGE = 500  # sagas read per page: the total is --limit
+
+
 @click.command("export")
 @click.option("--state", "states", metavar="S,...",
               help="Only sagas in these states, comma-separated (default: every state).")
@@ -226,30 +230,35 @@ def _before_option(value: str | None) -> int | None:
               help="Only sagas last written before this ISO 8601 time (UTC unless it says).")
 @click.option("--definition", help="Only sagas of this definition.")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True),
-              help="Write to this file instead of stdout.")
-@_limit_option(500, "sagas read per page")
+              help="Write to this file instead of stdout (replaced only once the export is whole).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="At most this many sagas in all, as in list (default: every one).")
+@click.option("--keep-sealed", is_flag=True,
+              help="Write a saga no configured key decrypts in its sealed form (a 'sealed' "
+                   "object) instead of refusing.")
 @click.pass_context
 @_operation
 def export(ctx: click.Context, states: str | None, before: str | None, definition: str | None,
-           output: str | None, limit: int) -> None:
+           output: str | None, limit: int | None, keep_sealed: bool) -> None:
     """Write full saga records as JSON lines, for audits and migrations.
 
     One line per saga with every field: input, steps with their arguments and results, state,
     times. The store's indexes do the filtering, a page at a time, state by state, oldest first.
-    Corrupt records are named on stderr and skipped.
+    Corrupt records are named on stderr and skipped. A saga no configured key decrypts stops
+    the export (exit 1) unless --keep-sealed writes its sealed form.
     """
     sagas = _session(ctx).sagas
     wanted, before_ms = _states_option(states), _before_option(before)
-    with click.open_file(output or "-", "w", encoding="utf-8") as out:
+    with export_target(output) as out:
         written, cursor = 0, None
-        while True:
+        while limit is None or written < limit:
             page = sagas.browse(states=wanted, definition=definition, updated_before_ms=before_ms,
-                                cursor=cursor, limit=limit)
-            for record in page.records:
-                # default=str: a payload no configured key decrypts prints as its placeholder
-                out.write(json.dumps(record.to_dict(), sort_keys=True, ensure_ascii=False,
-                                     separators=(",", ":"), default=str) + "\n")
-                written += 1
+                                cursor=cursor, limit=min(_EXPORT_PAGE, limit or _EXPORT_PAGE))
+            for record in page.records[:None if limit is None else limit - written]:
+                line = export_line(record, sagas.store, keep_sealed=keep_sealed)
+                if line is not None:
+                    out.write(line + "\n")
+                    written += 1
             for corrupt in page.corrupt:
                 click.echo(f"corrupt saga record {corrupt.id!r} skipped: {corrupt.reason}", err=True)
             cursor = page.cursor

@@ -1050,7 +1050,7 @@ def test_export_writes_every_saga_as_one_full_json_line(shop: Shop) -> None:
     ambiguous_charge(shop, "o-review")
 
     # when
-    result = plugin(shop, "export", "--limit", "1")
+    result = plugin(shop, "export")
 
     # then: every field, payloads included, identical to the record
     assert result.exit_code == 0, result.output
@@ -1106,6 +1106,87 @@ def test_export_refuses_bad_states_and_times_as_usage_errors(shop: Shop) -> None
     assert plugin(shop, "export", "--state", "completed,sleeping").exit_code == EXIT_USAGE
     assert plugin(shop, "export", "--before", "yesterday").exit_code == EXIT_USAGE
     assert plugin(shop, "export", "--definition", "has space").exit_code == EXIT_USAGE
+
+
+def test_export_limit_is_a_total_as_in_list(shop: Shop) -> None:
+    # given (issue 25 item 9: --limit 2 exported every saga, a page size)
+    for n in range(5):
+        completed(shop, f"o-{n}")
+
+    # when
+    two = plugin(shop, "export", "--limit", "2")
+    every = plugin(shop, "export")
+
+    # then
+    assert two.exit_code == 0, two.output
+    assert [r["saga_id"] for r in lines(two.stdout)] == ["o-0", "o-1"]
+    assert len(lines(every.stdout)) == 5
+
+
+@pytest.mark.parametrize("where", ["/proc/nope/x.jsonl", "{tmp}/missing-dir/x.jsonl"])
+def test_export_to_a_path_that_cannot_be_written_is_a_usage_error(
+    shop: Shop, tmp_path: Path, where: str
+) -> None:
+    # given
+    completed(shop, "o-1")
+
+    # when
+    result = plugin(shop, "export", "--output", where.format(tmp=tmp_path))
+
+    # then: exit 2 naming --output, no traceback
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "--output" in result.output and "cannot write" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def sealed_without_the_key(shop: Shop) -> Shop:
+    """The shop's sagas on an encrypting app, read by an app that has no key (same store)."""
+    from cryptography.fernet import Fernet
+
+    store = shop.sagas.store
+    writer = Sagas(Celery(f"w-{uuid.uuid4().hex[:8]}", set_as_current=False), store=store,
+                   allow_non_durable=True, clock=shop.clock,
+                   encryption_keys=[Fernet.generate_key()])
+    register_shop(writer, shop.script)
+    SagaDriver(writer)
+    writer.start("place-order", ORDER, saga_id="sealed-1")
+    return shop
+
+
+def test_export_refuses_a_saga_no_key_decrypts_and_writes_no_file(shop: Shop, tmp_path: Path) -> None:
+    # given: a saga sealed with a key this process does not list (issue 25 item 9: it wrote
+    # "input": "<encrypted>" as data and exited 0)
+    completed(shop, "o-1")
+    sealed_without_the_key(shop)
+    target = tmp_path / "out.jsonl"
+
+    # when
+    result = plugin(shop, "export", "--output", str(target))
+
+    # then
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert "sealed-1" in result.stderr and "--keep-sealed" in result.stderr
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+    assert "<encrypted>" not in plugin(shop, "export").stdout
+
+
+def test_export_keep_sealed_writes_the_sealed_form_as_a_marked_object(shop: Shop) -> None:
+    # given
+    completed(shop, "o-1")
+    sealed_without_the_key(shop)
+
+    # when
+    result = plugin(shop, "export", "--keep-sealed")
+
+    # then: the readable saga as usual; the sealed one as a "sealed" object, no placeholder
+    assert result.exit_code == 0, result.output
+    exported = {r["saga_id"]: r for r in lines(result.stdout)}
+    assert exported["o-1"] == shop.record("o-1").to_dict()
+    sealed = exported["sealed-1"]
+    assert "input" not in sealed and "<encrypted>" not in result.stdout
+    assert (sealed["definition"], sealed["state"]) == ("place-order", "running")
+    assert isinstance(sealed["sealed"]["body"]["sealed"], str)  # the Fernet token
+    assert sealed["sealed"]["body"]["input"] is None
 
 
 def test_export_runs_as_the_console_script_too(shop: Shop) -> None:
