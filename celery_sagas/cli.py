@@ -25,7 +25,7 @@ from kombu.exceptions import OperationalError
 
 from . import _cli_format as fmt
 from ._celery.facade import Sagas, sagas_of
-from ._export import export_line, export_target
+from ._cli_export import export_line, export_target
 from ._findings import REPORTS
 from ._records import SagaRecord, SagaState
 from .errors import (
