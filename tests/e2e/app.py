@@ -269,6 +269,15 @@ def build(config: Config, **options: Any) -> Shop:
         calls = [ctx.call_child(payment, {"amount": i}) for i in range(data["n"])]
         return [paid["charged"] for paid in ctx.parallel(*calls)]
 
+    @sagas.saga("e2e-recurse")
+    def recurse(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve, then start itself as its child ``left`` more times (the last one waits for
+        "go"): past sagas_child_depth_limit the deepest child step fails."""
+        ctx.step(reserve, data["sku"], {})
+        if data["left"] == 0:
+            return ctx.wait_signal("go")
+        return ctx.child("e2e-recurse", {**data, "left": data["left"] - 1})
+
     tasks = {"reserve": reserve, "release": release, "charge": charge,
              "charge_idempotent": charge_idempotent, "refund": refund, "ship": ship}
     return Shop(app, sagas, order, tasks)
