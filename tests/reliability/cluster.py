@@ -83,8 +83,20 @@ class PrivateRedis:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open, requests wait unanswered (and run once it
+        resumes), so a client's socket timeout loses the replies of writes it sent."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
     def close(self) -> None:
         """Kill the server and delete its files."""
+        self.resume()
         self.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
 

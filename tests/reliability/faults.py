@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 
 from celery_sagas.errors import SagaError
 from tests.redis_cluster import NODE_TIMEOUT_S, RedisCluster
-from tests.reliability.cluster import Cluster
+from tests.reliability.cluster import Cluster, PrivateRedis
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
 
@@ -158,6 +158,23 @@ def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     log.add("redis-sigkill")
     time.sleep(rng.uniform(0.2, 1.5))  # the outage: clients see connection refused meanwhile
     cluster.redis.start()
+
+
+def stall_store(server: PrivateRedis, seconds: tuple[float, float]) -> Injector:
+    """SIGSTOP the store's redis-server for ``seconds`` (longer than the clients' socket
+    timeout), then SIGCONT: claims and outcomes sent meanwhile lose their replies, and land (or
+    not) when it resumes."""
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        pause = rng.uniform(*seconds)
+        server.pause()
+        log.add("store-sigstop", f"{pause:.1f}s")
+        try:
+            time.sleep(pause)
+        finally:
+            server.resume()
+
+    return inject
 
 
 def cluster_failover(nodes: RedisCluster, *, kill: bool) -> Injector:

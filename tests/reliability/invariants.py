@@ -20,7 +20,10 @@ store says at the end. Together they must show:
    unless the step is declared ``compensate_unknown``: then it is compensated (its step
    record says ``outcome_unknown``), and only such a step may be. A compensation of a
    declared step is no blind compensation: its compensator may start for an effect the
-   provider never applied, and must then find nothing to undo.
+   provider never applied, and must then find nothing to undo;
+7. no spurious review: every ambiguity left for an operator traces to a body that really began
+   (a ledger ``<op>.start`` of its effect id and attempt), never to a claim whose body never
+   ran (a lost claim reply, a worker without the encryption key).
 """
 
 from __future__ import annotations
@@ -247,6 +250,30 @@ def _unguessed(killed: Iterable[Mapping[str, Any]], records: Mapping[str, SagaRe
     return found
 
 
+def _spurious_reviews(records: Mapping[str, SagaRecord | None],
+                      ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
+    """Every ambiguous step or compensation has a body that began under its effect id and
+    attempt (the providers' ledger)."""
+    began = {(line["effect_id"], line["attempt"]) for key, lines in ops.items()
+             if key.endswith(".start") for line in lines}
+    found = []
+    for saga_id, record in records.items():
+        for step in () if record is None else record.steps:
+            if step.task in WAITING_TASKS:
+                continue
+            if step.state is StepState.AMBIGUOUS:
+                attempt = (step.effect_id, step.attempts)
+            elif step.state is StepState.COMPENSATING and step.error_code == "ambiguous_compensation":
+                attempt = (step.compensation_effect_id, step.compensation_attempts)
+            else:
+                continue
+            if attempt not in began:
+                found.append(Violation("spurious-review", saga_id,
+                                       f"{step.name} is {step.state} ({step.error_code}) but no "
+                                       f"body began for {attempt[0]} attempt {attempt[1]}"))
+    return found
+
+
 def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
           ledger: Iterable[Mapping[str, Any]], trace: Iterable[Mapping[str, Any]],
           killed: Iterable[Mapping[str, Any]] = ()) -> list[Violation]:
@@ -261,6 +288,7 @@ def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
         *_compensation_rules(records, ops),
         *_orphans(records, ops),
         *_unguessed(killed, records, ops),
+        *_spurious_reviews(records, ops),
         *stale_fenced_writes(trace),
         *unfenced_sweep_writes(trace),
     ]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.redis_cluster import RedisCluster as RedisClusterNodes
 from tests.reliability import faults, probes
-from tests.reliability.cluster import Cluster, make_cluster, new_tag
+from tests.reliability.cluster import Cluster, PrivateRedis, make_cluster, new_tag
 from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_load
 from tests.reliability.plans import (
     compensation_plan,
@@ -26,6 +26,7 @@ from tests.reliability.plans import (
 )
 
 FAILOVER_PORT = 7111  # first of the six ports of the failover scenarios' private cluster
+STORE_SOCKET_TIMEOUT_S = 1  # the store clients' socket timeout in the store-stall scenario
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,29 @@ def redis_restarts(workdir: Path, size: Size) -> Report:
                  settle_timeout=120)
     return Chaos("redis-restarts", "redis SIGKILL + restart (store and broker)", load,
                  "redis-sigkill").run(workdir)
+
+
+def store_stalls(workdir: Path, size: Size) -> Report:
+    """SIGSTOP the store's own redis-server (the broker is another) for 1.5-4 s, past the
+    clients' 1 s socket timeout, while sagas run: replies of claims and outcomes are lost and
+    the writes land when it resumes. No saga may go to review for it (docs/guarantees.md)."""
+    server = PrivateRedis(workdir / f"store-redis-{new_tag()}")
+
+    def build(path: Path) -> Cluster:
+        server.start()
+        try:
+            return make_cluster(path, store=f"{server.url}/1?socket_timeout={STORE_SOCKET_TIMEOUT_S}")
+        except BaseException:
+            server.close()
+            raise
+
+    load = _load(size.n(30, 150), mixed_plan, size.n(4, 6),
+                 (faults.stall_store(server, (1.5, 4.0)), 1), settle_timeout=120)
+    try:
+        return Chaos("store-stall", f"store SIGSTOP past the {STORE_SOCKET_TIMEOUT_S} s socket timeout",
+                     load, "store-sigstop", build).run(workdir)
+    finally:
+        server.close()
 
 
 def script_flushes(workdir: Path, size: Size) -> Report:
@@ -286,6 +310,7 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "compensation-kills": compensation_kills,
     "redis-restarts": redis_restarts,
     "script-flush": script_flushes,
+    "store-stall": store_stalls,
     "two-beats": two_beats,
     "paused-sweeper": lambda workdir, size: probes.paused_sweeper(workdir, size.n(6, 20)),
     "resume-race": lambda workdir, size: probes.resume_race(workdir),

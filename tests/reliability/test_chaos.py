@@ -48,6 +48,16 @@ def test_the_redis_store_and_broker_killed_and_restarted_on_its_aof_loses_nothin
     _clean(scenarios.redis_restarts(tmp_path, scenarios.CI))
 
 
+def test_a_store_stopped_past_the_socket_timeout_sends_no_saga_to_review(tmp_path: Path) -> None:
+    # Claims and outcomes lose their replies; no body is judged vanished for it (0 spurious
+    # reviews is the invariant; with no kill, no worker_lost or time_limit either).
+    report = _clean(scenarios.store_stalls(tmp_path, scenarios.CI))
+    codes = {step.error_code for record in report.records.values() if record is not None
+             for step in record.steps}
+    assert not codes & {"worker_lost", "time_limit"}, report.summary()
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+
+
 def test_script_flush_mid_run_is_survived_by_reloading_the_scripts(tmp_path: Path) -> None:
     report = _clean(scenarios.script_flushes(tmp_path, scenarios.CI))
     assert report.outcomes["completed"] > 0

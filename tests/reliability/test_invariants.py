@@ -14,8 +14,12 @@ pytestmark = pytest.mark.e2e
 T0 = 1_700_000_000_000
 
 
-def _step(name: str, state: StepState, effect: str, comp: str = "") -> StepRecord:
-    return StepRecord(name, "t", effect, comp or f"c-{effect}", state, compensator="c")
+def _step(name: str, state: StepState, effect: str, comp: str = "", *,
+          compensation_attempts: int = 0, error_code: str | None = None) -> StepRecord:
+    # an ambiguous step was claimed once (its first attempt)
+    return StepRecord(name, "t", effect, comp or f"c-{effect}", state, compensator="c",
+                      attempts=1 if state is StepState.AMBIGUOUS else 0,
+                      compensation_attempts=compensation_attempts, error_code=error_code)
 
 
 def _saga(state: SagaState, *steps: StepRecord, saga_id: str = "s1") -> SagaRecord:
@@ -136,3 +140,20 @@ def test_an_unknown_outcome_compensated_without_the_declaration_is_blind() -> No
     record = _saga(SagaState.COMPENSATED, _unknown_charge("rel.charge"))
     rules = sorted(v.rule for v in check(["s1"], {"s1": record}, killed + refund, [], killed))
     assert rules == ["blind-compensation", "guessed", "undo-unapplied"]
+
+
+def test_an_ambiguity_without_a_body_that_began_is_a_spurious_review() -> None:
+    record = _saga(SagaState.MANUAL_REVIEW, _step("rel.reserve", StepState.AMBIGUOUS, "e1"))
+    assert _rules({"s1": record}, [_line("reserve.start", "e1")]) == []
+    assert _rules({"s1": record}, []) == ["spurious-review"]
+    assert _rules({"s1": record}, [_line("reserve.start", "e1", attempt=2)]) == ["spurious-review"]
+
+
+def test_an_ambiguous_compensation_without_a_compensator_that_began_is_a_spurious_review() -> None:
+    step = _step("rel.reserve", StepState.COMPENSATING, "e1", comp="c1", compensation_attempts=1,
+                 error_code="ambiguous_compensation")
+    record = _saga(SagaState.MANUAL_REVIEW, step)
+    applied = [_line("reserve.start", "e1"), _line("reserve.done", "e1")]
+    began = _line("release.start", "c1", undoes="e1")
+    assert _rules({"s1": record}, [*applied, began]) == []
+    assert _rules({"s1": record}, applied) == ["spurious-review"]
