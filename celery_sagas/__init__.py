@@ -42,7 +42,7 @@ from ._records import (
 from ._reseal import ResealPage
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
-from .errors import SagaUsageError, SignalTimeout, StepNotCommitted
+from .errors import SagaUsageError, SignalTimeout, StepFailed, StepNotCommitted
 from .stores import Envelope, Fence, Lease, MemoryStore, Page, Store, open_store
 
 __version__ = "0.1.0"
@@ -87,6 +87,7 @@ __all__ = [
     "SignalTimeout",
     "Stage",
     "StepContext",
+    "StepFailed",
     "StepNotCommitted",
     "StepRecord",
     "StepState",

@@ -45,7 +45,7 @@ from ._records import (
     StepRecord,
     StepState,
 )
-from .errors import SagaValidationError, SignalTimeout, StepNotCommitted
+from .errors import SagaValidationError, SignalTimeout, StepFailed, StepNotCommitted
 
 __all__ = [
     "APPROVAL_TASK",
@@ -214,6 +214,11 @@ class SagaContext:
         recorded = [m.step for m in matches if not isinstance(m, (New, Mismatch))]
         if all(s.state is StepState.COMMITTED for s in recorded):
             return [s.result for s in recorded]
+        if len(recorded) == 1 and recorded[0].state is StepState.FAILED \
+                and recorded[0].group is None and not self._saga.rolling_back:
+            failed = recorded[0]  # a known failure left to run (docs/design.md §3.2)
+            raise StepFailed(failed.name, failed.error_code or codes.NOT_COMMITTED,
+                             str(failed.exception or ""))
         raise _Suspend()
 
     def approval(
@@ -403,6 +408,9 @@ def replay(
         return Suspended(suspend.new_steps, tuple(ctx.new_patches))
     except _Stop as stop:
         return stop.outcome
+    except StepFailed as exc:  # a step's known failure that run did not catch
+        code = _code(exc)
+        return Refused(code, f"step {exc.step!r} did not commit ({code})")
     except StepNotCommitted as exc:
         code = _code(exc)
         return Refused(code, f"run() refused to go on ({code})")

@@ -368,7 +368,7 @@ class Delivery:
         if outcome.kind is _Kind.COMMITTED:
             return lambda s: moves.commit_step(s, ref, outcome.result, now)
         code = outcome.error_code or codes.STEP_ERROR
-        failed: Move = lambda s: moves.fail_step(s, ref, code, now)  # noqa: E731
+        failed: Move = lambda s: moves.fail_step(s, ref, code, now, catchable=True)  # noqa: E731
         if outcome.kind is _Kind.FAILED:
             return failed
         transient = outcome.kind is _Kind.TRANSIENT

@@ -21,7 +21,8 @@
     ├── SagaConfigurationError               a definition or setting is unusable
     ├── SagaUsageError                       a saga task used outside a saga (called directly)
     ├── StepNotCommitted                     raised by step code: provably nothing happened
-    │   └── SignalTimeout                    ctx.wait_signal saw no signal within its timeout
+    │   ├── SignalTimeout                    ctx.wait_signal saw no signal within its timeout
+    │   └── StepFailed                       raised in run by ctx.step: the step did not commit
     ├── LeaseError                           a lease operation failed
     │   └── LeaseLost                        renewal failed: stop at once
     └── ApprovalError
@@ -73,6 +74,7 @@ __all__ = [
     "SagaValidationError",
     "SignalLimitExceeded",
     "SignalTimeout",
+    "StepFailed",
     "StepNotCommitted",
     "StoreError",
     "StoreUnavailable",
@@ -323,6 +325,36 @@ class SignalTimeout(StepNotCommitted):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self._fields["signal"], self._fields["message"]))
+
+
+class StepFailed(StepNotCommitted):
+    """Raised **in run** by ``ctx.step(...)`` for a step that failed with a known outcome
+    (``StepNotCommitted``, a ``not_committed_on`` type, an exhausted ``retry_on``).
+
+    ``step`` is the step's name, ``code`` its error code, ``message`` the type and message of
+    what its body raised. ``run`` may catch it and go on (later steps, another provider, or
+    a normal return: completed), the same way on every replay; uncaught, the saga compensates
+    with the step's code, as before.
+    """
+
+    step: str
+    # What the body raised is your code's text: kept out of str() and repr() (and so of logs).
+    hidden: ClassVar[frozenset[str]] = frozenset({"detail"})
+
+    def __init__(self, step: str = "", code: str = "not_committed", message: str = "") -> None:
+        StepNotCommitted(code)  # the code rule, checked where the error is made
+        SagaError.__init__(self, "", code=code, step=step, detail=message)
+
+    @property
+    def message(self) -> str:
+        """The type and message of what the step's body raised (``"CardDeclined: ..."``)."""
+        return str(self._fields["detail"])
+
+    def render(self) -> str:
+        return f"step {self._fields['step']!r} did not commit ({self._fields['code']})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._fields["step"], self._fields["code"], self._fields["detail"]))
 
 
 class LeaseError(SagaError):

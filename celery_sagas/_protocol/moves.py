@@ -62,6 +62,7 @@ __all__ = [
     "mark_redispatched",
     "one_write",
     "pass_gate",
+    "raised_in_run",
     "refuse_child",
     "release_step",
     "reopen",
@@ -179,11 +180,17 @@ def unknown_reason(step: StepRecord, code: str | None) -> str:
             "compensated as declared (compensate_unknown)")
 
 
+def _caught(saga: SagaRecord, index: int) -> bool:
+    """A failed step of its own with steps recorded after it: run caught its StepFailed."""
+    return saga.steps[index].group is None and index < len(saga.steps) - 1
+
+
 def _rollback_cause(saga: SagaRecord) -> tuple[str | None, str | None]:
     if not saga.rolling_back:
         return None, None
-    for step in saga.steps:
-        if step.state is StepState.FAILED and step.error_code != codes.NOT_STARTED:
+    for index, step in enumerate(saga.steps):
+        if step.state is StepState.FAILED and step.error_code != codes.NOT_STARTED \
+                and not _caught(saga, index):
             return step.error_code, f"step {step.name!r} did not commit ({step.error_code})"
         if step.outcome_unknown and step.error_code is not None:
             return step.error_code, unknown_reason(step, step.error_code)
@@ -288,13 +295,30 @@ def _commit_stamp(saga: SagaRecord, step: StepRecord, now_ms: int) -> int:
     return max([now_ms, *(t + 1 for t in earlier)])
 
 
-def fail_step(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int) -> SagaRecord:
-    """A known failure: the step did not commit; the saga rolls back."""
+def fail_step(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int, *,
+              catchable: bool = False) -> SagaRecord:
+    """A known failure: the step did not commit; the saga rolls back.
+
+    ``catchable`` (a step body's own known failure): a step that ``run`` asked for alone
+    (``ctx.step``, no parallel group) of a saga going forward fails without turning the saga
+    back; the next replay raises ``StepFailed`` at that call, and ``run`` decides (caught: it
+    goes on; uncaught: the saga compensates, docs/design.md §3.2).
+    """
     step = _find(saga, ref.step, ref.effect_id, "fail_step", compensation=False)
     _need(saga, step, "fail_step", (StepState.EXECUTING, StepState.AMBIGUOUS), _ANY_OPEN)
     if not _attempt_matches(step, ref.attempt):
         raise _illegal(saga, "fail_step: another attempt", step)
+    if catchable and raised_in_run(saga, step):
+        return _write(saga, now_ms, steps=_swap(saga, step, state=StepState.FAILED,
+                                                error_code=_code(error_code)))
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
+
+
+def raised_in_run(saga: SagaRecord, step: StepRecord) -> bool:
+    """Whether a known failure of ``step`` is left to ``run`` (``StepFailed``): a step of its
+    own, executing, in a saga going forward."""
+    return (step.group is None and step.state is StepState.EXECUTING and step.task != CHILD_TASK
+            and saga.state is SagaState.RUNNING and not saga.rolling_back)
 
 
 def step_ambiguous(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int, *,
@@ -577,7 +601,8 @@ def complete(saga: SagaRecord, now_ms: int, patches: Iterable[str] = (),
     """Every step committed and run() returned ``result``: the saga is completed."""
     if saga.state is not SagaState.RUNNING or saga.rolling_back:
         raise _illegal(saga, "complete")
-    if any(s.state is not StepState.COMMITTED for s in saga.steps):
+    # a failed step of a saga going forward raised StepFailed in run, which caught it
+    if any(s.state not in (StepState.COMMITTED, StepState.FAILED) for s in saga.steps):
         raise _illegal(saga, "complete with uncommitted steps")
     return _write(saga, now_ms, state=SagaState.COMPLETED, error_code=None, reason=None,
                   patches=_with_patches(saga, patches), result=result)

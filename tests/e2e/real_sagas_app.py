@@ -7,7 +7,9 @@ the sagas the reference ports needed:
   the plan's ``limited`` says (``retry_on=(RateLimited,)``, ``retries=3``);
 - ``real-label``: reserve, buy a label (``compensate_unknown=True``: its cancel runs whatever
   the purchase's outcome), ship. The plan's ``block`` ({"label": name}) holds the label body
-  until the test drops CONTROL/<name>.
+  until the test drops CONTROL/<name>;
+- ``real-pay``: reserve, charge with provider A; when A declines (``"decline": ["pay_a"]``),
+  ``run`` catches ``StepFailed`` and charges with provider B (idempotent); ship.
 
 Every body and compensator appends a JSON line to the ledger (``tests.e2e.parallel_app``'s
 ``Provider``), so tests count how often each side effect and each undo really happened.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from celery_sagas import StepFailed
 from tests.e2e import app as base
 from tests.e2e.app import Config, Shop
 from tests.e2e.parallel_app import Provider
@@ -76,7 +79,35 @@ def build(config: Config) -> Shop:
         ctx.step(label, data["id"], plan)
         return ctx.step(shop.tasks["ship"], data["id"], plan)
 
-    tasks = {**shop.tasks, "call": call, "label": label, "cancel_label": cancel_label}
+    @sagas.step(name="real.pay_a", compensate="e2e.refund")
+    def pay_a(amount: int, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Charge with provider A (the plan may decline: a known failure)."""
+        provider.note("pay_a.start", saga)
+        provider.act("pay_a", plan, saga)
+        return {"provider": "a", "charged": amount}
+
+    @sagas.step(name="real.pay_b", compensate="e2e.refund", idempotent=True)
+    def pay_b(amount: int, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Charge with provider B, which honours idempotency keys (the plan may block it)."""
+        provider.note("pay_b.start", saga)
+        provider.act("pay_b", plan, saga)
+        provider.note("pay_b.done", saga)
+        return {"provider": "b", "charged": amount}
+
+    @sagas.saga("real-pay")
+    def _pay(ctx: Any, data: dict[str, Any]) -> Any:
+        """Reserve; charge with provider A, or with B once A declined; ship."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        try:
+            paid = ctx.step(pay_a, data["amount"], plan)
+        except StepFailed:
+            paid = ctx.step(pay_b, data["amount"], plan)
+        ctx.step(shop.tasks["ship"], data["id"], plan)
+        return paid
+
+    tasks = {**shop.tasks, "call": call, "label": label, "cancel_label": cancel_label,
+             "pay_a": pay_a, "pay_b": pay_b}
     return Shop(shop.app, sagas, limited, tasks)
 
 

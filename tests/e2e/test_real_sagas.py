@@ -77,3 +77,31 @@ def test_a_compensate_unknown_step_killed_mid_body_is_compensated_exactly_once(
         "unknown", step.effect_id, None)
     assert cancel["reason"] == "real.label: worker_lost"
     assert len(real_stack.ops("release", "lbl-1")) == 1
+
+
+def test_a_caught_step_failed_then_a_worker_kill_resumes_on_the_except_path(
+        real_stack: Stack) -> None:
+    # given: provider A declines; provider B's charge blocks mid-body
+    real_stack.worker()
+    plan = {"decline": ["pay_a"], "block": {"pay_b": "go"}}
+    real_stack.sagas.start("real-pay", {"sku": "P", "amount": 5, "id": "p1", "plan": plan},
+                           saga_id="pay-1")
+    started = wait_until(lambda: real_stack.ops("pay_b.start", "pay-1"), what="pay_b started")
+
+    # when: the pool child running provider B is SIGKILLed, then B answers
+    os.kill(int(started[0]["pid"]), signal.SIGKILL)
+    wait_until(lambda: len(real_stack.ops("pay_b.start", "pay-1")) == 2, what="pay_b retried")
+    real_stack.release("go")
+    record = real_stack.wait_settled("pay-1")
+
+    # then: the replays took the except path again: B retried under its effect id, shipped
+    assert record.state == "completed", (record.error_code, record.reason)
+    assert record.result == {"provider": "b", "charged": 5}
+    assert [s.name for s in record.steps] == [
+        "tests.e2e.app.reserve", "real.pay_a", "real.pay_b", "tests.e2e.app.ship"]
+    assert [s.state for s in record.steps] == ["committed", "failed", "committed", "committed"]
+    assert len(real_stack.ops("pay_a.start", "pay-1")) == 1
+    starts = real_stack.ops("pay_b.start", "pay-1")
+    assert [s["attempt"] for s in starts] == [1, 2]
+    assert {s["effect_id"] for s in starts} == {record.steps[2].effect_id}
+    assert real_stack.ops("refund") == [] and real_stack.ops("release") == []

@@ -46,6 +46,7 @@ EXPECTED = [
     "SignalTimeout",
     "Stage",
     "StepContext",
+    "StepFailed",
     "StepNotCommitted",
     "StepRecord",
     "StepState",
@@ -85,8 +86,9 @@ def test_errors_live_in_their_module_and_only_those_user_code_meets_are_also_at_
     from celery_sagas import errors
 
     assert [n for n in EXPECTED if n in errors.__all__] == [
-        "SagaUsageError", "SignalTimeout", "StepNotCommitted"]
+        "SagaUsageError", "SignalTimeout", "StepFailed", "StepNotCommitted"]
     assert celery_sagas.StepNotCommitted is errors.StepNotCommitted
+    assert celery_sagas.StepFailed is errors.StepFailed
     assert celery_sagas.SagaUsageError is errors.SagaUsageError
     assert celery_sagas.SignalTimeout is errors.SignalTimeout
     assert issubclass(errors.SagaUsageError, errors.SagaError)

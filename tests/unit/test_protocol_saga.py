@@ -200,7 +200,8 @@ MOVES = [
 ]
 
 SAGA_MOVES: dict[str, tuple[Apply, Callable[[str, str], bool]]] = {
-    "complete": (lambda s, st, now: moves.complete(s, now), where(frozenset({RUNNING}), (CM,))),
+    # a failed step in a saga going forward raised StepFailed in run, which caught it
+    "complete": (lambda s, st, now: moves.complete(s, now), where(frozenset({RUNNING}), (CM, FL))),
     "start_compensation": (
         lambda s, st, now: moves.start_compensation(s, "out_of_stock", "run() refused", now),
         where(frozenset({RUNNING}), ALL),
@@ -636,7 +637,8 @@ def test_a_failure_while_a_sibling_is_in_flight_still_turns_back() -> None:
 
 
 def test_a_second_failure_keeps_the_first_cause() -> None:
-    record = saga(step(X1, "a"), step(X1, "b"))
+    # two branches of a parallel group (steps of their own run one at a time)
+    record = saga(step(X1, "a", group="parallel-1"), step(X1, "b", group="parallel-1"))
     one = moves.fail_step(record, AttemptRef("a", fx("a"), 1), "card_declined", NOW)
     two = moves.fail_step(one, AttemptRef("b", fx("b"), 1), "out_of_stock", NOW + 1)
     assert two.state is SS.COMPENSATING
