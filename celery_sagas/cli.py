@@ -1,9 +1,10 @@
 """Operator commands: ``celery -A proj sagas …`` (a Celery CLI plugin) and ``celery-sagas --app proj …``.
 
 Both run the same commands against the ``Sagas`` created on the app (``sagas_of(app)``):
-``list``, ``show``, ``export``, ``findings``, ``resolve``, ``approve``, ``deny``, ``cancel``, ``resume`` and
-``sweep``, plus ``web`` (the operator web UI). Output is a table for people, or JSON with
-``--json``. Exit codes:
+``list``, ``show``, ``history``, ``export``, ``findings``, ``resolve``, ``approve``, ``deny``,
+``cancel``, ``resume`` and ``sweep``, plus ``web`` (the operator web UI). Output is a table for
+people, or JSON with ``--json``. Acting commands take ``--actor`` (default: the OS user) and
+``--reason``, kept in the saga's history. Exit codes:
 
     0  done                      3  no such saga or approval
     1  refused (nothing changed) 4  the store or the broker failed
@@ -13,7 +14,9 @@ Both run the same commands against the ``Sagas`` created on the app (``sagas_of(
 from __future__ import annotations
 
 import functools
+import getpass
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,10 +27,11 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from . import _cli_format as fmt
+from . import _history_format as hfmt
 from ._celery.facade import Sagas, sagas_of
 from ._cli_export import export_line, export_target
 from ._findings import REPORTS
-from ._records import SagaRecord, SagaState
+from ._records import SagaHistory, SagaRecord, SagaState
 from .errors import (
     InvalidRecordError,
     SagaConfigurationError,
@@ -182,17 +186,39 @@ def list_sagas(ctx: click.Context, state: str | None, definition: str | None, li
 @click.pass_context
 @_operation
 def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None:
-    """Show a saga's steps as a timeline.
+    """Show a saga's steps as a timeline, then what happened to it.
 
     Each step shows its state, attempts, effect id, error code and forward times (started,
     committed), then its compensation effect id and the compensator's own times (started,
-    compensated). --json includes each step's result (operators need them to
-    resolve); the saga input and step arguments appear only with --payload.
+    compensated). Then the saga's history without routine step progress: failures,
+    ambiguities and their causes, changes of state, waits, signals, children, approvals and
+    every operator action with who and why (all of it: `history`). --json includes each
+    step's result (operators need them to resolve) and the whole history; the saga input and
+    step arguments appear only with --payload.
     """
     record = _session(ctx).sagas.get(saga_id)
     if record is None:
         raise SagaNotFound(saga_id=saga_id)
-    _emit(as_json, fmt.saga_view(record, payload=payload), fmt.saga_text(record, payload=payload))
+    found = SagaHistory(record.saga_id, record.history, record.history_folded)
+    view = {**fmt.saga_view(record, payload=payload), "history": found.to_dict()}
+    text = f"{fmt.saga_text(record, payload=payload)}\n\n{hfmt.events_text(found)}"
+    _emit(as_json, view, text)
+
+
+@click.command("history")
+@click.argument("saga_id")
+@json_option
+@click.pass_context
+@_operation
+def history(ctx: click.Context, saga_id: str, as_json: bool) -> None:
+    """Show what happened to a saga, oldest first.
+
+    Every transition (intent, claim, commit, failure, ambiguity and its cause, retries,
+    compensation, changes of state, signals, timers, children, approvals) and every operator
+    action with who did it and why; never rewritten. Holds no payloads.
+    """
+    found = _session(ctx).sagas.history(saga_id)
+    _emit(as_json, found.to_dict(), hfmt.history_text(found))
 
 
 def _states_option(value: str | None) -> list[SagaState] | None:
@@ -315,6 +341,23 @@ def _json_result(text: str | None, hint: str = "--result") -> Any:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from None
 
 
+def _os_user() -> str:
+    """Who runs the command, as the OS knows them (``--actor``'s default)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError, ImportError):
+        return f"uid-{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return user if user and user.isprintable() and " " not in user else "unknown"
+
+
+def actor_options(func: F) -> F:
+    """``--actor`` (default: the OS user) and ``--reason``: who acts and why, kept in the
+    saga's history (docs/design.md §2.6)."""
+    func = click.option("--reason", help="Why, in one line (kept in the saga's history).")(func)
+    return click.option("--actor", default=_os_user, show_default="the OS user",
+                        help="Who acts (kept in the saga's history).")(func)
+
+
 def _changed(as_json: bool, record: SagaRecord, did: str) -> None:
     text = f"saga {record.saga_id} {did}: now {record.state}"
     if record.error_code:
@@ -337,12 +380,14 @@ def _changed(as_json: bool, record: SagaRecord, did: str) -> None:
               help="With --committed (required there): the step's result as the provider "
                    "confirmed it.")
 @click.option("--error-code", help="With --not-committed: why (default not_committed).")
+@actor_options
 @json_option
 @click.pass_context
 @_operation
 def resolve(ctx: click.Context, saga_id: str, step: str, effect_id: str, committed: bool,
             not_committed: bool, compensated: bool, not_compensated: bool,
-            result_json: str | None, error_code: str | None, as_json: bool) -> None:
+            result_json: str | None, error_code: str | None, actor: str, reason: str | None,
+            as_json: bool) -> None:
     """Settle an ambiguous step or compensation.
 
     Ask the provider about the effect id first (it is the idempotency key the step used).
@@ -359,18 +404,20 @@ def resolve(ctx: click.Context, saga_id: str, step: str, effect_id: str, committ
     if outcome == "not-committed" and error_code is None:
         error_code = "not_committed"
     record = _session(ctx).sagas.resolve(saga_id, step, effect_id, outcome,
-                                         result=_json_result(result_json), error_code=error_code)
+                                         result=_json_result(result_json), error_code=error_code,
+                                         actor=actor, reason=reason)
     _changed(as_json, record, f"step {step} resolved {outcome}")
     if not as_json and record.state is not SagaState.MANUAL_REVIEW and not record.state.final:
         click.echo(f"the sweep drives it on; to do it now: resume {saga_id}")
 
 
 def _decide(ctx: click.Context, approval_id: str, tenant: str, by: str, decision: str,
-            as_json: bool) -> None:
+            reason: str | None, as_json: bool) -> None:
     approvals = _session(ctx).sagas.approvals
     if approvals.get(approval_id) is None:
         _fail(f"no approval {approval_id!r}", EXIT_NOT_FOUND)
-    record = approvals.decide(approval_id, tenant_id=tenant, decision=decision, decided_by=by)
+    record = approvals.decide(approval_id, tenant_id=tenant, decision=decision, decided_by=by,
+                              reason=reason)
     _emit(as_json, fmt.approval_view(record), f"approval {record.approval_id} {record.state} by {by}")
 
 
@@ -378,13 +425,15 @@ def _approval_command(name: str, decision: str, summary: str) -> click.Command:
     @click.command(name, help=summary)
     @click.argument("approval_id")
     @click.option("--tenant", required=True, help="The tenant the approval belongs to.")
-    @click.option("--by", "decided_by", required=True, help="Who decides (recorded).")
+    @click.option("--actor", "--by", "decided_by", default=_os_user, show_default="the OS user",
+                  help="Who decides (recorded on the approval and in the saga's history).")
+    @click.option("--reason", help="Why, in one line (kept in the saga's history).")
     @json_option
     @click.pass_context
     @_operation
     def command(ctx: click.Context, approval_id: str, tenant: str, decided_by: str,
-                as_json: bool) -> None:
-        _decide(ctx, approval_id, tenant, decided_by, decision, as_json)
+                reason: str | None, as_json: bool) -> None:
+        _decide(ctx, approval_id, tenant, decided_by, decision, reason, as_json)
 
     return command
 
@@ -413,10 +462,12 @@ def _refuse_final(sagas_: Sagas, saga_id: str, verb: str) -> None:
 
 @click.command("cancel")
 @click.argument("saga_id")
+@actor_options
 @json_option
 @click.pass_context
 @_operation
-def cancel(ctx: click.Context, saga_id: str, as_json: bool) -> None:
+def cancel(ctx: click.Context, saga_id: str, actor: str, reason: str | None,
+           as_json: bool) -> None:
     """Stop a saga and compensate what committed.
 
     Forward progress stops at the next step boundary. A final saga is left as it is and the
@@ -424,15 +475,17 @@ def cancel(ctx: click.Context, saga_id: str, as_json: bool) -> None:
     """
     sagas_ = _session(ctx).sagas
     _refuse_final(sagas_, saga_id, "cancel")
-    _changed(as_json, sagas_.cancel(saga_id), "cancelled")
+    _changed(as_json, sagas_.cancel(saga_id, actor=actor, reason=reason), "cancelled")
 
 
 @click.command("resume")
 @click.argument("saga_id")
+@actor_options
 @json_option
 @click.pass_context
 @_operation
-def resume(ctx: click.Context, saga_id: str, as_json: bool) -> None:
+def resume(ctx: click.Context, saga_id: str, actor: str, reason: str | None,
+           as_json: bool) -> None:
     """Resume a saga after manual review.
 
     A running or compensating saga is driven on now (what the sweep would do). Refused (exit 1)
@@ -440,7 +493,7 @@ def resume(ctx: click.Context, saga_id: str, as_json: bool) -> None:
     """
     sagas_ = _session(ctx).sagas
     _refuse_final(sagas_, saga_id, "resume")
-    _changed(as_json, sagas_.resume(saga_id), "resumed")
+    _changed(as_json, sagas_.resume(saga_id, actor=actor, reason=reason), "resumed")
 
 
 @click.command("signal")
@@ -448,14 +501,16 @@ def resume(ctx: click.Context, saga_id: str, as_json: bool) -> None:
 @click.argument("name")
 @click.option("--payload", "payload_json", metavar="JSON", help="The signal's payload (JSON).")
 @click.option("--signal-id", help="Sending again with the same id is one signal.")
+@actor_options
 @json_option
 @click.pass_context
 @_operation
 def signal(ctx: click.Context, saga_id: str, name: str, payload_json: str | None,
-           signal_id: str | None, as_json: bool) -> None:
+           signal_id: str | None, actor: str, reason: str | None, as_json: bool) -> None:
     """Send the signal NAME to a saga (ctx.wait_signal receives its payload)."""
     payload = _json_result(payload_json, "--payload")
-    record = _session(ctx).sagas.signal(saga_id, name, payload, signal_id=signal_id)
+    record = _session(ctx).sagas.signal(saga_id, name, payload, signal_id=signal_id,
+                                        actor=actor, reason=reason)
     _changed(as_json, record, f"signalled {name}")
 
 
@@ -537,7 +592,7 @@ def web(ctx: click.Context, host: str, port: int) -> None:
     serve(create_app(_session(ctx).sagas), host, port)
 
 
-COMMANDS = (list_sagas, show, findings, resolve, approve, deny, cancel, resume, signal, sweep,
+COMMANDS = (list_sagas, show, history, findings, resolve, approve, deny, cancel, resume, signal, sweep,
             reseal)
 
 

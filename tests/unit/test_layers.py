@@ -72,7 +72,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     )),
     (5, "integration", ("celery_sagas._celery.*", "celery_sagas.aio.*", "celery_sagas")),
     (6, "tools", (
-        "celery_sagas.cli", "celery_sagas._cli_format", "celery_sagas._cli_export", "celery_sagas.web.*",
+        "celery_sagas.cli", "celery_sagas._cli_format", "celery_sagas._cli_export",
+        "celery_sagas._history_format", "celery_sagas.web.*",
         "celery_sagas.contrib.*", "celery_sagas.testing.*",
     )),
 )
