@@ -12,7 +12,7 @@ import pytest
 from celery_sagas import SagaState
 from tests.engine.conftest import Shop
 from tests.unit.test_cli import ambiguous_charge, as_json, completed, plugin, running
-from tests.unit.test_cli import shop as shop  # the fixture  # noqa: PLC0414
+from tests.unit.test_cli import shop as shop  # the fixture
 
 
 @pytest.fixture(autouse=True)
