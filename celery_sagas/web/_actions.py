@@ -55,9 +55,14 @@ def _unconfirmed(action: str, summary: list[tuple[str, str]]) -> str | None:
     if request.form.get("confirmed") == "yes":
         return None
     fields = [(k, v) for k, v in request.form.items(multi=True)
-              if k not in ("csrf_token", "confirmed", "do")]
+              if k not in ("csrf_token", "confirmed", "do", "reason")]
     return render_template("confirm.html", action=action, label=_CONFIRM[action],
                            summary=summary, fields=fields)
+
+
+def _reason() -> str | None:
+    """The reason the operator gave (recorded in the saga's history), or None."""
+    return request.form.get("reason", "").strip() or None
 
 
 def _back(saga_id: str | None, done: str) -> Response:
@@ -83,7 +88,7 @@ def resolve() -> Response | str:
     if page is not None:
         return page
     source().resolve(principal(), saga_id, _field("step"), _field("effect_id"), outcome,
-                     result=result, error_code=error_code)
+                     result=result, error_code=error_code, reason=_reason())
     return _back(saga_id, "resolve")
 
 
@@ -91,7 +96,7 @@ def resolve() -> Response | str:
 def resume() -> Response:
     """Lift manual review and drive the saga on."""
     saga_id = _field("saga_id")
-    source().resume(principal(), saga_id)
+    source().resume(principal(), saga_id, _reason())
     return _back(saga_id, "resume")
 
 
@@ -102,14 +107,14 @@ def cancel() -> Response | str:
     page = _unconfirmed("cancel", [("saga", saga_id)])
     if page is not None:
         return page
-    source().cancel(principal(), saga_id)
+    source().cancel(principal(), saga_id, _reason())
     return _back(saga_id, "cancel")
 
 
 @blueprint.post("/approve")
 def approve() -> Response:
     """Approve a pending approval."""
-    decided = source().approve(principal(), _field("approval_id"))
+    decided = source().approve(principal(), _field("approval_id"), _reason())
     return _back(decided.saga_id, "approve")
 
 
@@ -119,7 +124,7 @@ def deny() -> Response | str:
     page = _unconfirmed("deny", [("approval", _field("approval_id"))])
     if page is not None:
         return page
-    decided = source().deny(principal(), _field("approval_id"))
+    decided = source().deny(principal(), _field("approval_id"), _reason())
     return _back(decided.saga_id, "deny")
 
 

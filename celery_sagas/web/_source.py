@@ -485,26 +485,31 @@ class SagaSource:
     # ------------------------------------------------------------ actions
 
     def resolve(self, by: Principal, saga_id: str, step: str, effect_id: str, outcome: str, *,
-                result: Any = None, error_code: str | None = None) -> SagaRecord:
-        """Settle an unknown outcome, as ``sagas.resolve`` (same refusals)."""
+                result: Any = None, error_code: str | None = None,
+                reason: str | None = None) -> SagaRecord:
+        """Settle an unknown outcome, as ``sagas.resolve`` (same refusals), recorded in the
+        saga's history as done by ``by`` for ``reason``."""
         return self._act("resolve", by, saga_id, lambda: self._sagas.resolve(
-            saga_id, step, effect_id, outcome, result=result, error_code=error_code))
+            saga_id, step, effect_id, outcome, result=result, error_code=error_code,
+            actor=by.name, reason=reason))
 
-    def resume(self, by: Principal, saga_id: str) -> SagaRecord:
+    def resume(self, by: Principal, saga_id: str, reason: str | None = None) -> SagaRecord:
         """Lift manual review and drive the saga on, as ``sagas.resume``."""
-        return self._act("resume", by, saga_id, lambda: self._sagas.resume(saga_id))
+        return self._act("resume", by, saga_id,
+                         lambda: self._sagas.resume(saga_id, actor=by.name, reason=reason))
 
-    def cancel(self, by: Principal, saga_id: str) -> SagaRecord:
+    def cancel(self, by: Principal, saga_id: str, reason: str | None = None) -> SagaRecord:
         """Stop the saga and compensate, as ``sagas.cancel``."""
-        return self._act("cancel", by, saga_id, lambda: self._sagas.cancel(saga_id))
+        return self._act("cancel", by, saga_id,
+                         lambda: self._sagas.cancel(saga_id, actor=by.name, reason=reason))
 
-    def approve(self, by: Principal, approval_id: str) -> ApprovalView:
+    def approve(self, by: Principal, approval_id: str, reason: str | None = None) -> ApprovalView:
         """Approve a pending approval in its own tenant, decided by ``by``."""
-        return self._decide(by, approval_id, "approved")
+        return self._decide(by, approval_id, "approved", reason)
 
-    def deny(self, by: Principal, approval_id: str) -> ApprovalView:
+    def deny(self, by: Principal, approval_id: str, reason: str | None = None) -> ApprovalView:
         """Deny a pending approval (the saga compensates what came before the gate)."""
-        return self._decide(by, approval_id, "denied")
+        return self._decide(by, approval_id, "denied", reason)
 
     def signal(self, by: Principal, saga_id: str, name: str, payload: Any = None,
                signal_id: str | None = None) -> None:
@@ -513,9 +518,11 @@ class SagaSource:
         if not callable(send):
             raise SagaValidationError("this version of celery_sagas has no signals")
         self._act("signal", by, saga_id,
-                  lambda: send(saga_id, name, payload=payload, signal_id=signal_id))
+                  lambda: send(saga_id, name, payload=payload, signal_id=signal_id,
+                               actor=by.name))
 
-    def _decide(self, by: Principal, approval_id: str, decision: str) -> ApprovalView:
+    def _decide(self, by: Principal, approval_id: str, decision: str,
+                reason: str | None) -> ApprovalView:
         action = {"approved": "approve", "denied": "deny"}[decision]
 
         def decide() -> ApprovalRecord:
@@ -524,7 +531,8 @@ class SagaSource:
             if known is None:
                 raise SagaNotFound(f"no approval {approval_id!r}")
             return self._sagas.approvals.decide(approval_id, tenant_id=known.tenant_id,
-                                                decision=decision, decided_by=by.name)
+                                                decision=decision, decided_by=by.name,
+                                                reason=reason)
 
         return ApprovalView.of(self._act(action, by, None, decide, approval_id=approval_id))
 

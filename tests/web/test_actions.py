@@ -243,8 +243,9 @@ class _Signalling:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sagas, name)
 
-    def signal(self, saga_id: str, name: str, payload: Any = None, signal_id: str | None = None) -> None:
-        self.sent.append((saga_id, name, payload, signal_id))
+    def signal(self, saga_id: str, name: str, payload: Any = None, signal_id: str | None = None,
+               *, actor: str | None = None) -> None:
+        self.sent.append((saga_id, name, payload, signal_id, actor))
 
 
 def test_where_the_facade_has_signals_the_form_sends_one(web: Web) -> None:
@@ -262,7 +263,7 @@ def test_where_the_facade_has_signals_the_form_sends_one(web: Web) -> None:
     # then
     assert 'value="signal"' in page
     assert response.status_code == 303
-    assert facade.sent == [("g-1", "go", {"zip": "1000"}, "s-1")]
+    assert facade.sent == [("g-1", "go", {"zip": "1000"}, "s-1", "olive")]
 
 
 def test_a_refused_id_from_the_request_is_logged_as_its_repr(
@@ -340,3 +341,15 @@ def test_a_final_saga_offers_nothing_and_says_so(web: Web) -> None:
     # then
     assert 'method="post"' not in text
     assert "nothing is left to do" in text
+
+
+def test_the_signed_in_operator_and_the_reason_go_to_the_saga_history(web: Web) -> None:
+    # given
+    gated(web.shop)
+
+    # when
+    web.post("/actions/cancel", {"saga_id": "g-1", "reason": "customer called to cancel"})
+
+    # then
+    [entry] = [e for e in web.sagas.history("g-1") if str(e.event) == "cancel"]
+    assert (entry.actor, entry.reason) == ("olive", "customer called to cancel")
