@@ -10,6 +10,7 @@ from ._attention import STALE_READ, waits_of
 from ._chart import chart
 from ._request import page_error, source
 from ._source import PREFIX_READ, STATES, SagaFilter
+from ._history_view import history_timeline
 from ._timeline import timeline
 from ._views import (
     child_of,
@@ -71,7 +72,8 @@ def saga() -> str | tuple[str, int]:
     if record is None:
         return page_error(404, f"Not found: no saga {saga_id!r}")
     return render_template(
-        "saga.html", record=record, timeline=timeline(record, data.now_ms()),
+        "saga.html", record=record, timeline=(history_timeline if record.history else timeline)(
+            record, data.now_ms()), history=record.history, folded=record.history_folded,
         approvals=data.approvals_of(record), events=lifecycle(record), effects=effect_rows,
         payload=data.payload, resolution=resolution, outcomes=outcomes,
         actions=saga_actions(record), undoing=UNDOING, raised=raised, child_of=child_of,

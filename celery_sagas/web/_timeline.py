@@ -15,7 +15,7 @@ timeline draws:
 - marks: ✕ failed, ? unknown outcome, ⟳ a retry waiting for its time (none in manual review:
   nothing is retried there), and xN after an effect that took N attempts; each with the
   effect's error code in its tooltip;
-- the scale: piecewise, each long idle stretch a marked break (``_Scale``).
+- the scale: piecewise, each long idle stretch a marked break (``Scale``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .._records import CHILD_TASK, SIGNAL_TASK, TIMER_TASK
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
 
-__all__ = ["Bar", "Gap", "Mark", "Tick", "Timeline", "clock", "timeline"]
+__all__ = ["Bar", "Gap", "Mark", "Row", "Scale", "Tick", "Timeline", "clock", "ticks_of", "timeline"]
 
 LABEL_WIDTH = 190.0
 PLOT_WIDTH = 640.0
@@ -119,7 +119,7 @@ class Gap:
         return f"idle {_duration(self.end_ms - self.start_ms)}"
 
 
-class _Scale:
+class Scale:
     """Maps epoch milliseconds onto the plot, piecewise: an idle stretch between two moments of
     activity longer than ``MIN_GAP_MS`` and than ``GAP_SHARE`` of the time left once longer
     ones are left out becomes a break of fixed width (``MAX_GAPS`` at most), so seconds of
@@ -156,9 +156,11 @@ class _Scale:
         return round(LABEL_WIDTH + (at_ms - self.start - skipped) * self._unit + breaks, 1)
 
     def x(self, at_ms: int) -> float:
+        """The x of ``at_ms`` (clamped to the span)."""
         return self._x_before(min(self.end, max(self.start, at_ms)))
 
     def bar(self, begin: int, end: int, y: float, height: float, kind: str, title: str) -> Bar:
+        """The bar from ``begin`` to ``end`` (at least ``MIN_BAR`` wide)."""
         left = self.x(begin)
         width = max(MIN_BAR, self.x(max(begin, end)) - left)
         return Bar(left, y, round(width, 1), height, kind, title)
@@ -212,7 +214,7 @@ def _state(mark: EffectMark | None) -> EffectState | None:
     return None if mark is None else mark.state
 
 
-def _forward(record: SagaRecord, index: int, now: int, scale: _Scale,
+def _forward(record: SagaRecord, index: int, now: int, scale: Scale,
              y: float) -> tuple[list[Bar], list[Mark]]:
     step = record.steps[index]
     begin = _forward_begin(record, index)
@@ -294,7 +296,7 @@ def _outcome_marks(mark: EffectMark | None, attempts: int, bar: Bar, y: float,
     return marks
 
 
-def _compensation(record: SagaRecord, step: StepRecord, now: int, scale: _Scale,
+def _compensation(record: SagaRecord, step: StepRecord, now: int, scale: Scale,
                   y: float) -> tuple[list[Bar], list[Mark]]:
     mark = step.compensation
     if step.state not in _COMPENSATION or mark is None:
@@ -353,7 +355,7 @@ def _busy(record: SagaRecord, now: int) -> list[tuple[int, int]]:
 def timeline(record: SagaRecord, now_ms: int) -> Timeline:
     """The timeline of ``record`` as seen at ``now_ms``."""
     start, end = _span(record, now_ms)
-    scale = _Scale(start, end, _busy(record, now_ms))
+    scale = Scale(start, end, _busy(record, now_ms))
     rows, bars, marks = [], [], []
     for index, step in enumerate(record.steps):
         y = TOP + index * ROW_HEIGHT
@@ -364,10 +366,10 @@ def timeline(record: SagaRecord, now_ms: int) -> Timeline:
             marks.extend(drawn[1])
     height = TOP + max(1, len(record.steps)) * ROW_HEIGHT + 6
     return Timeline(LABEL_WIDTH + PLOT_WIDTH + 60, height, tuple(rows), tuple(bars), tuple(marks),
-                    _ticks(scale, start, end), start, end, scale.gaps)
+                    ticks_of(scale, start, end), start, end, scale.gaps)
 
 
-def _ticks(scale: _Scale, start: int, end: int) -> tuple[Tick, ...]:
+def ticks_of(scale: Scale, start: int, end: int) -> tuple[Tick, ...]:
     """Ticks at the start, around each break and at the end, with more in between where the
     plot has room; none closer than ``TICK_GAP`` pixels to the one before."""
     moments = [start]

@@ -165,7 +165,7 @@ def test_the_saga_page_shows_steps_ids_codes_payloads_timeline_and_events(web: W
     assert "&#34;reservation&#34;: &#34;r-sku-1&#34;" in text  # reserve's result
     assert "&#34;card&#34;: &#34;card-1&#34;" in text  # the input
     assert f'name="effect_id" value="{effect}"' in text
-    assert "<td>execution</td><td>ambiguous</td>" in text
+    assert '<span class="pill ambiguous">ambiguous</span>' in text  # in the history
     assert text.count("2023-") >= 4 and "Z" in text  # ISO UTC times
 
 
