@@ -8,9 +8,9 @@ from flask import Blueprint, render_template, request
 
 from ._attention import STALE_READ, waits_of
 from ._chart import chart
+from ._history_view import history_timeline
 from ._request import page_error, source
 from ._source import PREFIX_READ, STATES, SagaFilter
-from ._history_view import history_timeline
 from ._timeline import timeline
 from ._views import (
     child_of,
