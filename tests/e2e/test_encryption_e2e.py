@@ -24,7 +24,7 @@ from cryptography.fernet import Fernet
 from celery_sagas import ENCRYPTED
 from tests.conftest import REDIS_BROKER_URL
 from tests.e2e.app import build
-from tests.e2e.conftest import ROOT, Stack, _make_stack
+from tests.e2e.conftest import ROOT, Stack, _make_stack, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -197,3 +197,42 @@ def test_celery_inspect_conf_on_a_real_worker_shows_no_key(sealed_redis: Stack) 
     assert "sagas_encryption_keys" in inspected.stdout
     for text in (inspected.stdout, inspected.stderr, reported.stdout, reported.stderr, process.text()):
         assert OLD not in text
+
+
+def test_a_worker_without_the_key_leaves_no_claim_and_a_keyed_worker_carries_the_saga_on(
+        sealed_redis: Stack) -> None:
+    stack = sealed_redis
+    # given: a saga sealed with OLD whose first step waits in the queue, and a key rotation
+    # begun wrong: the only worker running lists NEW alone
+    order(stack, "keyless")
+    rekey(stack, NEW)
+    keyless = stack.worker()
+
+    # when: it receives the step
+    wait_until(lambda: "undecryptable" in keyless.text(), timeout=60,
+               what=f"the keyless worker to refuse the step\n{keyless.text()[-3000:]}")
+
+    # then: no body ran, no claim is left (nothing ambiguous), and a process without the key
+    # reports the saga as undecryptable
+    assert stack.ops("reserve.start", "keyless") == []
+
+    def reported() -> bool:
+        found = cli(stack, "sagas", "findings", "--json")
+        assert found.returncode == 0, found.stderr
+        return ("undecryptable", "keyless") in {
+            (f["kind"], f["record_id"]) for f in json.loads(found.stdout)["findings"]}
+
+    wait_until(reported, timeout=60, what="an undecryptable finding once the saga is stale")
+    rekey(stack, NEW, OLD)
+    reserve = stack.sagas.get("keyless").steps[0]
+    assert (reserve.state, reserve.attempts, reserve.started_at_ms) == ("executing", 0, None)
+
+    # when: workers with the key run, with a beat (the sweep sends the step again)
+    stack.worker()
+    stack.beat()
+
+    # then: the saga completes with every body run once, nothing sent to review
+    record = stack.wait_settled("keyless")
+    assert record.state == "completed", record
+    assert len(stack.ops("reserve.start", "keyless")) == 1
+    assert "worker_lost" not in keyless.text() and "time_limit" not in keyless.text()

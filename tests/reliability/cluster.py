@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -99,6 +100,70 @@ class PrivateRedis:
         self.resume()
         self.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_PG_TOOLS = ("initdb", "pg_ctl")
+
+
+@dataclass
+class PrivatePostgres:
+    """A PostgreSQL cluster of this run only: ``initdb`` in a directory of its own under /tmp
+    (run as the ``postgres`` user when we are root, so not under a root-only run directory),
+    listening on 127.0.0.1 on a free port (fsync on: the server's durable defaults). ``crash``
+    is ``pg_ctl stop -m immediate`` (no shutdown checkpoint: the next start runs crash
+    recovery)."""
+
+    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sagas-pg-")))
+    port: int = field(default_factory=free_port)
+
+    @staticmethod
+    def available() -> bool:
+        """Whether the PostgreSQL server tools are on the PATH."""
+        return all(shutil.which(tool) for tool in _PG_TOOLS)
+
+    @property
+    def url(self) -> str:
+        """The store URL of its ``postgres`` database."""
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def _data(self) -> Path:
+        return self.directory / "data"
+
+    def start(self) -> PrivatePostgres:
+        """Create the cluster the first time, start the server and wait until it accepts."""
+        if not (self._data / "PG_VERSION").exists():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.chmod(0o755)
+            self._own(self.directory)
+            self._run("initdb", "-D", str(self._data), "-U", "postgres", "--auth=trust",
+                      "-E", "UTF8", "--no-sync")
+        self._run("pg_ctl", "-D", str(self._data), "-l", str(self.directory / "postgres.log"),
+                  "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1",
+                  "-w", "-t", "60", "start")
+        return self
+
+    def crash(self) -> None:
+        """Stop the server the way a crash does (``-m immediate``)."""
+        self._run("pg_ctl", "-D", str(self._data), "-m", "immediate", "-w", "stop")
+
+    def close(self) -> None:
+        """Stop the server and delete the cluster."""
+        if (self._data / "postmaster.pid").exists():
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self.crash()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _run(self, *command: str) -> None:
+        # PostgreSQL refuses to run as root: as root, run its tools as the postgres user.
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *command], check=True, capture_output=True, timeout=120,
+                       cwd=self.directory)
+
+    @staticmethod
+    def _own(path: Path) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(path, "postgres")
 
 
 def _stat(pid: int | str) -> tuple[str, int] | None:

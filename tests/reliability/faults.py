@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 
 from celery_sagas.errors import SagaError
 from tests.redis_cluster import NODE_TIMEOUT_S, RedisCluster
-from tests.reliability.cluster import Cluster, PrivateRedis
+from tests.reliability.cluster import Cluster, PrivatePostgres, PrivateRedis
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
 
@@ -173,6 +173,21 @@ def stall_store(server: PrivateRedis, seconds: tuple[float, float]) -> Injector:
             time.sleep(pause)
         finally:
             server.resume()
+
+    return inject
+
+
+def crash_postgres(server: PrivatePostgres) -> Injector:
+    """``pg_ctl stop -m immediate`` the store's PostgreSQL (transactions in flight are lost or
+    committed without a reply), then start it again after 0.3-1.5 s (crash recovery)."""
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        server.crash()
+        log.add("pg-immediate-stop")
+        try:
+            time.sleep(rng.uniform(0.3, 1.5))
+        finally:
+            server.start()
 
     return inject
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.redis_cluster import RedisCluster as RedisClusterNodes
 from tests.reliability import faults, probes
-from tests.reliability.cluster import Cluster, PrivateRedis, make_cluster, new_tag
+from tests.reliability.cluster import Cluster, PrivatePostgres, PrivateRedis, make_cluster, new_tag
 from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_load
 from tests.reliability.plans import (
     compensation_plan,
@@ -244,6 +244,32 @@ def pg_terminations(workdir: Path, size: Size, postgres_url: str, broker: str | 
                  "pg-terminate", build).run(workdir)
 
 
+def pg_crashes(workdir: Path, size: Size) -> Report:
+    """A PostgreSQL store of the run's own (initdb, a free port) stopped with ``pg_ctl stop -m
+    immediate`` and started again while sagas run: commits in flight lose their replies or
+    are lost. Needs the PostgreSQL server tools (a note says when they are missing)."""
+    if not PrivatePostgres.available():
+        return Report("pg-crash", notes=["skipped: initdb/pg_ctl are not on the PATH"])
+    server = PrivatePostgres()
+    tag = new_tag()
+
+    def build(path: Path) -> Cluster:
+        server.start()
+        try:
+            return make_cluster(path, store=named(server.url, tag), tag=tag)
+        except BaseException:
+            server.close()
+            raise
+
+    load = _load(size.n(30, 150), mixed_plan, size.n(5, 6), (faults.crash_postgres(server), 1),
+                 settle_timeout=120)
+    try:
+        return Chaos("pg-crash", "PostgreSQL stop -m immediate + restart (private cluster)", load,
+                     "pg-immediate-stop", build).run(workdir)
+    finally:
+        server.close()
+
+
 def clock_skew(workdir: Path, size: Size) -> Report:
     """Workers whose clocks disagree (docs/reliability.md says what happens)."""
     skews = [0, 4_000] if size.name == "ci" else [0, 4_000, -4_000, 15_000]
@@ -311,6 +337,7 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "redis-restarts": redis_restarts,
     "script-flush": script_flushes,
     "store-stall": store_stalls,
+    "pg-crash": pg_crashes,
     "two-beats": two_beats,
     "paused-sweeper": lambda workdir, size: probes.paused_sweeper(workdir, size.n(6, 20)),
     "resume-race": lambda workdir, size: probes.resume_race(workdir),

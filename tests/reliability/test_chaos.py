@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability import probes, scenarios
+from tests.reliability.cluster import PrivatePostgres
 from tests.reliability.harness import Report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("redis_server")]
@@ -55,6 +56,14 @@ def test_a_store_stopped_past_the_socket_timeout_sends_no_saga_to_review(tmp_pat
     codes = {step.error_code for record in report.records.values() if record is not None
              for step in record.steps}
     assert not codes & {"worker_lost", "time_limit"}, report.summary()
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+
+
+def test_a_private_postgres_stopped_immediately_and_restarted_loses_nothing(tmp_path: Path) -> None:
+    if not PrivatePostgres.available():
+        pytest.skip("initdb/pg_ctl are not on the PATH")
+    report = _clean(scenarios.pg_crashes(tmp_path, scenarios.CI))
+    assert report.faults["pg-immediate-stop"] > 0, report.summary()
     assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
 
 
