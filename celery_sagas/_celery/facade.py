@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +244,10 @@ class Sagas:
             for shard in range(shards)
         }
         return {**sweeps, **self._periodic.beat_entries}
+
+    def schedules(self) -> Mapping[str, SagaSchedule]:
+        """The scheduled sagas declared on this Sagas (``periodic``), by schedule name."""
+        return dict(self._periodic.schedules)
 
     def periodic(self, definition: Saga | str, schedule: float | timedelta | crontab, *,
                  input: Any = None, name: str | None = None) -> SagaSchedule:

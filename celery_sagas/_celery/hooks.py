@@ -20,15 +20,23 @@ from typing import Any, Protocol
 
 from celery import Celery
 from celery.local import Proxy
-from celery.signals import beat_init, task_unknown, worker_init
+from celery.signals import beat_init, celeryd_after_setup, task_unknown, worker_init
 
 from .._definitions import Registry
 from .._engine import Engine
 from ..errors import SagaConfigurationError
 from .messages import SAGA_REF, parse_ref
+from .periodic import SagaSchedule
 from .registration import refuse_pickle, refuse_pickle_accepted
 
-__all__ = ["Guarded", "guard", "guarded", "install_beat_entries", "unregistered_compensators"]
+__all__ = [
+    "Guarded",
+    "guard",
+    "guarded",
+    "install_beat_entries",
+    "unknown_schedule_definitions",
+    "unregistered_compensators",
+]
 
 logger = logging.getLogger("celery_sagas")
 
@@ -46,6 +54,10 @@ class Guarded(Protocol):
 
     def beat_entries(self) -> dict[str, dict[str, Any]]:
         """The beat schedule entries of the sweeps and the scheduled sagas, by name."""
+        ...
+
+    def schedules(self) -> Mapping[str, SagaSchedule]:
+        """The scheduled sagas declared on this Sagas, by schedule name."""
         ...
 
 
@@ -109,27 +121,51 @@ def unregistered_compensators(registry: Registry) -> list[str]:
     ]
 
 
+def unknown_schedule_definitions(sagas: Guarded) -> list[str]:
+    """A sentence for each schedule whose definition is not a registered ``@sagas.saga``."""
+    return [
+        f"schedule {name!r} names saga definition {schedule.definition!r}, which is not a "
+        "registered @sagas.saga"
+        for name, schedule in sorted(sagas.schedules().items())
+        if schedule.definition not in sagas.registry.definitions
+    ]
+
+
+def _refuse_to_start(what: str, problems: list[str]) -> None:
+    """SystemExit naming each problem (signal handlers' other exceptions are only logged)."""
+    if problems:
+        for problem in problems:
+            logger.critical("celery_sagas: %s", problem)
+        raise SystemExit(f"celery_sagas: the {what} refuses to start: " + "; ".join(problems))
+
+
 def _worker_starting(sender: Any, **_: Any) -> None:
-    """Refuse to start a worker whose sagas cannot run safely (SystemExit: signal handlers'
-    exceptions are only logged by Celery)."""
+    """Refuse to start a worker whose sagas cannot run safely."""
     sagas = guarded(sender.app)
     if sagas is None:
         return
-    problems = unregistered_compensators(sagas.registry)
+    problems = unregistered_compensators(sagas.registry) + unknown_schedule_definitions(sagas)
     try:
         _refuse_pickle_settings(sender.app.conf)
     except SagaConfigurationError as exc:
         problems.append(str(exc))
-    if problems:
-        for problem in problems:
-            logger.critical("celery_sagas: %s", problem)
-        raise SystemExit("celery_sagas: the worker refuses to start: " + "; ".join(problems))
+    _refuse_to_start("worker", problems)
+
+
+def _consume_ticks(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Make a starting worker consume the tick queue of every schedule it declares."""
+    sagas = guarded(instance.app) if instance is not None else None
+    if sagas is None:
+        return
+    for schedule in sagas.schedules().values():
+        instance.app.amqp.queues.select_add(schedule.queue)
 
 
 def _beat_starting(sender: Any, **_: Any) -> None:
     sagas = guarded(sender.app)
     if sagas is None:
         return
+    _refuse_to_start("beat", unknown_schedule_definitions(sagas))
     scheduler = sender.scheduler
     missing = {name: entry for name, entry in sagas.beat_entries().items()
                if name not in scheduler.schedule}
@@ -168,5 +204,6 @@ def _saga_ref(message: Any) -> object:
 
 
 worker_init.connect(_worker_starting, weak=False, dispatch_uid="celery_sagas.worker_init")
+celeryd_after_setup.connect(_consume_ticks, weak=False, dispatch_uid="celery_sagas.after_setup")
 beat_init.connect(_beat_starting, weak=False, dispatch_uid="celery_sagas.beat_init")
 task_unknown.connect(_unknown_task, weak=False, dispatch_uid="celery_sagas.task_unknown")

@@ -1,7 +1,9 @@
 """Scheduled sagas: ``sagas.periodic(...)`` (docs/concepts.md "Scheduled sagas").
 
 Each schedule is a beat entry that sends ``celery_sagas.periodic`` with the schedule's name
-only (the input stays in this process's registration, never in the broker). The process that
+only (the input stays in this process's registration, never in the broker), to a queue of its
+own that every worker declaring the schedule consumes, whatever its ``-Q``: a worker without
+the schedule never receives its ticks, so none is dropped. The process that
 publishes the tick stamps the message with the time it sent it (``saga_sent_at_ms``, a
 header set in ``before_task_publish``: in beat, right after the tick was due); the worker
 turns that time into the tick's slot (``schedules.py``) and starts the saga whose id is the
@@ -41,11 +43,13 @@ class SagaSchedule:
         definition: the saga definition each tick starts.
         input: the input each tick's saga is started with.
         slots: the ticks of the schedule (an interval or a crontab).
+        queue: the queue its ticks are sent to, consumed by every worker that declares it.
     """
 
     def __init__(self, name: str, definition: str, input: Any, slots: Slots,
-                 timezone: Callable[[], tzinfo]) -> None:
+                 timezone: Callable[[], tzinfo], queue: str = "") -> None:
         self.name = name
+        self.queue = queue
         self.definition = definition
         self.input = input
         self.slots = slots
@@ -104,15 +108,19 @@ class PeriodicSagas:
         if not self.schedules:
             self._register_task()
         found = SagaSchedule(name, definition_name, values.decode_json(canonical), slots,
-                             lambda: self.app.timezone)
+                             lambda: self.app.timezone, queue=self._tick_queue(name))
         self.schedules[name] = found
-        options = {"queue": self._queue} if self._queue else {}
         self.beat_entries[f"{PERIODIC_TASK}:{name}"] = {
             "task": PERIODIC_TASK, "schedule": slots.beat_schedule(), "args": (),
-            "kwargs": {"name": name}, "options": options,
+            "kwargs": {"name": name}, "options": {"queue": found.queue},
         }
         self._on_added()
         return found
+
+    def _tick_queue(self, name: str) -> str:
+        """The queue of one schedule's ticks: only workers that declare the schedule consume
+        it (``hooks.py`` adds it to each such worker), so no other worker drops a tick."""
+        return f"{self._queue or 'celery_sagas'}.periodic.{name}"
 
     def tick(self, name: str, sent_at_ms: int | None) -> SagaRecord | None:
         """Start the saga of the tick sent at ``sent_at_ms`` (now if unknown); None when the

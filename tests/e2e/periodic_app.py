@@ -4,6 +4,10 @@
 ``E2E_PERIODIC_EVERY`` seconds (default 2). Every run of the ``celery_sagas.periodic`` task
 appends a ``tick`` line to the ledger with the send time its message carried, so a test can
 tell how many ticks were sent (by every beat) and which slots they named.
+
+``E2E_PERIODIC_VARIANT`` (environment) builds a mistaken app: ``none`` declares no schedule (a
+worker of the same service whose modules do not declare it), ``typo`` a schedule naming the
+definition ``e2e-ordre``, which nobody registered.
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ def build(config: Config) -> tuple[Shop, SagaSchedule]:
     """The e2e shop with the ``tick`` schedule."""
     shop = build_shop(config)
     every = float(os.environ.get("E2E_PERIODIC_EVERY", "2"))
-    schedule = shop.sagas.periodic(shop.order, every, input=INPUT, name=SCHEDULE)
+    variant = os.environ.get("E2E_PERIODIC_VARIANT", "ok")
+    if variant == "none":
+        return shop, None  # type: ignore[return-value]
+    definition = "e2e-ordre" if variant == "typo" else shop.order
+    schedule = shop.sagas.periodic(definition, every, input=INPUT, name=SCHEDULE)
 
     @task_postrun.connect(weak=False)
     def note_tick(task: Any = None, **_: Any) -> None:

@@ -104,3 +104,63 @@ def test_a_beat_restarted_within_a_tick_sends_it_again_and_starts_nothing_twice(
     assert set(scheduled_sagas(stack)) == {slots[0]}
     assert stack.wait_settled(slots[0]).state == "completed"
     assert len(stack.ops("reserve.done", slots[0])) == 1
+
+
+# ---------------------------------------------------------------- issue 25 item 8
+
+
+def exited(process: Process) -> str:
+    """The log of a worker or beat that must refuse to start (it exits non-zero)."""
+    wait_until(lambda: process.proc.poll() is not None or "ready." in process.text()
+               or SENT in process.text(), timeout=90, what="the process to exit")
+    assert process.proc.poll() is not None, "it started:\n" + process.text()[-3000:]
+    assert process.proc.returncode != 0, process.text()[-3000:]
+    return process.text()
+
+
+def test_a_schedule_naming_an_unknown_definition_stops_worker_and_beat_from_starting(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: a schedule naming "e2e-ordre" (a typo: the definition is e2e-order)
+    stack.app_module = "tests.e2e.periodic_app"
+    monkeypatch.setenv("E2E_PERIODIC_VARIANT", "typo")
+
+    # when
+    worker = stack._spawn(["worker", "--pool", "solo", "-Q", stack.config.queue, "-l", "INFO",
+                           "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                          "worker")
+    beat = stack._spawn(["beat", "-s", str(stack.tmp / "beat-typo"), "-l", "INFO"], "beat")
+
+    # then: both refuse, naming the schedule and the definition
+    for text in (exited(worker), exited(beat)):
+        assert "'e2e-ordre'" in text and "refuses to start" in text, text[-3000:]
+    assert SENT not in beat.text()
+
+
+def test_a_worker_without_the_schedule_never_takes_its_ticks_and_none_is_lost(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: on the queue, a worker of the service whose modules do not declare the schedule
+    # (it logged "Received unregistered task of type 'celery_sagas.periodic'" and dropped it)
+    stack.app_module = "tests.e2e.periodic_app"
+    monkeypatch.setenv("E2E_PERIODIC_VARIANT", "none")
+    other = stack.worker()
+    monkeypatch.setenv("E2E_PERIODIC_VARIANT", "ok")
+    schedule = stack.sagas.periodic(stack.shop.order, 2, input=INPUT, name=SCHEDULE)
+
+    # when: beat sends ticks while only that worker runs
+    beat = stack.beat()
+    wait_until(lambda: sends([beat])[0] >= 2, timeout=90, what="2 ticks sent")
+    beat.stop()
+    sent = sends([beat])[0]
+
+    # then: it took none of them
+    assert "celery_sagas.periodic" not in other.text(), other.text()[-3000:]
+    assert stack.ops("tick") == []
+
+    # when: a worker that declares the schedule starts
+    stack.worker()
+
+    # then: every tick sent before reaches it and starts its saga
+    wait_until(lambda: len(stack.ops("tick")) >= sent, timeout=90, what="every tick delivered")
+    slots = {schedule.saga_id(t["sent_at_ms"] / 1000) for t in stack.ops("tick")}
+    for saga_id in slots:
+        assert stack.wait_settled(saga_id).state == "completed"
