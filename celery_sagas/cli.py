@@ -507,7 +507,11 @@ def resume(ctx: click.Context, saga_id: str, actor: str, reason: str | None,
 @_operation
 def signal(ctx: click.Context, saga_id: str, name: str, payload_json: str | None,
            signal_id: str | None, actor: str, reason: str | None, as_json: bool) -> None:
-    """Send the signal NAME to a saga (ctx.wait_signal receives its payload)."""
+    """Send the signal NAME to a saga (ctx.wait_signal receives its payload).
+
+    Refused (exit 1), nothing written: a completed or compensated saga (unless --signal-id
+    repeats a signal it holds), or one at sagas_signal_limit / sagas_signal_bytes_limit.
+    """
     payload = _json_result(payload_json, "--payload")
     record = _session(ctx).sagas.signal(saga_id, name, payload, signal_id=signal_id,
                                         actor=actor, reason=reason)

@@ -449,7 +449,8 @@ class Sagas:
                reason: str | None = None) -> SagaRecord:
         """Send the signal ``name`` to a saga (docs/design.md §3.5); returns the saga record.
 
-        The signal is recorded durably with one write and no read; a ``ctx.wait_signal(name)``
+        The signal is recorded durably with one write at the version read (its limits checked
+        first, docs/concepts.md "Limits"); a ``ctx.wait_signal(name)``
         of the saga, waiting now or later, receives ``payload``. Sending again with the same
         ``signal_id`` (say, a webhook delivery id) is one signal; without one each call is a
         new signal. A saga waiting for it is advanced at once, in this process. ``actor`` and
@@ -458,7 +459,14 @@ class Sagas:
         Raises:
             SagaValidationError: a bad id, name, actor or reason, or a payload that is not JSON
                 or is over a quarter of ``sagas_payload_limit``; nothing is written.
+            PayloadTooLarge: the saga record with this signal would pass
+                ``sagas_payload_limit``; nothing is written.
             SagaNotFound: no saga has that id.
+            SagaAlreadyFinal: the saga is completed or compensated (unless ``signal_id`` is one
+                it holds already: then the call is a harmless repeat); nothing is written.
+            SignalLimitExceeded: the saga holds ``sagas_signal_limit`` unconsumed signals, or
+                this one would pass ``sagas_signal_bytes_limit``; nothing is written.
+            UndecryptableRecord: no configured key opens the saga; nothing is written.
         """
         return self._operation(
             "saga.signal", saga_id,
