@@ -36,9 +36,8 @@ from ._protocol.decide import judge_in_flight
 from ._protocol.decisions import Vanished
 from ._protocol.notes import ClaimNote
 from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
-from ._repository import Plan
+from ._repository import Plan, unanswered
 from .errors import (
-    FencedWriteRefused,
     IllegalTransition,
     SagaNotFound,
     SagaValidationError,
@@ -147,9 +146,9 @@ class Delivery:
             except UndecryptableRecord:
                 self._undecryptable()
                 return None
-            except FencedWriteRefused:
-                raise
-            except StoreError:
+            except StoreError as exc:
+                if not unanswered(exc):
+                    raise
                 deadline = deadline or self._store_wait_deadline()
                 if time.monotonic() >= deadline:
                     raise

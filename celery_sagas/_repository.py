@@ -27,15 +27,17 @@ from ._protocol.notes import apply_notes, parse_note
 from ._records import SAGA, OperatorAction, SagaRecord, SagaState
 from .errors import (
     FencedWriteRefused,
+    NonDurableStoreError,
     PayloadTooLarge,
     SagaConcurrencyError,
     SagaNotFound,
     StoreError,
+    StoreUnavailable,
     UndecryptableRecord,
 )
 from .stores.base import Envelope, Fence, Store
 
-__all__ = ["Plan", "RecentSagas", "SagaRepository"]
+__all__ = ["Plan", "RecentSagas", "SagaRepository", "unanswered"]
 
 _STORE_POLL_S = 0.5
 
@@ -64,6 +66,17 @@ class Plan:
         """Carry out what the decision calls for once it is written."""
         for effect in self.then:
             effect(written)
+
+
+# Store errors that are the store's answer (a refused fence, a store refused at first use),
+# never a request whose reply may have been lost.
+_ANSWERS = (FencedWriteRefused, NonDurableStoreError, StoreUnavailable)
+
+
+def unanswered(error: StoreError) -> bool:
+    """Whether a store error may hide a write that was applied (no reply came), rather than
+    being the store's answer; such a write is read back before anything is decided again."""
+    return not isinstance(error, _ANSWERS)
 
 
 class _Unanswered(StoreError):
@@ -327,13 +340,13 @@ class SagaRepository:
 
     @staticmethod
     def _unanswered(plan: Plan, attempt: Callable[[], SagaRecord | None]) -> SagaRecord | None:
-        """``attempt()``, its store errors (a refused fence aside: that is an answer) raised as
-        ``_Unanswered`` naming ``plan``."""
+        """``attempt()``, its store errors that may be a lost reply raised as ``_Unanswered``
+        naming ``plan``."""
         try:
             return attempt()
-        except FencedWriteRefused:
-            raise
         except StoreError as exc:
+            if not unanswered(exc):
+                raise
             raise _Unanswered(str(exc), plan=plan, error=exc) from exc
 
     def _compare_and_set(self, before: SagaRecord, after: SagaRecord, fence: Fence | None,

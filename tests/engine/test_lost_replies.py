@@ -16,7 +16,7 @@ from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
 from celery_sagas._records import SagaState, StepState
-from celery_sagas.errors import StoreError
+from celery_sagas.errors import NonDurableStoreError, StoreError
 from celery_sagas.stores.base import Envelope, Fence
 from celery_sagas.testing import FrozenClock
 from tests.engine.conftest import Shop
@@ -245,3 +245,22 @@ def test_every_write_losing_its_reply_once_still_completes_without_review(
 
     # then
     _no_review(shop)
+
+
+def test_a_store_refused_at_first_use_fails_the_delivery_at_once(
+        shop: Shop, store: LossyStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: the store answers a claim with a refusal (not silence): nothing to wait for
+    shop.start_order()
+    [message] = shop.driver.take()
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise NonDurableStoreError("the Redis server keeps nothing (appendonly no)")
+
+    monkeypatch.setattr(store, "annotate", refused)
+    waited: list[float] = []
+    monkeypatch.setattr("celery_sagas._delivery.time.sleep", waited.append)
+
+    # when / then
+    with pytest.raises(NonDurableStoreError):
+        shop.driver.deliver(message)
+    assert waited == [] and shop.script.calls == []
