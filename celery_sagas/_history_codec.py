@@ -12,6 +12,7 @@ payload (ids, names, states, codes, times, the actor and the reason), so they ar
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 from ._records import HistoryEntry, HistoryEvent, SagaRecord
@@ -23,20 +24,23 @@ HISTORY_KEYS = ("_folded", "_history")
 # entry field -> body key; the order is the dataclass's.
 _SHORT = (("at_ms", "t"), ("event", "e"), ("step", "s"), ("attempt", "n"), ("state", "q"),
           ("code", "c"), ("ref", "i"), ("due_ms", "d"), ("actor", "a"), ("reason", "r"))
-_INTS = frozenset({"t", "n", "d"})
+_TYPES = {key: int if key in ("t", "n", "d") else str for _, key in _SHORT}
 _MAX_TEXT = 1024  # longest string field accepted back (reasons are at most 500 characters)
 _EVENTS = {e.value: e for e in HistoryEvent}
 _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"),
                             sort_keys=True)
 
 
-def _out(entry: HistoryEntry) -> dict[str, Any]:
+@lru_cache(maxsize=8192)
+def _text(entry: HistoryEntry) -> str:
+    """One entry's JSON. Entries never change and each is written again with every later
+    write of its saga: a worker writing the saga's next step finds the text here."""
     out: dict[str, Any] = {}
     for name, key in _SHORT:
         value = getattr(entry, name)
         if value is not None:
             out[key] = value
-    return out
+    return _ENCODER.encode(out)
 
 
 def history_prefix(record: SagaRecord) -> str:
@@ -45,7 +49,7 @@ def history_prefix(record: SagaRecord) -> str:
     if not record.history and not record.history_folded:
         return ""
     folded = f'"_folded":{record.history_folded},' if record.history_folded else ""
-    return f'{folded}"_history":{_ENCODER.encode([_out(e) for e in record.history])},'
+    return f'{folded}"_history":[{",".join(map(_text, record.history))}],'
 
 
 def read_history(raw: dict[str, Any]) -> tuple[tuple[HistoryEntry, ...], int]:
@@ -58,21 +62,21 @@ def read_history(raw: dict[str, Any]) -> tuple[tuple[HistoryEntry, ...], int]:
         return (), folded
     if type(entries) is not list:
         raise ValueError("malformed history")
-    return tuple(_entry(item) for item in entries), folded
+    return tuple(map(_entry, entries)), folded
 
 
 def _entry(item: Any) -> HistoryEntry:
     if type(item) is not dict:
         raise ValueError("malformed history entry")
-    values: list[Any] = []
-    for _, key in _SHORT:
-        value = item.get(key)
-        if value is not None and type(value) is not (int if key in _INTS else str):
+    for key, value in item.items():  # only the keys present (most entries have three or four)
+        kind = _TYPES.get(key)
+        if (kind is not None and type(value) is not kind) or \
+                (type(value) is str and len(value) > _MAX_TEXT):
             raise ValueError("malformed history entry")
-        if type(value) is str and len(value) > _MAX_TEXT:
-            raise ValueError("malformed history entry")
-        values.append(value)
-    if values[0] is None or values[1] is None or values[0] < 0:
+    at, event = item.get("t"), item.get("e")
+    if at is None or event is None or at < 0:
         raise ValueError("malformed history entry")
-    values[1] = _EVENTS.get(values[1], values[1])  # an event of a later release stays a str
-    return HistoryEntry(*values)
+    get = item.get
+    named = _EVENTS[event] if event in _EVENTS else str(event)
+    return HistoryEntry(at, named, get("s"), get("n"), get("q"), get("c"),
+                        get("i"), get("d"), get("a"), get("r"))

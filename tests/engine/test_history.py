@@ -346,3 +346,34 @@ def test_a_release_that_knew_no_history_reads_back_unchanged(shop: Shop) -> None
     # then
     assert "_history" not in envelope.body
     assert codec.saga(envelope, "o-1") == old
+
+
+@pytest.mark.parametrize("history", ['"no list"', '[{"e":"created"}]', '[{"t":-1,"e":"x"}]',
+                                     '[{"t":1,"e":"x","s":7}]', '[3]'])
+def test_a_malformed_history_makes_the_record_invalid(shop: Shop, history: str) -> None:
+    # given
+    from dataclasses import replace
+
+    from celery_sagas.errors import InvalidRecordError
+
+    shop.start_order()
+    codec = shop.sagas.engine.repository.codec
+    envelope = codec.saga_envelope(replace(shop.record(), history=()))
+    broken = replace(envelope, body='{"_history":' + history + "," + envelope.body[1:])
+
+    # when / then
+    with pytest.raises(InvalidRecordError):
+        codec.saga(broken, "o-1")
+
+
+def test_an_event_of_a_later_release_reads_back_as_a_string(shop: Shop) -> None:
+    from dataclasses import replace
+
+    shop.start_order()
+    codec = shop.sagas.engine.repository.codec
+    envelope = codec.saga_envelope(replace(shop.record(), history=()))
+    later = replace(envelope, body='{"_history":[{"e":"teleported","t":5}],' + envelope.body[1:])
+
+    [entry] = codec.saga(later, "o-1").history
+
+    assert (entry.event, entry.at_ms) == ("teleported", 5)
