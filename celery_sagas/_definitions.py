@@ -15,6 +15,7 @@ from .errors import SagaConfigurationError
 
 __all__ = [
     "COMPENSATE_CAPABILITY",
+    "COMPENSATION_ORDERS",
     "COMPENSATOR_OPTIONS",
     "EXECUTE_CAPABILITY",
     "STEP_OPTIONS",
@@ -44,6 +45,8 @@ RunFunction = Callable[[Any, Any], Any]
 STEP_OPTIONS = ("compensate", "idempotent", "not_committed_on", "retries", "backoff", "capability",
                 "retry_on", "compensate_unknown")
 COMPENSATOR_OPTIONS = ("name", "idempotent", "capability")
+# How a saga's committed steps are undone: one at a time, newest first, or all at once.
+COMPENSATION_ORDERS = ("reverse", "parallel")
 
 # The capabilities of a step and a compensator that name none (approval bindings, effects).
 EXECUTE_CAPABILITY = "saga.execute"
@@ -89,6 +92,7 @@ class SagaDefinition:
     max_compensation_attempts: int = 3
     backoff: Backoff = default_backoff_ms
     capability: str | None = None
+    compensation: str = "reverse"  # or "parallel": every compensator sent at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +282,7 @@ class Registry:
             steps=steps,
             compensators_idempotent=idempotent,
             compensator_time_limits=limits,
+            parallel_compensation=definition.compensation == "parallel",
         )
         self._policies[key] = policy
         return policy

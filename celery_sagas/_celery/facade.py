@@ -329,19 +329,22 @@ class Sagas:
         return decorate(fn) if fn is not None else decorate
 
     def saga(self, name: str, *, max_attempts: int = 3, backoff: SecondsBackoff | None = None,
-             capability: str | None = None) -> Callable[[Callable[..., Any]], Saga]:
+             capability: str | None = None,
+             compensation: str = "reverse") -> Callable[[Callable[..., Any]], Saga]:
         """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect.
 
         ``max_attempts`` and ``backoff(attempt) -> seconds`` are the compensation policy: how many
         times each compensator is tried, and how long to wait between tries, before the saga
         goes to manual review (``compensation_exhausted``). A step's own retries are set on
-        ``@sagas.step(retries=...)``.
+        ``@sagas.step(retries=...)``. ``compensation="parallel"`` sends every committed step's
+        compensator at once instead of one at a time, newest first (``"reverse"``).
         """
         checked = values.capability(capability) if capability is not None else None
 
         def decorate(run: Callable[..., Any]) -> Saga:
             definition = register_definition(self.registry, name, run, max_attempts=max_attempts,
-                                             backoff=backoff, capability=checked)
+                                             backoff=backoff, capability=checked,
+                                             compensation=compensation)
             return Saga(self, definition)
 
         return decorate

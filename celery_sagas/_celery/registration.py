@@ -12,6 +12,7 @@ from .. import _values as values
 from .._approvals.tokens import TokenSigner
 from .._definitions import (
     COMPENSATE_CAPABILITY,
+    COMPENSATION_ORDERS,
     COMPENSATOR_OPTIONS,
     EXECUTE_CAPABILITY,
     STEP_OPTIONS,
@@ -123,12 +124,17 @@ def register_compensator(app: Celery, registry: Registry, base: type, func: Call
 
 def register_definition(registry: Registry, name: str, run: Callable[..., Any], *,
                         max_attempts: int, backoff: SecondsBackoff | None,
-                        capability: str | None) -> SagaDefinition:
+                        capability: str | None, compensation: object = "reverse") -> SagaDefinition:
     """Record a saga definition ``run(ctx, input)`` (its options checked by the caller)."""
     values.definition_name(name)
     attempts = checked_max_attempts(max_attempts)
     checked = seconds_backoff(backoff, attempts=attempts, owner=f"saga {name!r}")
-    definition = SagaDefinition(name, run, max_attempts, checked, capability)
+    if compensation not in COMPENSATION_ORDERS:
+        raise SagaConfigurationError(
+            f"saga {name!r}: compensation must be one of {', '.join(COMPENSATION_ORDERS)}, "
+            f"got {str(compensation)[:40]!r}")
+    definition = SagaDefinition(name, run, max_attempts, checked, capability,
+                                compensation=str(compensation))
     registry.add_definition(definition)
     return definition
 

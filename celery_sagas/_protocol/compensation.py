@@ -55,6 +55,8 @@ def commit_order(saga: SagaRecord) -> list[StepRecord]:
 
 
 _TO_UNDO = (StepState.COMMITTED, StepState.COMPENSATION_FAILED)
+# A step still going forward (a child saga being cancelled, a gate being abandoned included).
+_FORWARD_IN_FLIGHT = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL)
 
 
 def rollback_reason(saga: SagaRecord) -> tuple[str | None, str]:
@@ -71,8 +73,12 @@ def rollback_reason(saga: SagaRecord) -> tuple[str | None, str]:
     return None, code
 
 
-def plan_compensation(saga: SagaRecord, now_ms: int, max_compensation_attempts: int) -> Decision:
-    """Next compensation action for a saga with nothing in flight."""
+def plan_compensation(saga: SagaRecord, now_ms: int, max_compensation_attempts: int, *,
+                      parallel: bool = False) -> Decision:
+    """Next compensation action for a saga with nothing in flight (``parallel``: with
+    compensators in flight, whose siblings begin without waiting for them)."""
+    if parallel:
+        return _plan_parallel(saga, now_ms, max_compensation_attempts)
     for step in saga.steps:
         if step.state is StepState.AMBIGUOUS or (
             step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION
@@ -93,3 +99,32 @@ def plan_compensation(saga: SagaRecord, now_ms: int, max_compensation_attempts: 
             return Wait(step.next_attempt_at_ms)
         return BeginCompensation(step)
     return FinishCompensation()
+
+
+def _plan_parallel(saga: SagaRecord, now_ms: int, max_attempts: int) -> Decision:
+    """``compensation="parallel"``: begin every committed step that is due, whatever else is
+    compensating; wait for the ones in flight; review an exhausted one once the rest settled."""
+    for step in saga.steps:
+        if step.state is StepState.AMBIGUOUS or (
+            step.state is StepState.COMPENSATING and step.error_code == codes.AMBIGUOUS_COMPENSATION
+        ):
+            return Review(codes.AMBIGUOUS_STEP, f"step {step.name!r} is ambiguous")
+        if step.state in _FORWARD_IN_FLIGHT:
+            return Wait()  # forward work still in flight is waited for, as in reverse order
+    exhausted, due = None, []
+    for step in commit_order(saga):
+        if step.state not in _TO_UNDO or step.compensator is None:
+            continue
+        if step.compensation_attempts >= max_attempts:
+            exhausted = exhausted or step
+        elif step.next_attempt_at_ms is not None and now_ms < step.next_attempt_at_ms:
+            due.append(step.next_attempt_at_ms)
+        else:
+            return BeginCompensation(step)
+    if any(step.state is StepState.COMPENSATING for step in saga.steps):
+        return Wait(min(due) if due else None)
+    if exhausted is not None:
+        return Review(codes.COMPENSATION_EXHAUSTED,
+                      f"compensation of step {exhausted.name!r} failed "
+                      f"{exhausted.compensation_attempts} times")
+    return Wait(min(due)) if due else FinishCompensation()

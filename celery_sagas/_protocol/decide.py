@@ -134,9 +134,12 @@ def decide(
     if flight is not None and not isinstance(flight, Wait):
         return flight
     if saga.state is SagaState.COMPENSATING:
-        if flight is not None:
-            return flight
-        return plan_compensation(saga, now_ms, policy.max_compensation_attempts)
+        if not policy.parallel_compensation:
+            return flight or plan_compensation(saga, now_ms, policy.max_compensation_attempts)
+        planned = plan_compensation(saga, now_ms, policy.max_compensation_attempts, parallel=True)
+        if isinstance(planned, Wait) and flight is not None:
+            return _earliest([planned, flight])
+        return planned
     if unresolved_ambiguity(saga) is not None:
         return flight or Wait()
     if replay is None or _held(saga):

@@ -47,6 +47,7 @@ class SagaPolicy:
     steps: Mapping[str, StepPolicy] = field(default_factory=dict)
     compensators_idempotent: frozenset[str] = frozenset()
     compensator_time_limits: Mapping[str, int] = field(default_factory=dict)
+    parallel_compensation: bool = False
 
     def step(self, task: str) -> StepPolicy:
         """The policy of a step task (defaults when unknown)."""

@@ -9,7 +9,9 @@ the sagas the reference ports needed:
   the purchase's outcome), ship. The plan's ``block`` ({"label": name}) holds the label body
   until the test drops CONTROL/<name>;
 - ``real-pay``: reserve, charge with provider A; when A declines (``"decline": ["pay_a"]``),
-  ``run`` catches ``StepFailed`` and charges with provider B (idempotent); ship.
+  ``run`` catches ``StepFailed`` and charges with provider B (idempotent); ship;
+- ``real-trip`` (``compensation="parallel"``): book a flight, a hotel and a car, then pay
+  with provider A; a declined payment cancels the three bookings at once.
 
 Every body and compensator appends a JSON line to the ledger (``tests.e2e.parallel_app``'s
 ``Provider``), so tests count how often each side effect and each undo really happened.
@@ -18,6 +20,7 @@ Every body and compensator appends a JSON line to the ledger (``tests.e2e.parall
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from celery_sagas import StepFailed
@@ -106,8 +109,33 @@ def build(config: Config) -> Shop:
         ctx.step(shop.tasks["ship"], data["id"], plan)
         return paid
 
+    @sagas.step(name="real.book", compensate="real.unbook")
+    def book(kind: str, plan: dict[str, Any], *, saga: Any = None) -> dict[str, str]:
+        """Book a flight, a hotel or a car."""
+        provider.note("book.done", saga, kind=kind)
+        return {"booking": kind}
+
+    @sagas.compensator(name="real.unbook")
+    def unbook(kind: str, plan: dict[str, Any], *, saga: Any = None) -> None:
+        """Cancel a booking (takes ``plan["unbook_ms"]``; fails its first attempts as the
+        plan's ``unbook_failures`` says)."""
+        provider.note("unbook.start", saga, kind=kind)
+        time.sleep(plan.get("unbook_ms", 0) / 1000)
+        if saga.attempt <= plan.get("unbook_failures", {}).get(kind, 0):
+            provider.note("unbook.fail", saga, kind=kind)
+            raise ConnectionError(f"{kind} service down")
+        provider.note("unbook.done", saga, kind=kind)
+
+    @sagas.saga("real-trip", compensation="parallel", backoff=lambda _: 0.2)
+    def _trip(ctx: Any, data: dict[str, Any]) -> Any:
+        """Book a flight, a hotel and a car, then pay (the plan may decline the payment)."""
+        plan = data.get("plan", {})
+        for kind in ("flight", "hotel", "car"):
+            ctx.step(book, kind, plan, step_name=f"book-{kind}")
+        return ctx.step(pay_a, data["amount"], plan)
+
     tasks = {**shop.tasks, "call": call, "label": label, "cancel_label": cancel_label,
-             "pay_a": pay_a, "pay_b": pay_b}
+             "pay_a": pay_a, "pay_b": pay_b, "book": book, "unbook": unbook}
     return Shop(shop.app, sagas, limited, tasks)
 
 

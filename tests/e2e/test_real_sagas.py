@@ -105,3 +105,28 @@ def test_a_caught_step_failed_then_a_worker_kill_resumes_on_the_except_path(
     assert [s["attempt"] for s in starts] == [1, 2]
     assert {s["effect_id"] for s in starts} == {record.steps[2].effect_id}
     assert real_stack.ops("refund") == [] and real_stack.ops("release") == []
+
+
+def test_parallel_compensation_runs_three_compensators_at_once_and_retries_one(
+        real_stack: Stack) -> None:
+    # given: a worker with room for three compensators, and beat; each compensator takes
+    # 1.5 s, the car's fails once
+    real_stack.worker(concurrency=4)
+    real_stack.beat()  # the sweep sends a failed compensator's retry when it is due
+    plan = {"decline": ["pay_a"], "unbook_ms": 1500, "unbook_failures": {"car": 1}}
+
+    # when: the payment after the three bookings is declined
+    real_stack.sagas.start("real-trip", {"amount": 9, "plan": plan}, saga_id="trip-1")
+    record = real_stack.wait_settled("trip-1")
+
+    # then: compensated; the three first attempts overlapped in time; the car's was retried
+    assert (record.state, record.error_code) == ("compensated", "declined")
+    starts = real_stack.ops("unbook.start", "trip-1")
+    first = {s["kind"]: s for s in starts if s["attempt"] == 1}
+    assert set(first) == {"flight", "hotel", "car"}
+    ends = [e for e in real_stack.ledger() if e["op"] in ("unbook.done", "unbook.fail")
+            and e["attempt"] == 1]
+    assert max(s["t"] for s in first.values()) < min(e["t"] for e in ends), "not concurrent"
+    assert sorted(s["kind"] for s in starts) == ["car", "car", "flight", "hotel"]
+    assert sorted(e["kind"] for e in real_stack.ops("unbook.done", "trip-1")) == [
+        "car", "flight", "hotel"]
