@@ -14,6 +14,7 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 from . import _values as values
@@ -252,33 +253,44 @@ class SagaContext:
         return self._held(call, lambda: {"state": StepState.AWAITING_APPROVAL,
                                          "approval_id": self._local_id()})
 
-    def sleep(self, seconds: float, *, step_name: str | None = None) -> None:
-        """Park the saga for ``seconds`` (no worker waits, no message is queued): the sweep
-        resumes it once the time has come; on replay a fired timer returns at once."""
+    def sleep(self, seconds: float | timedelta, *, step_name: str | None = None) -> None:
+        """Park the saga for ``seconds`` (a number or a ``timedelta``, at most 366 days; no
+        worker waits, no message is queued): the sweep resumes it once the time has come; on
+        replay a fired timer returns at once."""
         delay = self._checked(lambda: values.seconds_ms(seconds, field="sleep seconds"))
-        self._timer({"seconds": seconds}, self._now_ms + delay, step_name)
+        self._timer({"seconds": values.plain_seconds(seconds)}, self._now_ms + delay, step_name)
 
     def sleep_until(self, when: Any, *, step_name: str | None = None) -> None:
-        """Park the saga until ``when`` (an aware ``datetime`` or epoch seconds), as ``sleep``."""
-        until = self._checked(lambda: values.when_ms(when, field="sleep_until time"))
+        """Park the saga until ``when`` (an aware ``datetime`` or epoch seconds, at most 366
+        days ahead, as ``sleep``)."""
+        until = self._checked(lambda: self._until_ms(when))
         self._timer({"until_ms": until}, until, step_name)
+
+    def _until_ms(self, when: Any) -> int:
+        until: int = values.when_ms(when, field="sleep_until time")
+        if until - self._now_ms > values.MAX_WAIT_SECONDS * 1000:
+            raise SagaValidationError(
+                f"sleep_until time must be at most {values.MAX_WAIT_SECONDS} seconds (366 days) "
+                "ahead, the longest ctx.sleep")
+        return until
 
     def _timer(self, kwargs: dict[str, Any], wake_at_ms: int, step_name: str | None) -> None:
         call = StepCall(self._name(step_name or "sleep", TIMER_TASK), TIMER_TASK, (), kwargs, None)
         self._held(call, lambda: {"state": StepState.WAITING,
                                   "wake_at_ms": min(wake_at_ms, values.MAX_SAFE_INTEGER)})
 
-    def wait_signal(self, name: str, timeout: float | None = None, *,
+    def wait_signal(self, name: str, timeout: float | timedelta | None = None, *,
                     step_name: str | None = None) -> Any:
         """Wait for the signal ``name`` (``sagas.signal(saga_id, name, payload)``) and return
         its payload: the first signal of that name no earlier wait consumed, sent before or
-        after this call. With ``timeout`` (seconds), raise ``SignalTimeout`` once it passed
-        without one; ``run`` may catch it to take another path."""
+        after this call. With ``timeout`` (seconds or a ``timedelta``, at most 366 days), raise
+        ``SignalTimeout`` once it passed without one; ``run`` may catch it to take another
+        path."""
         self._checked(lambda: values.signal_name(name))
         limit = None if timeout is None else self._checked(
             lambda: values.seconds_ms(timeout, field="wait_signal timeout"))
         call = StepCall(self._name(step_name or f"signal:{name}", SIGNAL_TASK), SIGNAL_TASK, (),
-                        {"signal": name, "timeout": timeout}, None)
+                        {"signal": name, "timeout": values.plain_seconds(timeout)}, None)
         wake = None if limit is None else self._now_ms + limit
         result = self._held(call, lambda: {"state": StepState.WAITING, "wake_at_ms": wake})
         if timed_out(result):
@@ -320,6 +332,10 @@ class SagaContext:
         raise _Stop(Crashed(codes.INVALID_STEP_CALL, reason))
 
     def _step_call(self, call: Call, group: str | None) -> StepCall:
+        if isinstance(call.task, (Call, ChildCall)):
+            self._misuse(f"a step's task cannot be a {type(call.task).__name__}: run a child saga "
+                         "with ctx.child(definition, input), or pass ctx.call(...) and "
+                         "ctx.call_child(...) values to ctx.parallel")
         task = getattr(call.task, "name", call.task)
         if not isinstance(task, str) or task not in self._registry.steps:
             self._misuse(f"{task!r} is not a registered saga step")

@@ -176,6 +176,7 @@ def _shown(value: object) -> str:
 
 
 def _seconds_to_ms(value: object) -> int | None:
+    value = values.plain_seconds(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, float) and not math.isfinite(value):

@@ -243,8 +243,16 @@ def timestamp_ms(value: object, *, field: str = "timestamp") -> int:
     return _integer(value, field=field, low=0)
 
 
+def plain_seconds(value: object) -> object:
+    """A ``timedelta`` as its seconds (a float); anything else as given, for the caller to
+    check: every duration the library takes is seconds or a ``timedelta``."""
+    return value.total_seconds() if isinstance(value, datetime.timedelta) else value
+
+
 def wait_seconds(value: object, name: str, *, allow_zero: bool) -> float:
-    """A finite, non-negative (or positive) number of seconds; NaN would never time out."""
+    """A finite, non-negative (or positive) number of seconds or a ``timedelta``; NaN would
+    never time out."""
+    value = plain_seconds(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SagaValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
     seconds = float(value) if abs(value) < 1e300 else math.inf
@@ -259,12 +267,18 @@ def duration_ms(value: object, *, field: str = "duration") -> int:
     return _integer(value, field=field, low=1)
 
 
+MAX_WAIT_SECONDS = 366 * 86_400  # the longest ctx.sleep (and how far ahead sleep_until may be)
+
+
 def seconds_ms(value: object, *, field: str) -> int:
-    """A finite, non-negative number of seconds (at most a year) as integer milliseconds."""
+    """A finite number of seconds or a ``timedelta``, 0 to 366 days, as integer milliseconds."""
+    value = plain_seconds(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SagaValidationError(f"{field} must be a number of seconds, got {type(value).__name__}")
-    if not (math.isfinite(value) and 0 <= value <= 366 * 86_400):
-        raise SagaValidationError(f"{field} must be 0..31622400 seconds, got {_shown(value)}")
+        raise SagaValidationError(
+            f"{field} must be a number of seconds or a timedelta, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0 <= value <= MAX_WAIT_SECONDS):
+        raise SagaValidationError(
+            f"{field} must be 0..{MAX_WAIT_SECONDS} seconds (366 days), got {_shown(value)}")
     return math.ceil(value * 1000)
 
 
@@ -273,9 +287,14 @@ def when_ms(value: object, *, field: str) -> int:
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise SagaValidationError(f"{field} must be an aware datetime (give it a tzinfo)")
+        if value.timestamp() < 0:
+            raise SagaValidationError(f"{field} must be from 1970 on, got {value.isoformat()}")
         return timestamp_ms(math.ceil(value.timestamp() * 1000), field=field)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise SagaValidationError(f"{field} must be an aware datetime or epoch seconds")
+    if not 0 <= value <= MAX_SAFE_INTEGER // 1000:
+        raise SagaValidationError(
+            f"{field} must be epoch seconds from 0 (1970) on, got {_shown(value)}")
     return timestamp_ms(math.ceil(value * 1000), field=field)
 
 

@@ -64,6 +64,9 @@ def _task_options(app: Celery, fn: Callable[..., Any], options: dict[str, Any],
     options = dict(options)
     options.setdefault("name", app.gen_task_name(fn.__name__, fn.__module__))
     options.setdefault("time_limit", default_time_limit_s)
+    for limit in ("time_limit", "soft_time_limit"):  # seconds or a timedelta, as every duration
+        if limit in options:
+            options[limit] = values.plain_seconds(options[limit])
     _check_time_limit(options["time_limit"])
     options["shared"] = False
     return options

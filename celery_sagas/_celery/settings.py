@@ -79,7 +79,7 @@ _MAX_SECONDS = 366 * 24 * 3600
 def _seconds_ms(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_SECONDS:
         raise SagaConfigurationError(
-            f"sagas_{name} must be a positive number of seconds, at most {_MAX_SECONDS}"
+            f"sagas_{name} must be a positive number of seconds or a timedelta, at most {_MAX_SECONDS}"
         )
     return max(1, int(value * 1000))
 
@@ -127,7 +127,7 @@ def _retention(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not 0 < value <= _MAX_RETENTION_SECONDS:
         raise SagaConfigurationError(
-            "sagas_retention must be None (keep forever) or a positive number of seconds, "
+            "sagas_retention must be None (keep forever) or a positive number of seconds or a timedelta, "
             f"at most {_MAX_RETENTION_SECONDS}"
         )
     return max(1, int(value * 1000))
@@ -217,7 +217,9 @@ class SagaSettings:
         return cls._build(raw)
 
     @classmethod
-    def _build(cls, raw: Mapping[str, Any]) -> SagaSettings:
+    def _build(cls, given: Mapping[str, Any]) -> SagaSettings:
+        # Every duration setting takes seconds or a timedelta.
+        raw: dict[str, Any] = {name: values.plain_seconds(value) for name, value in given.items()}
         page = raw["sweep_page_size"]
         if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= 1000:
             raise SagaConfigurationError("sagas_sweep_page_size must be an int in 1..1000")

@@ -808,6 +808,24 @@ def test_sweep_is_refused_while_another_sweeper_holds_the_lease(shop: Shop) -> N
     assert "another sweeper holds the lease" in result.stdout
 
 
+def test_a_sweep_that_lost_its_lease_exits_1_as_documented(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a stale saga, and a lease that cannot be renewed (another sweeper took it over)
+    # (issue 25 item 13: it printed "stopped early" and exited 0)
+    running(shop, "o-1")
+    shop.driver.take()
+    shop.clock.advance(STALE_MS + 1)
+    monkeypatch.setattr(shop.sagas.store, "renew_lease", lambda *args, **kwargs: None)
+
+    # when
+    result = plugin(shop, "sweep")
+
+    # then
+    assert "stopped early (lease lost)" in result.stdout
+    assert result.exit_code == EXIT_REFUSED
+
+
 def test_sweep_exits_4_when_the_pass_met_errors(shop: Shop, monkeypatch: pytest.MonkeyPatch) -> None:
     # given: a stale saga, and a store whose fenced writes fail (as a cross-slot write did on
     # Redis Cluster)
