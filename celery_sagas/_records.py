@@ -329,6 +329,7 @@ class HistoryEvent(TextEnum):
     STATE = "state"
     INTENT = "intent"
     CLAIMED = "claimed"
+    CLAIM_WITHDRAWN = "claim_withdrawn"  # a claim whose body never began, taken back
     RESENT = "resent"
     COMMITTED = "committed"
     FAILED = "failed"

@@ -112,7 +112,9 @@ def _step(old: StepRecord | None, new: StepRecord, at: int,
     claimed = new.started_at_ms is not None and new.started_at_ms != old.started_at_ms
     if claimed:
         yield _claim(new, at)
-    if new.state is not old.state:
+    if _withdrawn(old, new):
+        yield HistoryEntry(at, E.CLAIM_WITHDRAWN, new.name, _attempt(old), ref=old.claimed_by)
+    elif new.state is not old.state:
         yield _moved(new, at, saga)
     elif new.state is StepState.EXECUTING and new.next_attempt_at_ms is not None \
             and new.next_attempt_at_ms != old.next_attempt_at_ms:
@@ -125,6 +127,13 @@ def _step(old: StepRecord | None, new: StepRecord, at: int,
     elif not claimed and new.dispatched_at_ms is not None \
             and new.dispatched_at_ms != old.dispatched_at_ms:
         yield HistoryEntry(at, E.RESENT, new.name, _attempt(new))
+
+
+def _withdrawn(old: StepRecord, new: StepRecord) -> bool:
+    """A claim taken back by its claimer (``moves.withdraw_claim``): started no more, in the
+    same state, with no retry due (a released retry is ``retry``)."""
+    return old.started_at_ms is not None and new.started_at_ms is None \
+        and new.state is old.state and new.next_attempt_at_ms is None
 
 
 def _attempt(step: StepRecord) -> int:

@@ -115,7 +115,7 @@ def _step_entry(d: _Drawing, row: int, e: HistoryEntry) -> None:
     """Open or close the spans of ``e``'s step."""
     state, at, name, event = d.state(row), e.at_ms, e.step or "", e.event
     code = f" ({e.code})" if e.code else ""
-    if event in (E.INTENT, E.RESENT):
+    if event in (E.INTENT, E.RESENT, E.CLAIM_WITHDRAWN):  # withdrawn: the body never began
         d.close(row, 0, at)
         state.forward = (at, "wait", f"{name}: waiting for a worker")
     elif event is E.CLAIMED:
