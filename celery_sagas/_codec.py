@@ -461,7 +461,7 @@ class Codec:
         raw, fail = _open(envelope, SAGA, saga_id)
         assert envelope is not None
         try:
-            history, folded = read_history(raw)
+            history, folded = read_history(raw, fail)
         except ValueError:
             raise fail from None
         opaque = _unseal(raw, self._sealer, fail) if _SEALED in raw else None

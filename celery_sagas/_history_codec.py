@@ -15,7 +15,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from ._records import HistoryEntry, HistoryEvent, SagaRecord
+from ._records import EMPTY_HISTORY, History, HistoryEntry, HistoryEvent, SagaRecord
 
 __all__ = ["HISTORY_KEYS", "history_prefix", "read_history"]
 
@@ -49,20 +49,34 @@ def history_prefix(record: SagaRecord) -> str:
     if not record.history and not record.history_folded:
         return ""
     folded = f'"_folded":{record.history_folded},' if record.history_folded else ""
-    return f'{folded}"_history":[{",".join(map(_text, record.history))}],'
+    items = record.history.items if isinstance(record.history, History) else record.history
+    # Stored entries go back as they were read, in one call; only new ones are encoded here.
+    stored = [i for i in items if type(i) is dict]
+    if len(stored) == len(items):
+        return f'{folded}"_history":{_ENCODER.encode(stored)},'
+    texts = [_ENCODER.encode(i) if type(i) is dict else _text(i) for i in items]
+    return f'{folded}"_history":[{",".join(texts)}],'
 
 
-def read_history(raw: dict[str, Any]) -> tuple[tuple[HistoryEntry, ...], int]:
+def read_history(raw: dict[str, Any], fail: Exception) -> tuple[History, int]:
     """The entries and the folded count a decoded body holds, taken out of it; ValueError
-    when anything is off."""
+    when their shape is off. Each entry is checked when first read (``fail`` raised for a
+    malformed one): a worker carrying the history forward never builds them."""
     entries, folded = raw.pop("_history", None), raw.pop("_folded", 0)
     if type(folded) is not int or folded < 0:
         raise ValueError("malformed history count")
     if entries is None:
-        return (), folded
-    if type(entries) is not list:
+        return EMPTY_HISTORY, folded
+    if type(entries) is not list or not all(type(i) is dict for i in entries):
         raise ValueError("malformed history")
-    return tuple(map(_entry, entries)), folded
+
+    def decode(item: Any) -> HistoryEntry:
+        try:
+            return _entry(item)
+        except ValueError:
+            raise fail from None
+
+    return History.stored(entries, decode), folded
 
 
 def _entry(item: Any) -> HistoryEntry:

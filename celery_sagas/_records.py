@@ -6,16 +6,17 @@ validation) is ``_codec.py``'s business.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, overload
 
 __all__ = [
     "APPROVAL",
     "APPROVAL_TASK",
     "CHILD_TASK",
     "CHILD_UNDO",
+    "EMPTY_HISTORY",
     "ENCRYPTED",
     "SAGA",
     "SIGNAL_TASK",
@@ -29,6 +30,7 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "Encrypted",
+    "History",
     "HistoryEntry",
     "HistoryEvent",
     "OperatorAction",
@@ -40,6 +42,7 @@ __all__ = [
     "StepState",
     "TextEnum",
     "entry_dict",
+    "history_of",
 ]
 
 SAGA = "saga"
@@ -237,91 +240,6 @@ class StepRecord:
     outcome_unknown: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SagaRecord:
-    """A saga: definition, state, input and the ordered steps recorded so far
-    (docs/design.md §2.1). Every write after creation is a compare-and-set on ``version``.
-
-    Attributes:
-        saga_id: the saga's id (printable ASCII without spaces, 1..128 characters).
-        definition: the name of the ``@sagas.saga`` definition it runs.
-        state: a ``SagaState``: ``running``, ``compensating``, ``completed``, ``compensated``
-            or ``manual-review``; the first two move on by themselves, ``manual-review`` waits
-            for an operator, the others are final.
-        input: the input ``start()`` was given (JSON values).
-        created_at_ms: when the saga was created (ms since the epoch).
-        updated_at_ms: when the record was last written.
-        steps: the steps recorded so far, in the order ``run`` asked for them.
-        version: 1 at creation, one more with every write.
-        error_code: why the saga compensates or waits for an operator (the codes are in
-            docs/guarantees.md), or None.
-        reason: a sentence for the operator about that code (ids and names, never payloads),
-            or None.
-        rolling_back: set with the first known failure (or a cancel) and never cleared: which
-            way a saga in manual review goes once resumed.
-        trace_parent: the W3C ``traceparent`` of the span ``start()`` ran in, when it was
-            traced (docs/tracing.md): work started later without the saga's context (a sweep,
-            an operator) joins the saga's trace through it. Ids only, never a payload.
-        exception: the type and message of the exception ``run`` raised (``run_failed``),
-            or None.
-        patches: the ``ctx.patched`` change ids this saga passed on code that had them
-            (docs/design.md §3.6).
-        signals: the signals sent to it, in the order they were recorded (docs/design.md §3.5).
-        result: the value ``run`` returned, once completed (JSON), or None.
-        parent: the parent saga and step of a child saga (docs/design.md §3.7), or None.
-        signals_dropped: how many signals no wait had consumed when the saga turned back
-            (cancel, a failure): they were dropped from ``signals``.
-        history: what happened to the saga, oldest first (docs/design.md §2.6): appended in
-            the write of each transition, never rewritten, the oldest folded past the bound.
-        history_folded: how many of the oldest entries were folded away by the bound.
-    """
-
-    saga_id: str
-    definition: str
-    state: SagaState
-    input: Any
-    created_at_ms: int
-    updated_at_ms: int
-    steps: tuple[StepRecord, ...] = ()
-    version: int = 1
-    error_code: str | None = None
-    reason: str | None = None
-    rolling_back: bool = False
-    trace_parent: str | None = None
-    exception: str | None = None
-    patches: tuple[str, ...] = ()
-    signals: tuple[SignalRecord, ...] = ()
-    result: Any = None
-    parent: ParentRef | None = None
-    signals_dropped: int = 0
-    history: tuple[HistoryEntry, ...] = ()
-    history_folded: int = 0
-
-    def step(self, name: str) -> StepRecord | None:
-        """The step record with this name, or None."""
-        for step in self.steps:
-            if step.name == name:
-                return step
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field, steps included, as plain JSON values (for archives and exports)."""
-        return asdict(self, dict_factory=_plain_dict)
-
-
-def _plain_dict(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``asdict``'s dict factory: enums as their values, tuples as lists."""
-    return {key: _plain(value) for key, value in items}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 class HistoryEvent(TextEnum):
     """What a history entry records (docs/design.md §2.6)."""
 
@@ -390,6 +308,180 @@ class HistoryEntry:
     due_ms: int | None = None
     actor: str | None = None
     reason: str | None = None
+
+
+class History(Sequence[HistoryEntry]):
+    """A saga's history entries, oldest first: an immutable sequence (docs/design.md §2.6).
+
+    Read from a store, it keeps the entries as the codec parsed them and builds each
+    ``HistoryEntry`` only when someone looks: a worker carries the history of the saga it
+    writes forward untouched (``appended``), so the hot path never pays for entries nobody
+    reads. Equal to any sequence of the same entries.
+    """
+
+    __slots__ = ("_decode", "_entries", "_items")
+
+    def __init__(self, entries: Iterable[HistoryEntry] = ()) -> None:
+        self._items: tuple[Any, ...] = tuple(entries)
+        self._entries: tuple[HistoryEntry, ...] | None = self._items
+        self._decode: Callable[[Any], HistoryEntry] | None = None
+
+    @classmethod
+    def stored(cls, items: Iterable[Any], decode: Callable[[Any], HistoryEntry]) -> History:
+        """Entries as a store holds them, each turned into a ``HistoryEntry`` by ``decode``
+        when first read (``decode`` raises for a malformed one)."""
+        history = cls()
+        history._items, history._entries, history._decode = tuple(items), None, decode
+        return history
+
+    @property
+    def items(self) -> tuple[Any, ...]:
+        """The entries as held: stored ones as read, the others as ``HistoryEntry``."""
+        return self._items
+
+    def entries(self) -> tuple[HistoryEntry, ...]:
+        """Every entry, built from what was stored if need be."""
+        if self._entries is None:
+            decode = self._decode
+            assert decode is not None
+            self._entries = tuple(i if type(i) is HistoryEntry else decode(i)
+                                  for i in self._items)
+        return self._entries
+
+    def appended(self, new: Sequence[HistoryEntry]) -> History:
+        """This history with ``new`` after it (stored entries stay as they were read)."""
+        if not new:
+            return self
+        history = History()
+        history._items, history._decode = (*self._items, *new), self._decode
+        history._entries = None if self._entries is None else (*self._entries, *new)
+        return history
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> HistoryEntry: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> History: ...
+
+    def __getitem__(self, index: int | slice) -> HistoryEntry | History:
+        if isinstance(index, slice):
+            history = History()
+            history._items, history._decode = self._items[index], self._decode
+            history._entries = None if self._entries is None else self._entries[index]
+            return history
+        return self.entries()[index]
+
+    def __iter__(self) -> Iterator[HistoryEntry]:
+        return iter(self.entries())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (History, tuple, list)):
+            return self.entries() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.entries())
+
+    def __repr__(self) -> str:
+        return f"History({list(self.entries())!r})"
+
+
+EMPTY_HISTORY = History()
+
+
+def history_of(entries: Sequence[HistoryEntry]) -> History:
+    """``entries`` as a ``History`` (as they are when they are one)."""
+    return entries if isinstance(entries, History) else History(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class SagaRecord:
+    """A saga: definition, state, input and the ordered steps recorded so far
+    (docs/design.md §2.1). Every write after creation is a compare-and-set on ``version``.
+
+    Attributes:
+        saga_id: the saga's id (printable ASCII without spaces, 1..128 characters).
+        definition: the name of the ``@sagas.saga`` definition it runs.
+        state: a ``SagaState``: ``running``, ``compensating``, ``completed``, ``compensated``
+            or ``manual-review``; the first two move on by themselves, ``manual-review`` waits
+            for an operator, the others are final.
+        input: the input ``start()`` was given (JSON values).
+        created_at_ms: when the saga was created (ms since the epoch).
+        updated_at_ms: when the record was last written.
+        steps: the steps recorded so far, in the order ``run`` asked for them.
+        version: 1 at creation, one more with every write.
+        error_code: why the saga compensates or waits for an operator (the codes are in
+            docs/guarantees.md), or None.
+        reason: a sentence for the operator about that code (ids and names, never payloads),
+            or None.
+        rolling_back: set with the first known failure (or a cancel) and never cleared: which
+            way a saga in manual review goes once resumed.
+        trace_parent: the W3C ``traceparent`` of the span ``start()`` ran in, when it was
+            traced (docs/tracing.md): work started later without the saga's context (a sweep,
+            an operator) joins the saga's trace through it. Ids only, never a payload.
+        exception: the type and message of the exception ``run`` raised (``run_failed``),
+            or None.
+        patches: the ``ctx.patched`` change ids this saga passed on code that had them
+            (docs/design.md §3.6).
+        signals: the signals sent to it, in the order they were recorded (docs/design.md §3.5).
+        result: the value ``run`` returned, once completed (JSON), or None.
+        parent: the parent saga and step of a child saga (docs/design.md §3.7), or None.
+        signals_dropped: how many signals no wait had consumed when the saga turned back
+            (cancel, a failure): they were dropped from ``signals``.
+        history: what happened to the saga, oldest first (docs/design.md §2.6): appended in
+            the write of each transition, never rewritten, the oldest folded past the bound.
+        history_folded: how many of the oldest entries were folded away by the bound.
+    """
+
+    saga_id: str
+    definition: str
+    state: SagaState
+    input: Any
+    created_at_ms: int
+    updated_at_ms: int
+    steps: tuple[StepRecord, ...] = ()
+    version: int = 1
+    error_code: str | None = None
+    reason: str | None = None
+    rolling_back: bool = False
+    trace_parent: str | None = None
+    exception: str | None = None
+    patches: tuple[str, ...] = ()
+    signals: tuple[SignalRecord, ...] = ()
+    result: Any = None
+    parent: ParentRef | None = None
+    signals_dropped: int = 0
+    history: Sequence[HistoryEntry] = EMPTY_HISTORY
+    history_folded: int = 0
+
+    def step(self, name: str) -> StepRecord | None:
+        """The step record with this name, or None."""
+        for step in self.steps:
+            if step.name == name:
+                return step
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, steps included, as plain JSON values (for archives and exports)."""
+        return asdict(self, dict_factory=_plain_dict)
+
+
+def _plain_dict(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``asdict``'s dict factory: enums as their values, tuples as lists."""
+    return {key: _plain(value) for key, value in items}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, History):
+        return [entry_dict(e) for e in value]
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

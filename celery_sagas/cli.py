@@ -199,7 +199,7 @@ def show(ctx: click.Context, saga_id: str, payload: bool, as_json: bool) -> None
     record = _session(ctx).sagas.get(saga_id)
     if record is None:
         raise SagaNotFound(saga_id=saga_id)
-    found = SagaHistory(record.saga_id, record.history, record.history_folded)
+    found = SagaHistory(record.saga_id, tuple(record.history), record.history_folded)
     view = {**fmt.saga_view(record, payload=payload), "history": found.to_dict()}
     text = f"{fmt.saga_text(record, payload=payload)}\n\n{hfmt.events_text(found)}"
     _emit(as_json, view, text)

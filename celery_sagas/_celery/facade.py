@@ -416,7 +416,7 @@ class Sagas:
         record = self.engine.get(saga_id)
         if record is None:
             raise SagaNotFound(saga_id=saga_id)
-        return SagaHistory(record.saga_id, record.history, record.history_folded)
+        return SagaHistory(record.saga_id, tuple(record.history), record.history_folded)
 
     def cancel(self, saga_id: str, *, actor: str | None = None,
                reason: str | None = None) -> SagaRecord:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from .._records import (
     APPROVAL_TASK,
     CHILD_TASK,
+    EMPTY_HISTORY,
     SIGNAL_TASK,
     TIMER_TASK,
     HistoryEntry,
@@ -30,6 +31,7 @@ from .._records import (
     SagaRecord,
     StepRecord,
     StepState,
+    history_of,
 )
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "archived", "bounded", "recorded", "transitions"]
@@ -49,10 +51,9 @@ def recorded(before: SagaRecord | None, after: SagaRecord, *,
     bound, for a reader applying notes)."""
     at = after.updated_at_ms if at_ms is None else at_ms
     new = list(transitions(before, after, at, action))
-    history = before.history if before is not None else ()
+    history = history_of(before.history) if before is not None else EMPTY_HISTORY
     folded = before.history_folded if before is not None else 0
-    if new:
-        history = (*history, *new)
+    history = history.appended(new)
     if history is not after.history or folded != after.history_folded:
         after = replace(after, history=history, history_folded=folded)
     return after if limit is None else bounded(after, limit)
@@ -60,7 +61,7 @@ def recorded(before: SagaRecord | None, after: SagaRecord, *,
 
 def archived(saga: SagaRecord, at_ms: int) -> SagaRecord:
     """``saga`` as retention hands it to the archive: its history ends with ``archived``."""
-    return replace(saga, history=(*saga.history, HistoryEntry(at_ms, E.ARCHIVED)))
+    return replace(saga, history=history_of(saga.history).appended([HistoryEntry(at_ms, E.ARCHIVED)]))
 
 
 def bounded(saga: SagaRecord, limit: int) -> SagaRecord:
@@ -68,7 +69,8 @@ def bounded(saga: SagaRecord, limit: int) -> SagaRecord:
     extra = len(saga.history) - limit
     if extra <= 0:
         return saga
-    return replace(saga, history=saga.history[extra:], history_folded=saga.history_folded + extra)
+    return replace(saga, history=history_of(saga.history)[extra:],
+                   history_folded=saga.history_folded + extra)
 
 
 def transitions(before: SagaRecord | None, after: SagaRecord, at_ms: int,
