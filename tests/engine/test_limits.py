@@ -15,8 +15,10 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas
+from celery_sagas._protocol import moves
 from celery_sagas._protocol.notes import SignalNote
 from celery_sagas._records import SAGA, SagaState, StepState
+from celery_sagas._repository import Plan
 from celery_sagas.errors import (
     PayloadTooLarge,
     SagaAlreadyFinal,
@@ -334,3 +336,58 @@ def test_a_limit_that_is_not_a_positive_int_is_refused_naming_the_setting(
         app: Celery, name: str, value: Any) -> None:
     with pytest.raises(SagaConfigurationError, match=f"sagas_{name}"):
         Sagas(app, store=MemoryStore(), allow_non_durable=True, **{name: value})
+
+
+@pytest.fixture
+def swept(app: Celery, store: MemoryStore, clock: FrozenClock) -> Iterator[Sagas]:
+    """The tree definition, with a one-hour retention, under a small Python stack."""
+    sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock, retention=3600,
+                  child_depth_limit=100)
+
+    @sagas.saga("tree")
+    def grow(ctx: Any, data: dict[str, Any]) -> Any:
+        if data["depth"] == 0:
+            return ctx.wait_signal("go") if data["wait"] else "leaf"
+        below = {**data, "depth": data["depth"] - 1}
+        return len(ctx.parallel(*[ctx.call_child("tree", below) for _ in range(data["width"])]))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(500)
+    try:
+        yield sagas
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+@pytest.mark.parametrize("depth, width, size", [(3, 10, 1111), (100, 1, 101)],
+                         ids=["a thousand leaves", "a hundred deep"])
+def test_the_sweep_cancels_a_tree_whose_cancel_stopped_at_the_root(
+        swept: Sagas, store: MemoryStore, clock: FrozenClock, depth: int, width: int,
+        size: int) -> None:
+    # given: waiting leaves; the root's cancel was written, then the process died
+    swept.start("tree", {"depth": depth, "width": width, "wait": True}, saga_id="t")
+    engine = swept.engine
+    engine.repository.update("t", lambda s: Plan(after=moves.cancel(s, engine.now())))
+    clock.advance(60_000)
+
+    # when
+    swept.sweep()
+
+    # then
+    found = states(swept, store)
+    assert len(found) == size
+    assert set(found.values()) == {SagaState.COMPENSATED}
+
+
+def test_retention_deletes_a_completed_tree_of_a_thousand_in_one_sweep(
+        swept: Sagas, store: MemoryStore, clock: FrozenClock) -> None:
+    # given
+    swept.start("tree", {"depth": 3, "width": 10, "wait": False}, saga_id="t")
+    assert set(states(swept, store).values()) == {SagaState.COMPLETED}
+    clock.advance(3_600_000 + 1)
+
+    # when
+    swept.sweep()
+
+    # then
+    assert states(swept, store) == {}
