@@ -409,6 +409,11 @@ def carries_write(envelope: Envelope, write_id: str) -> bool:
     return envelope.body.endswith(f'"write_id":"{write_id}"}}')
 
 
+# Compensating adds bounded fields to a saga (its error code and reason) and to each step (the
+# compensation's state, attempts, mark, code and times): a saga that turns back may pass the
+# payload limit by that much, never more (history is outside the limit already).
+_ROLLBACK_ROOM = 4 * 1024
+_ROLLBACK_ROOM_PER_STEP = 1024
 _WRITE_ID_ROOM = 64  # bytes the write id adds beyond the payload limit
 
 
@@ -431,14 +436,22 @@ class Codec:
 
     # ------------------------------------------------------------ sagas
 
+    def saga_limit(self, record: SagaRecord) -> int:
+        """The bytes ``record`` may encode to: the payload limit, and for a saga that turns
+        back the room compensating takes, so a saga at its limit can always be undone
+        (docs/concepts.md "Limits")."""
+        if not record.rolling_back:
+            return self.payload_limit
+        return self.payload_limit + _ROLLBACK_ROOM + _ROLLBACK_ROOM_PER_STEP * len(record.steps)
+
     def saga_envelope(self, record: SagaRecord, *, stamp: bool = False,
                       write_id: str | None = None) -> Envelope:
         """Encode a saga record; refuses non-JSON payloads and bodies over the limit. With
         ``stamp`` the body carries ``write_id`` (a fresh one when None)."""
         body = _body(record, _SAGA_ENVELOPED)
         # The limit bounds the plain record; sealed, it is stored about a third larger.
-        text = _encoded(body, "saga record", self.payload_limit)
-        limit = self.payload_limit
+        limit = self.saga_limit(record)
+        text = _encoded(body, "saga record", limit)
         if self._sealer is not None:
             text = _ENCODER.encode(_seal(body, self._sealer))
             limit = len(text)

@@ -391,3 +391,43 @@ def test_retention_deletes_a_completed_tree_of_a_thousand_in_one_sweep(
 
     # then
     assert states(swept, store) == {}
+
+
+def test_a_saga_at_its_size_limit_is_cancelled_and_compensated(
+        app: Celery, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: committed steps whose results bring the record to its limit (the next one would
+    # not fit: the saga waits in review)
+    sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock, payload_limit=4096)
+    undone: list[int] = []
+
+    @sagas.step(name="s.big", compensate="s.undo")
+    def big(n: int, size: int, *, saga: Any = None) -> str:
+        return "x" * size
+
+    @sagas.compensator(name="s.undo")
+    def undo(n: int, size: int, *, result: Any = None, saga: Any = None) -> None:
+        undone.append(n)
+
+    @sagas.saga("fill")
+    def fill(ctx: Any, data: dict[str, Any]) -> Any:
+        for i in range(6):
+            ctx.step(big, i, data["size"])
+        return ctx.wait_signal("go")
+
+    driver = SagaDriver(sagas)
+    fill.start({"size": 430}, saga_id="f")
+    driver.run_until_idle()
+    held = sagas.get("f")
+    assert held is not None and held.error_code == "payload_too_large"
+    committed = [s.args[0] for s in held.steps if s.state is StepState.COMMITTED]
+    assert len(committed) >= 4
+
+    # when
+    sagas.cancel("f")
+    driver.run_until_idle()
+
+    # then
+    record = sagas.get("f")
+    assert record is not None
+    assert (record.state, record.error_code) == (SagaState.COMPENSATED, "cancelled")
+    assert undone == committed[::-1]
