@@ -1,7 +1,9 @@
 """Shared fixtures: real-service URLs that skip on a laptop and fail in CI.
 
 Set ``CELERY_SAGAS_REQUIRE_SERVICES=1`` (``.ci/run`` does) to turn a missing service from a
-skip into a failure.
+skip into a failure. Every service is probed where its variable points; how tests run side by
+side is in tests/isolation.py, and how an interrupted run ends what it started in
+tests/processes.py.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import uuid
 from collections.abc import Iterator
 
 import pytest
+
+from tests import processes
+from tests.isolation import WORKER, cluster_first_port, endpoint, unique
 
 REQUIRE = os.environ.get("CELERY_SAGAS_REQUIRE_SERVICES") == "1"
 
@@ -28,6 +32,29 @@ REDIS_CLUSTER_URL = os.environ.get(
 RABBITMQ_URL = os.environ.get("CELERY_SAGAS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 
+CLUSTER_UP = "CELERY_SAGAS_TEST_CLUSTER_UP"  # set by the controller for its xdist workers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """End what the tests start when the run ends or is interrupted; before any xdist worker
+    starts, note whether a Redis Cluster already answers (then every worker shares it)."""
+    processes.install()
+    if not WORKER:
+        os.environ[CLUSTER_UP] = "1" if _cluster_answers() else "0"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's end: no process a test started survives it."""
+    processes.kill_all()
+
+
+def _cluster_answers() -> bool:
+    from tests.redis_cluster import cluster_ok
+
+    host, port = endpoint(REDIS_CLUSTER_URL, 7101)
+    return _answers(host, port) and cluster_ok(port)
+
+
 def _answers(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):
@@ -36,8 +63,9 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
-def need_service(name: str, host: str, port: int) -> None:
-    """Skip (laptop) or fail (CI) when a service does not answer."""
+def need_service(name: str, url: str, default_port: int) -> None:
+    """Skip (laptop) or fail (CI) when the service ``url`` names does not answer."""
+    host, port = endpoint(url, default_port)
     if _answers(host, port):
         return
     message = f"{name} does not answer on {host}:{port}"
@@ -49,7 +77,7 @@ def need_service(name: str, host: str, port: int) -> None:
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """URL of the real Redis store used by tests (``CELERY_SAGAS_TEST_REDIS``)."""
-    need_service("Redis", "127.0.0.1", 6379)
+    need_service("Redis", REDIS_URL, 6379)
     return REDIS_URL
 
 
@@ -57,15 +85,16 @@ def redis_url() -> str:
 def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a 3-master Redis Cluster (``CELERY_SAGAS_TEST_REDIS_CLUSTER``): the one that
     answers there, or a private one this session starts on those ports (tests/redis_cluster.py)."""
-    from tests.redis_cluster import RedisCluster, cluster_ok
+    from tests.redis_cluster import RedisCluster
 
-    host, port = REDIS_CLUSTER_URL.split("://", 1)[1].split("/", 1)[0].split(",")[0].rsplit(":", 1)
-    if _answers(host, int(port)) and cluster_ok(int(port)):
+    host, port = endpoint(REDIS_CLUSTER_URL, 7101)
+    up = os.environ.get(CLUSTER_UP)
+    if up == "1" or (up is None and _cluster_answers()):
         yield REDIS_CLUSTER_URL
         return
     if host != "127.0.0.1" or shutil.which("redis-server") is None:
-        need_service("Redis Cluster", host, int(port))
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"), int(port))
+        need_service("Redis Cluster", REDIS_CLUSTER_URL, 7101)
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"), cluster_first_port(port))
     try:
         cluster.start()
     except RuntimeError as exc:
@@ -82,25 +111,25 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     """URL of the real PostgreSQL used by tests."""
-    need_service("PostgreSQL", "127.0.0.1", 5432)
+    need_service("PostgreSQL", POSTGRES_URL, 5432)
     return POSTGRES_URL
 
 
 @pytest.fixture(scope="session")
 def mysql_url() -> str:
     """URL of the real MariaDB/MySQL used by tests."""
-    need_service("MariaDB", "127.0.0.1", 3306)
+    need_service("MariaDB", MYSQL_URL, 3306)
     return MYSQL_URL
 
 
 @pytest.fixture(scope="session")
 def rabbitmq_url() -> str:
     """URL of the real RabbitMQ broker used by tests."""
-    need_service("RabbitMQ", "127.0.0.1", 5672)
+    need_service("RabbitMQ", RABBITMQ_URL, 5672)
     return RABBITMQ_URL
 
 
 @pytest.fixture
 def unique_prefix() -> Iterator[str]:
     """A fresh name prefix so tests never share keys or tables."""
-    yield "t" + uuid.uuid4().hex[:12]
+    yield unique("t", 12)

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import processes
+
 NODES = 6
 DEFAULT_FIRST_PORT = 7101
 NODE_TIMEOUT_S = 2.0  # cluster-node-timeout: how long before a silent master is judged failed
@@ -80,14 +82,14 @@ class RedisCluster:
         node_dir = self.directory / str(port)
         node_dir.mkdir(parents=True, exist_ok=True)
         log = open(node_dir / "redis.log", "ab")  # noqa: SIM115 - the child owns it
-        self.procs[port] = subprocess.Popen(
+        self.procs[port] = processes.spawn(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
              "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(int(NODE_TIMEOUT_S * 1000)),
              "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
              "--dir", str(node_dir), "--daemonize", "no",
              "--pidfile", str(node_dir / "redis.pid")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT,
         )
         _wait(lambda: answers(port), 20, f"node {port}")
 
@@ -163,6 +165,8 @@ class RedisCluster:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+        if proc is not None:
+            processes.forget(proc)
 
     def stop(self) -> None:
         """Kill every node this object started, and any left by an earlier ``start``."""

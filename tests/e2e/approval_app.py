@@ -23,6 +23,7 @@ from celery import Celery
 
 from celery_sagas import Sagas
 from tests.e2e.app import Config, Shop, worker_app
+from tests.files import write_atomically
 
 __all__ = ["SETTINGS_FILE", "build", "write_settings"]
 
@@ -31,7 +32,7 @@ SETTINGS_FILE = "approvals.json"
 
 def write_settings(control: Path, secret: str, ttl: float) -> None:
     """Write the approval settings every process of one test reads."""
-    (control / SETTINGS_FILE).write_text(json.dumps({"secret": secret, "ttl": ttl}))
+    write_atomically(control / SETTINGS_FILE, json.dumps({"secret": secret, "ttl": ttl}))
 
 
 def _settings(config: Config) -> dict[str, Any]:

@@ -8,7 +8,6 @@ in production; nothing here uses eager mode.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -22,8 +21,11 @@ from typing import Any
 
 import pytest
 
+from tests import processes
 from tests.conftest import REDIS_BROKER_URL as REDIS_BROKER
 from tests.e2e.app import Config, Shop, build
+from tests.files import read_json_lines
+from tests.isolation import unique
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,16 +65,18 @@ class Process:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # pool children the main process left
+        processes.forget(self.proc)
 
     def stop(self) -> None:
         """Ask for a warm shutdown; kill if it does not stop in time."""
         if self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        self.kill()  # what did not stop in time, and pool children the main process left
 
 
 @dataclass
@@ -93,11 +97,9 @@ class Stack:
     def _spawn(self, args: list[str], name: str) -> Process:
         log = self.tmp / f"{name}-{len(self.processes)}.log"
         env = {**os.environ, **self.config.environ(), "PYTHONPATH": str(ROOT)}
-        handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", self.app_module, *args],
-            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with open(log, "wb") as handle:
+            proc = processes.spawn([sys.executable, "-m", "celery", "-A", self.app_module, *args],
+                                   cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
         process = Process(proc, log)
         self.processes.append(process)
         return process
@@ -127,9 +129,7 @@ class Stack:
 
     def ledger(self) -> list[dict[str, Any]]:
         """Every line the fake provider recorded."""
-        if not self.config.ledger.exists():
-            return []
-        return [json.loads(line) for line in self.config.ledger.read_text().splitlines() if line]
+        return read_json_lines(self.config.ledger)
 
     def ops(self, op: str, saga_id: str | None = None) -> list[dict[str, Any]]:
         """Ledger lines of one op (optionally of one saga)."""
@@ -175,7 +175,7 @@ def _cleanup(stack: Stack) -> None:
 
 
 def _make_stack(tmp_path: Path, broker: str, store: str, **overrides: Any) -> Iterator[Stack]:
-    tag = "e" + uuid.uuid4().hex[:10]
+    tag = unique("e", 10)
     control = tmp_path / "control"
     control.mkdir()
     config = Config(broker=broker, store=store, prefix=tag, queue=f"q-{tag}",

@@ -42,6 +42,7 @@ from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
 from celery_sagas.stores.sql._schema import build_tables
 from celery_sagas.testing.proxy import StoreProxy
+from tests.files import read_json_lines, write_atomically
 
 DEFINITION = "sweep-test"
 STEP_TASK = "sweep.work"
@@ -179,10 +180,8 @@ class Trace:
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
-    """Every event a trace file holds."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    """Every event a trace file holds (whole lines only)."""
+    return read_json_lines(path)
 
 
 class TracingStore(StoreProxy):
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.pause_at and not paused and report.examined >= args.pause_at:
             paused = True
             assert args.marker is not None and args.go is not None
-            args.marker.write_text(json.dumps({"pid": os.getpid(), "fence": lease.fence}))
+            write_atomically(args.marker, json.dumps({"pid": os.getpid(), "fence": lease.fence}))
             _wait_for(args.go, args.timeout)
             trace.write("resumed", fence=lease.fence)
 

@@ -9,7 +9,6 @@ reports an ``archive_failed`` finding naming it.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ import pytest
 
 from celery_sagas import SagaState
 from tests.e2e.conftest import REDIS_BROKER, Stack, _make_stack, wait_until
+from tests.files import read_json_lines
 
 RETENTION_S = 3.0
 
@@ -35,10 +35,7 @@ def retaining(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]
 
 
 def archived(stack: Stack) -> list[dict[str, Any]]:
-    path = stack.config.control / "archive.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    return read_json_lines(stack.config.control / "archive.jsonl")
 
 
 def start(stack: Stack, saga_id: str, **plan: Any) -> None:

@@ -37,6 +37,7 @@ from celery_sagas._scans import RecordPage, Scans
 from celery_sagas._sweep import SWEEP_LEASE, Pass, SweepReport
 from celery_sagas.stores.base import Fence, Lease, Store
 from celery_sagas.testing import FrozenClock
+from tests import processes
 from tests.e2e.conftest import REDIS_BROKER, ROOT, Stack, _make_stack, wait_until
 from tests.e2e.sweep_app import (
     HOUR_MS,
@@ -280,8 +281,8 @@ def _start_sweeper(backend: Backend, tmp: Path, owner: str, *, lease_ms: int, pa
             "--stale-ms", str(STALE_MS), "--pause-at", str(pause_at)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("E2E_BROKER", None)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.sweep_app", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = processes.spawn([sys.executable, "-m", "tests.e2e.sweep_app", *args], cwd=ROOT,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return Sweeper(owner, proc, *files)
 
 
@@ -321,6 +322,8 @@ def test_a_sweeper_paused_past_its_lease_is_fenced_out_and_the_next_continues_fr
                 os.kill(sweeper.proc.pid, signal.SIGCONT)
                 sweeper.proc.kill()
                 sweeper.proc.wait()
+            if sweeper is not None:
+                processes.forget(sweeper.proc)
 
     # then: A lost the lease and nothing it tried after resuming landed
     assert report_a["acquired"] and report_a["fences"]["0"] == fence_a and report_a["lease_lost"]

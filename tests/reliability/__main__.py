@@ -24,14 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, _answers
+from tests.isolation import endpoint
 from tests.reliability import scenarios
 from tests.reliability.fuzz import run_fuzz
 from tests.reliability.harness import Report
 
 
 def _plan(size: scenarios.Size) -> list[tuple[str, Callable[[Path], Report]]]:
-    pg_up = _answers("127.0.0.1", 5432)
-    rabbit_up = _answers("127.0.0.1", 5672)
+    pg_up = _answers(*endpoint(POSTGRES_URL, 5432))
+    rabbit_up = _answers(*endpoint(RABBITMQ_URL, 5672))
     plan: list[tuple[str, Callable[[Path], Report]]] = [
         (name, lambda d, f=function: f(d, size))  # type: ignore[misc]
         for name, function in scenarios.SCENARIOS.items()

@@ -21,25 +21,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from celery_sagas import Sagas
+from tests import processes
 from tests.e2e.conftest import ROOT, Process, wait_until, wipe_store
+from tests.isolation import INDEX, port_slice
 from tests.reliability.app import Config, Shop, build
 
 
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now: from ``CELERY_SAGAS_TEST_PORTS``
-    (``7601-7699``) when set, so runs sharing a machine keep to their own ports, else any."""
-    wanted = os.environ.get("CELERY_SAGAS_TEST_PORTS", "")
-    if wanted:
-        low, _, high = wanted.partition("-")
-        for port in range(int(low), int(high or low) + 1):
-            with socket.socket() as sock, contextlib.suppress(OSError):
-                sock.bind(("127.0.0.1", port))
-                return port
-        raise RuntimeError(f"no free port in CELERY_SAGAS_TEST_PORTS={wanted}")
+    """A TCP port on 127.0.0.1 nobody listens on right now: from this xdist worker's slice of
+    ``CELERY_SAGAS_TEST_PORTS`` (``7601-7699``) when set, so runs sharing a machine keep to
+    their own ports, else any."""
+    wanted = port_slice(os.environ.get("CELERY_SAGAS_TEST_PORTS", ""))
+    if wanted is not None:
+        return free_ports(1)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         free: int = sock.getsockname()[1]
         return free
+
+
+def free_ports(count: int, fallback: int = 7111) -> int:
+    """The first of ``count`` consecutive free ports: in this xdist worker's slice of
+    ``CELERY_SAGAS_TEST_PORTS`` when set, else from ``fallback`` (100 ports per worker)."""
+    variable = os.environ.get("CELERY_SAGAS_TEST_PORTS", "")
+    ports = port_slice(variable) or range(fallback + 100 * INDEX, fallback + 100 * (INDEX + 1))
+    for first in range(ports.start, ports.stop - count + 1):
+        if all(_free(port) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports in {ports} "
+                       f"(CELERY_SAGAS_TEST_PORTS={variable!r})")
 
 
 def _answers(port: int) -> bool:
@@ -66,13 +85,13 @@ class PrivateRedis:
     def start(self) -> PrivateRedis:
         """Start (or restart) the server and wait until it answers."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
-             "--daemonize", "no"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with open(self.directory / "redis.log", "ab") as log:
+            self.proc = processes.spawn(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
+                 "--daemonize", "no"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
         wait_until(lambda: _answers(self.port) or self.proc.poll() is not None,  # type: ignore[union-attr]
                    timeout=20, what="redis-server up")
         assert self.proc.poll() is None, (self.directory / "redis.log").read_text()[-2000:]
@@ -83,6 +102,8 @@ class PrivateRedis:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        if self.proc is not None:
+            processes.forget(self.proc)
 
     def pause(self) -> None:
         """SIGSTOP the server: connections stay open, requests wait unanswered (and run once it
@@ -215,12 +236,9 @@ class Cluster:
     def _spawn(self, args: list[str], name: str, env: dict[str, str] | None) -> Process:
         log = self.config.workdir / f"{name}-{len(self.processes)}.log"
         environ = {**os.environ, **self.config.environ(), **(env or {}), "PYTHONPATH": str(ROOT)}
-        handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", self.app_module, *args],
-            cwd=ROOT, env=environ, stdout=handle, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(log, "wb") as handle:
+            proc = processes.spawn([sys.executable, "-m", "celery", "-A", self.app_module, *args],
+                                   cwd=ROOT, env=environ, stdout=handle, stderr=subprocess.STDOUT)
         process = Process(proc, log)
         self.processes.append(process)
         return process

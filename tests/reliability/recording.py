@@ -25,6 +25,7 @@ from typing import Any
 from celery_sagas.errors import FencedWriteRefused
 from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
+from tests.files import read_json_lines
 
 Listener = Callable[[Envelope, int, bool], None]
 
@@ -41,13 +42,7 @@ def append_line(path: Path, entry: dict[str, Any]) -> None:
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
     """Every complete JSON line of a trace or ledger file."""
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.strip():
-            found.append(json.loads(line))
-    return found
+    return read_json_lines(path)
 
 
 class SkewedClock:

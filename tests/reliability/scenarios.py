@@ -13,9 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.isolation import CLUSTER_NODES
 from tests.redis_cluster import RedisCluster as RedisClusterNodes
 from tests.reliability import faults, probes
-from tests.reliability.cluster import Cluster, PrivatePostgres, PrivateRedis, make_cluster, new_tag
+from tests.reliability.cluster import (
+    Cluster,
+    PrivatePostgres,
+    PrivateRedis,
+    free_ports,
+    make_cluster,
+    new_tag,
+)
 from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_load
 from tests.reliability.plans import (
     compensation_plan,
@@ -25,7 +33,6 @@ from tests.reliability.plans import (
     waiting_plan,
 )
 
-FAILOVER_PORT = 7111  # first of the six ports of the failover scenarios' private cluster
 STORE_SOCKET_TIMEOUT_S = 1  # the store clients' socket timeout in the store-stall scenario
 
 
@@ -201,11 +208,13 @@ def two_beats(workdir: Path, size: Size) -> Report:
 
 
 def cluster_failovers(workdir: Path, size: Size, *, kill: bool = False,
-                      first_port: int = FAILOVER_PORT) -> Report:
+                      first_port: int | None = None) -> Report:
     """A Redis Cluster store (3 masters, 3 replicas, private to the run) whose masters fail
     over to their replicas while sagas run; the broker is the run's private redis-server, and
-    each sweep is split over three shards."""
-    nodes = RedisClusterNodes(workdir / f"redis-cluster-{new_tag()}", first_port)
+    each sweep is split over three shards; the cluster takes six free ports of the run's
+    (``CELERY_SAGAS_TEST_PORTS``), or ``first_port`` on."""
+    first = first_port if first_port is not None else free_ports(CLUSTER_NODES)
+    nodes = RedisClusterNodes(workdir / f"redis-cluster-{new_tag()}", first)
 
     def build(path: Path) -> Cluster:
         nodes.start()

@@ -34,6 +34,7 @@ from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.redis._keys import KeyLayout
 from celery_sagas.stores.redis._scripts import SCRIPT_NAMES, Scripts, script_text
 from celery_sagas.testing.racing import race
+from tests import processes
 
 T0 = 1_700_000_000_000
 THREADS = 16
@@ -709,7 +710,7 @@ class PrivateRedis:
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = processes.spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
         deadline = time.monotonic() + 15
         try:
@@ -733,6 +734,8 @@ class PrivateRedis:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
+        if self.process is not None:
+            processes.forget(self.process)
         self.process = None
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import REDIS_BROKER_URL
 from tests.e2e.conftest import wait_until
+from tests.files import read_json_lines
 from tests.tracing.app import Config, build
 from tests.tracing.conftest import ROOT, start_worker
 
@@ -182,9 +183,7 @@ def _all_spans(config: Config, exporter: Any, expected: int) -> list[Span]:
     their task spans have ended (a delivery span ends just after its last write)."""
 
     def worker_spans() -> list[Span]:
-        if not config.spans.exists():
-            return []
-        return [json.loads(line) for line in config.spans.read_text().splitlines() if line]
+        return read_json_lines(config.spans)
 
     def delivered() -> list[Span] | None:
         found = worker_spans()
