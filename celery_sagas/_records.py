@@ -641,8 +641,3 @@ class Binding:
         """The binding recorded in a gate step's keyword arguments."""
         return cls(values["capability"], values["tenant_id"], values["principal_id"],
                    values.get("target"), values.get("digest"))
-
-    def as_dict(self) -> dict[str, str | None]:
-        """The binding as a gate step records it."""
-        return {"capability": self.capability, "tenant_id": self.tenant_id,
-                "principal_id": self.principal_id, "target": self.target, "digest": self.digest}

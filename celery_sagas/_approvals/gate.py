@@ -25,9 +25,8 @@ from .. import _values as values
 from .._clock import Clock, now_ms
 from .._codec import Codec
 from .._records import ApprovalRecord, ApprovalState, Binding
-from .._scans import Scans
-from ..errors import ApprovalRequired, SagaConflictError, SagaValidationError
-from ..stores.base import MAX_SCAN_LIMIT, Store
+from ..errors import ApprovalRequired, SagaConflictError
+from ..stores.base import Store
 from .ledger import ApprovalLedger
 from .tokens import TokenSigner, token_hash
 
@@ -158,25 +157,3 @@ class ApprovalGate:
     def approval_of(self, token: object) -> str:
         """The approval id an authentic, unexpired token names."""
         return self.signer.verify(token, now_ms=now_ms(self.clock)).approval_id
-
-    def expire_due(self, limit: int = 100) -> list[ApprovalRecord]:
-        """Mark up to ``limit`` pending or approved (unused) approvals past their expiry as
-        expired; returns them."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCAN_LIMIT:
-            raise SagaValidationError(f"limit must be an int in 1..{MAX_SCAN_LIMIT}, got {limit!r}")
-        now = now_ms(self.clock)
-        scans = Scans(self.store, self.ledger.codec)
-        expired: list[ApprovalRecord] = []
-        cursor: str | None = None
-        while len(expired) < limit:
-            # An open approval is updated at most once (its decision), before its expiry.
-            page = scans.approvals(OPEN_STATES, updated_before_ms=now, cursor=cursor, limit=limit)
-            for record in page.records:
-                if now >= record.expires_at_ms and len(expired) < limit:
-                    done = self.ledger.expire(record.approval_id)
-                    if done is not None:
-                        expired.append(done)
-            if page.cursor is None:
-                break
-            cursor = page.cursor
-        return expired

@@ -27,8 +27,6 @@ from .._records import (
     StepRecord,
     StepState,
 )
-from .._values import error_code as check_error_code
-from ..errors import IllegalTransition
 from . import codes
 
 __all__ = [
@@ -36,7 +34,6 @@ __all__ = [
     "FINAL_EFFECT_STATES",
     "effects_of",
     "marked",
-    "transition_effect",
 ]
 
 ADMISSION, EXECUTING, COMMITTED, FAILED, UNKNOWN = (
@@ -56,23 +53,6 @@ EFFECT_TRANSITIONS: dict[EffectState, frozenset[EffectState]] = {
 }
 
 FINAL_EFFECT_STATES = frozenset({COMMITTED, FAILED})
-
-
-def transition_effect(
-    record: EffectRecord, to: EffectState, now_ms: int, error_code: str | None = None
-) -> EffectRecord:
-    """Return the record moved to ``to`` (version + 1); raise IllegalTransition otherwise."""
-    if to not in EFFECT_TRANSITIONS[record.state]:
-        raise IllegalTransition(state=str(record.state), event=str(to))
-    if error_code is not None:
-        check_error_code(error_code)
-    return replace(
-        record,
-        state=to,
-        version=record.version + 1,
-        updated_at_ms=max(now_ms, record.updated_at_ms),
-        error_code=error_code if error_code is not None else record.error_code,
-    )
 
 
 def _path(frm: EffectState, to: EffectState) -> tuple[EffectState, ...]:

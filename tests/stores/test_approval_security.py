@@ -328,7 +328,7 @@ def test_a_decision_after_expiry_is_refused(
     refused(ApprovalTokenExpired, store,
             lambda: gate.decide("a1", tenant_id="t1", decision="approved", decided_by="bob"),
             token)
-    assert [r.approval_id for r in gate.expire_due()] == ["a1"]
+    assert gate.ledger.expire("a1") is not None
     refused(ApprovalDecisionError, store,
             lambda: gate.decide("a1", tenant_id="t1", decision="approved", decided_by="bob"),
             token)

@@ -323,23 +323,3 @@ def test_garbage_tokens_are_invalid(gate: ApprovalGate, token: object) -> None:
         consume(gate, token)
     with pytest.raises(ApprovalTokenInvalid):
         gate.approval_of(token)
-
-
-# ---------------------------------------------------------------- expiry
-
-
-def test_expire_due_expires_pending_and_unused_approved_approvals_past_expiry(
-    gate: ApprovalGate, clock: FrozenClock
-) -> None:
-    open_one(gate, "a1")
-    open_one(gate, "a2")
-    used = open_one(gate, "a3")
-    approve(gate, "a2")
-    approve(gate, "a3")
-    consume(gate, used.token)
-    assert gate.expire_due() == []
-    clock.set(T0 + TTL)
-    assert sorted(r.approval_id for r in gate.expire_due()) == ["a1", "a2"]
-    states = {name: gate.get(name).state for name in ("a1", "a2", "a3")}  # type: ignore[union-attr]
-    assert states == {"a1": ApprovalState.EXPIRED, "a2": ApprovalState.EXPIRED,
-                      "a3": ApprovalState.CONSUMED}

@@ -1,7 +1,7 @@
 """The approval ledger (docs/design.md §2.4, §3.8): create, decide once, consume once, expire.
 
-``ApprovalLedger`` holds the records; expiring every pending approval past its expiry is the
-gate's ``expire_due`` (over the ledger), tested here on the ledger's records too.
+``ApprovalLedger`` holds the records; expiring every open approval past its expiry is the
+sweep's approval pass (tests/engine/test_approvals.py), one ``expire`` per record.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from celery_sagas._approvals.gate import ApprovalGate
 from celery_sagas._approvals.ledger import ApprovalLedger
 from celery_sagas._leases import Leases
 from celery_sagas._records import ApprovalRecord, ApprovalState, Binding
@@ -98,10 +97,6 @@ def use(store: Store, clock: FrozenClock, **overrides: Any) -> ApprovalRecord:
 
 def expire(store: Store, clock: FrozenClock, approval_id: str) -> ApprovalRecord | None:
     return ledger_of(store, clock).expire(approval_id)
-
-
-def expire_due(store: Store, clock: FrozenClock, limit: Any) -> list[ApprovalRecord]:
-    return ApprovalGate(store, clock, [SECRET]).expire_due(limit)
 
 
 def get_approval(store: Store, approval_id: str) -> ApprovalRecord | None:
@@ -351,7 +346,7 @@ def test_an_approved_approval_past_its_expiry_cannot_be_consumed(
 def test_an_expired_approval_cannot_be_consumed(store: MemoryStore, clock: FrozenClock) -> None:
     create(store, clock)
     clock.advance(TTL)
-    expire_due(store, clock, limit=10)
+    assert expire(store, clock, "a1") is not None
     with pytest.raises(ApprovalTokenExpired):
         use(store, clock)
 
@@ -437,46 +432,6 @@ def test_a_consume_and_an_expiry_racing_on_one_version_one_wins(store: MemorySto
         assert stored.state is ApprovalState.EXPIRED
 
 
-def test_expire_due_expires_pending_and_unused_approved_approvals_past_expiry(
-    store: MemoryStore, clock: FrozenClock
-) -> None:
-    create(store, clock, "due")
-    create(store, clock, "approved")
-    approve(store, clock, "approved")
-    clock.advance(1000)
-    create(store, clock, "fresh")
-    clock.advance(TTL - 1000)
-    expired = expire_due(store, clock, limit=10)
-    assert sorted(r.approval_id for r in expired) == ["approved", "due"]
-    assert {r.state for r in expired} == {ApprovalState.EXPIRED}
-    assert get_approval(store, "due") in expired
-    assert get_approval(store, "fresh").state is ApprovalState.PENDING  # type: ignore[union-attr]
-
-
-def test_expire_due_works_in_bounded_batches(store: MemoryStore, clock: FrozenClock) -> None:
-    for i in range(25):
-        create(store, clock, f"a{i:02d}")
-    clock.advance(TTL)
-    batches = [len(expire_due(store, clock, limit=10)) for _ in range(4)]
-    assert batches == [10, 10, 5, 0]
-
-
-def test_expire_due_reports_nothing_before_expiry(store: MemoryStore, clock: FrozenClock) -> None:
-    create(store, clock)
-    clock.advance(TTL - 1)
-    assert expire_due(store, clock, limit=10) == []
-
-
-def test_expire_due_skips_a_corrupt_record_and_goes_on(store: MemoryStore, clock: FrozenClock) -> None:
-    create(store, clock, "bad")
-    create(store, clock, "good")
-    with store._lock:
-        key = ("approval", "bad")
-        store._records[key] = replace(store._records[key], body="not json {")
-    clock.advance(TTL)
-    assert [r.approval_id for r in expire_due(store, clock, limit=10)] == ["good"]
-
-
 @pytest.mark.parametrize(
     ("field", "value"),
     [("nonce", "short"), ("nonce", "x" * 65), ("nonce", "bad nonce with spaces!"), ("saga_id", ""),
@@ -494,12 +449,6 @@ def test_an_approval_read_back_with_a_bad_field_is_a_corrupt_record(
         store._records[key] = replace(store._records[key], body=json.dumps(body))
     with pytest.raises(InvalidRecordError):
         get_approval(store, "a1")
-
-
-@pytest.mark.parametrize("limit", [0, -1, 1001, True, "5"])
-def test_expire_due_refuses_a_bad_limit(store: MemoryStore, clock: FrozenClock, limit: Any) -> None:
-    with pytest.raises(SagaValidationError):
-        expire_due(store, clock, limit=limit)
 
 
 def test_create_at_a_given_instant_starts_the_ttl_there(store: MemoryStore, clock: FrozenClock) -> None:

@@ -29,14 +29,12 @@ from celery_sagas._protocol.effects import (
     EFFECT_TRANSITIONS,
     FINAL_EFFECT_STATES,
     effects_of,
-    transition_effect,
 )
 from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
 from celery_sagas._protocol.resolution import Resolution, resolve
 from celery_sagas._records import (
     APPROVAL_TASK,
     AttemptRef,
-    EffectRecord,
     EffectState,
     SagaRecord,
     SagaState,
@@ -453,39 +451,3 @@ def test_decide_driven_sagas_only_take_legal_moves(choices: bytes) -> None:
         if world.saga.state.final:
             break
     check_record(world.saga, world)
-
-
-
-
-# ---------------------------------------------------------------- effects
-
-
-def fresh_effect() -> EffectRecord:
-    """A newly admitted effect record."""
-    return EffectRecord("fx-1", "orders.charge", EffectState.ADMISSION, T0, T0)
-
-
-@PROPERTY
-@given(SHORT_CHOICES)
-def test_effect_records_never_leave_a_final_state(choices: bytes) -> None:
-    p = Picks(choices)
-    record, now = fresh_effect(), T0
-    while p.more():
-        target, now = p.pick(list(EffectState)), max(0, now + p.int(-5_000, 5_000))
-        snapshot = copy.deepcopy(record)
-        try:
-            moved = transition_effect(record, target, now)
-        except IllegalTransition:
-            assert record == snapshot
-            continue
-        assert record.state not in FINAL_EFFECT_STATES
-        assert moved.version == record.version + 1
-        assert moved.updated_at_ms >= record.updated_at_ms >= moved.created_at_ms
-        record = moved
-    if record.state in FINAL_EFFECT_STATES:
-        for target in EffectState:
-            try:
-                transition_effect(record, target, now + 1)
-            except IllegalTransition:
-                continue
-            raise AssertionError(f"{record.state} moved to {target}")
