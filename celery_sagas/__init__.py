@@ -100,11 +100,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Errors imported from the package root before they moved to ``celery_sagas.errors``."""
-    if name in errors.__all__:
+    if name in errors.__all__ or name in errors._DEPRECATED:
         warnings.warn(
             f"import {name} from celery_sagas.errors; celery_sagas.{name} will be removed",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(errors, name)
+        return errors._DEPRECATED.get(name) or getattr(errors, name)
     raise AttributeError(f"module 'celery_sagas' has no attribute {name!r}")

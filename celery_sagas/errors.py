@@ -15,9 +15,7 @@
     ├── SagaConflictError                    start() reused an id for other input
     ├── SagaAlreadyFinal                     a signal sent to a completed or compensated saga
     ├── SignalLimitExceeded                  a signal past sagas_signal_limit or _bytes_limit
-    ├── SagaAmbiguousStepError               a step's outcome is unknown
     ├── SagaResolutionError                  resolve() asked for an impossible outcome
-    ├── NondeterminismError                  replay diverged from the record
     ├── SagaConfigurationError               a definition or setting is unusable
     ├── SagaUsageError                       a saga task used outside a saga (called directly)
     ├── StepNotCommitted                     raised by step code: provably nothing happened
@@ -37,11 +35,16 @@
 
 Every error keeps its constructor arguments as attributes and pickles through them, so
 errors survive a Celery task boundary. Secrets never appear in ``str`` or ``repr``.
+
+``NondeterminismError`` and ``SagaAmbiguousStepError`` were never raised (a replay that diverges
+and a step whose outcome is unknown send the saga to review, codes ``nondeterministic`` and
+``ambiguous_step``); importing them still works, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, ClassVar
 
 __all__ = [
@@ -60,10 +63,8 @@ __all__ = [
     "LeaseError",
     "LeaseLost",
     "NonDurableStoreError",
-    "NondeterminismError",
     "PayloadTooLarge",
     "SagaAlreadyFinal",
-    "SagaAmbiguousStepError",
     "SagaConcurrencyError",
     "SagaConfigurationError",
     "SagaConflictError",
@@ -253,8 +254,8 @@ class SignalLimitExceeded(SagaError):
                 f"would pass {f['setting']} ({f['limit']}): signal refused, nothing written")
 
 
-class SagaAmbiguousStepError(SagaError):
-    """A step began and its outcome is unknown; an operator must resolve it."""
+class _SagaAmbiguousStepError(SagaError):
+    """Deprecated, never raised: a step whose outcome is unknown sends its saga to review."""
 
     saga_id: str
     step: str
@@ -274,8 +275,28 @@ class SagaResolutionError(SagaError):
     """resolve() named an unknown step, a wrong effect id, state or outcome."""
 
 
-class NondeterminismError(SagaError):
-    """Replaying run() diverged from the recorded steps."""
+class _NondeterminismError(SagaError):
+    """Deprecated, never raised: a replay that diverges sends its saga to review."""
+
+
+_DEPRECATED: dict[str, type[SagaError]] = {
+    "NondeterminismError": _NondeterminismError,
+    "SagaAmbiguousStepError": _SagaAmbiguousStepError,
+}
+
+
+def __getattr__(name: str) -> type[SagaError]:
+    """The errors removed from the public surface (never raised), with a warning."""
+    if name in _DEPRECATED:
+        warnings.warn(
+            f"celery_sagas.errors.{name} is never raised and will be removed: a saga whose "
+            "replay diverges or whose step outcome is unknown goes to manual review (error "
+            "codes 'nondeterministic', 'ambiguous_step')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _DEPRECATED[name]
+    raise AttributeError(f"module 'celery_sagas.errors' has no attribute {name!r}")
 
 
 class SagaConfigurationError(SagaError):

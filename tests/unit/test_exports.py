@@ -115,3 +115,15 @@ def test_what_the_facade_returns_is_exported() -> None:
     assert hints["return"] is celery_sagas.SweepReport
     hints = inspect.get_annotations(celery_sagas.Sagas.findings, eval_str=True)
     assert hints["return"] is celery_sagas.FindingPage
+
+
+@pytest.mark.parametrize("name", ["NondeterminismError", "SagaAmbiguousStepError"])
+def test_an_error_never_raised_is_off_the_surface_and_importing_it_warns(name: str) -> None:
+    from celery_sagas import errors
+
+    assert name not in errors.__all__ and name not in dir(errors)
+    with pytest.warns(DeprecationWarning, match=f"errors.{name} is never raised"):
+        deprecated = getattr(errors, name)
+    assert issubclass(deprecated, errors.SagaError)
+    with pytest.warns(DeprecationWarning, match=f"import {name} from celery_sagas.errors"):
+        assert getattr(celery_sagas, name) is deprecated
