@@ -43,7 +43,6 @@ from bench.bulk import add_store_arguments, destroy, load, open_store
 from celery_sagas._codec import Codec
 from celery_sagas._context import SagaContext
 from celery_sagas._definitions import Registry, SagaDefinition, StepOptions, Timing
-from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine, EngineSettings
 from celery_sagas._protocol.effects import marked
 from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
@@ -53,6 +52,7 @@ from celery_sagas._sweep import Sweeper
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 
 TARGET = 1.5
 STALE_MS = 30_000

@@ -453,7 +453,6 @@ def _code(exc: StepNotCommitted) -> str:
         return codes.NOT_COMMITTED
 
 
-@functools.lru_cache(maxsize=1024)
 @functools.lru_cache(maxsize=1024)  # a task's signature does not change; reading it is slow
 def signature_of(func: Callable[..., Any]) -> inspect.Signature | None:
     """The signature of a step or compensator function (None when Python cannot tell)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._celery.messages import SAGA_REF, saga_ref
-from .._dispatch import RecordingDispatcher, Sent
+from .dispatcher import RecordingDispatcher, Sent
 
 if TYPE_CHECKING:
     from .._celery.facade import Sagas

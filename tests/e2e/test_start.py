@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from celery_sagas._dispatch import RecordingDispatcher
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 from tests.e2e.conftest import Stack
 
 

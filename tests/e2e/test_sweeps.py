@@ -29,7 +29,6 @@ import pytest
 from sqlalchemy import text
 
 from celery_sagas._codec import Codec
-from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine
 from celery_sagas._leases import Leases
 from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
@@ -37,6 +36,7 @@ from celery_sagas._scans import RecordPage, Scans
 from celery_sagas._sweep import SWEEP_LEASE, Pass, SweepReport
 from celery_sagas.stores.base import Fence, Lease, Store
 from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 from tests import processes
 from tests.e2e.conftest import REDIS_BROKER, ROOT, Stack, _make_stack, wait_until
 from tests.e2e.sweep_app import (

@@ -26,13 +26,13 @@ import pytest
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
-from celery_sagas._dispatch import Sent
 from celery_sagas._events import LifecycleEvent
 from celery_sagas._liveness import claimer_id
 from celery_sagas._protocol import moves
 from celery_sagas._records import SagaRecord, SagaState, StepRecord
 from celery_sagas._sweep import SweepReport
 from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.dispatcher import Sent
 from celery_sagas.testing.driver import SagaDriver
 
 ORDER: dict[str, Any] = {"id": "o-1", "sku": "sku-1", "qty": 2, "card": "card-1", "total": 30}

@@ -12,9 +12,9 @@ from typing import Any
 from celery import Celery
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
-from celery_sagas._dispatch import Sent
 from celery_sagas._records import SagaState, StepState
 from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.dispatcher import Sent
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import HOST, Shop, kinds
 

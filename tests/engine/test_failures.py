@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from celery_sagas import Sagas, StepNotCommitted
-from celery_sagas._dispatch import Sent
 from celery_sagas._records import SagaState, StepState
 from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.dispatcher import Sent
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import SYNC_BACKOFF_MS, CardDeclined, Script, Shop, kinds
 

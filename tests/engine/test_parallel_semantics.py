@@ -18,10 +18,10 @@ import pytest
 
 from celery_sagas import MemoryStore, StepNotCommitted
 from celery_sagas._codec import Codec
-from celery_sagas._dispatch import Sent
 from celery_sagas._events import LifecycleEvent
 from celery_sagas._records import SAGA, SagaRecord, SagaState, StepState
 from celery_sagas.stores.base import Envelope, Fence
+from celery_sagas.testing.dispatcher import Sent
 from celery_sagas.testing.racing import race
 from tests.engine.conftest import Shop, kinds
 

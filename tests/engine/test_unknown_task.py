@@ -4,12 +4,14 @@ worker does not have stops its saga as ``unknown_task`` (issue 16 item 1), which
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from celery_sagas._celery import hooks
+from celery_sagas._celery.hooks import unregistered_compensators
 from celery_sagas._celery.messages import saga_ref
 from celery_sagas._protocol import codes
 from celery_sagas._records import SagaState, StepState
@@ -43,14 +45,35 @@ def test_a_worker_refuses_to_start_naming_the_step_and_the_missing_compensator(s
         hooks._worker_starting(_worker_of(shop))
 
 
-def test_a_worker_with_every_compensator_registered_starts(shop: Shop) -> None:
-    hooks._worker_starting(_worker_of(shop))  # no SystemExit
+def test_a_worker_with_every_compensator_registered_starts(
+        shop: Shop, caplog: pytest.LogCaptureFixture) -> None:
+    # given: sagas whose steps all name registered compensators
+    assert shop.sagas.registry.steps and unregistered_compensators(shop.sagas.registry) == []
+
+    # when
+    with caplog.at_level(logging.DEBUG, logger="celery_sagas"):
+        started = hooks._worker_starting(_worker_of(shop))
+
+    # then: no SystemExit, and nothing logged as a problem
+    assert started is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
-def test_a_worker_of_an_app_without_sagas_is_left_alone() -> None:
+def test_a_worker_of_an_app_without_sagas_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
     from celery import Celery
 
-    hooks._worker_starting(SimpleNamespace(app=Celery("plain", set_as_current=False)))
+    # given: pickle settings a saga worker refuses, on an app that has no sagas
+    plain = Celery("plain", set_as_current=False)
+    plain.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
+    assert hooks.guarded(plain) is None
+
+    # when
+    with caplog.at_level(logging.DEBUG, logger="celery_sagas"):
+        started = hooks._worker_starting(SimpleNamespace(app=plain))
+
+    # then: not refused, nothing logged
+    assert started is None
+    assert caplog.records == []
 
 
 def test_an_unknown_compensator_stops_the_saga_as_unknown_task_and_resolve_settles_it(

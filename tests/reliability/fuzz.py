@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
 from celery_sagas._celery.settings import SETTING_DOCS
 from celery_sagas._delivery import Delivery
-from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas.errors import SagaError
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 from tests.reliability.harness import Report
 from tests.reliability.invariants import Violation
 

@@ -12,12 +12,12 @@ from celery import Celery
 from celery_sagas import MemoryStore, Sagas
 from celery_sagas._codec import Codec
 from celery_sagas._definitions import Registry, SagaDefinition, StepOptions
-from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine
 from celery_sagas._protocol import moves
 from celery_sagas._repository import SagaRepository
 from celery_sagas.errors import SagaConcurrencyError, SagaConfigurationError, SagaValidationError
 from celery_sagas.testing.clock import FrozenClock
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 from celery_sagas.testing.racing import ReadTogether, race
 
 pytestmark = pytest.mark.e2e

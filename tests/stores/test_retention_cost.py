@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import text
 
 from celery_sagas._codec import Codec
-from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine
 from celery_sagas._records import SagaRecord, SagaState
 from celery_sagas._repository import SagaRepository
@@ -19,6 +18,7 @@ from celery_sagas._scans import Scans
 from celery_sagas._sweep import Sweeper, SweepReport
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.sql import SqlStore
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 from tests.e2e.sweep_app import HOUR_MS, bulk_insert, registry
 from tests.stores.test_scan_cost import Counted, Selects, _rows_examined, counted_pair, pg_pair
 

@@ -21,7 +21,6 @@ from sqlalchemy.engine import Engine as SqlEngine
 
 from celery_sagas._codec import Codec
 from celery_sagas._definitions import Timing
-from celery_sagas._dispatch import RecordingDispatcher
 from celery_sagas._engine import Engine, EngineSettings
 from celery_sagas._repository import SagaRepository
 from celery_sagas._scans import Scans
@@ -29,6 +28,7 @@ from celery_sagas._sweep import Sweeper, SweepReport
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.sql import SqlStore
+from celery_sagas.testing.dispatcher import RecordingDispatcher
 from tests.e2e.sweep_app import HOUR_MS, bulk_insert, registry, waiting_saga
 from tests.stores.test_redis_store import CommandLog, counting_client
 

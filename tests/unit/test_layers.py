@@ -5,7 +5,7 @@ bodies, ``if TYPE_CHECKING:`` blocks), as absolute dotted names. Only explicit i
 the ``__init__`` of a parent package that Python runs first is not an import of the module.
 The rules:
 
-1. every module has a layer, from the ``LAYERS`` table below (module-name patterns);
+1. every module has a layer, from the layer table of docs/design.md §1 (read here);
 2. a module imports package modules of its own layer or below, never above;
 3. no import circle among the package's modules;
 4. the pure layers (0 values, 1 model, 2 protocol) import only the standard library and never
@@ -25,6 +25,7 @@ synthetic import sets, so a rule that silently stopped catching anything would f
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -48,35 +49,44 @@ MODULES = frozenset(PATHS)
 
 # ---------------------------------------------------------------- the layer table
 #
-# docs/design.md §1, one row per layer. A pattern ``name`` is exactly that module; ``name.*`` is
-# that package and everything under it. The most specific pattern wins: an exact name over a
-# package pattern, a longer package pattern over a shorter one. Modules the design page does
-# not list by name are placed by what they are: the compare-and-set loop, the decoded scans,
-# leases, liveness and the dispatch port are engine machinery; the CLI's formatting is a tool;
-# the package root re-exports the facade, so it sits with the integration.
+# Read from docs/design.md §1, one row per layer: each `name` in the modules column (outside
+# parentheses) is a module, ``name/`` a package and everything under it, ``stores.base`` a
+# dotted module, ``__init__`` the package root (it re-exports the facade). The most specific
+# pattern wins: an exact name over a package pattern, a longer package pattern over a shorter
+# one (``stores.base`` is layer 1, the rest of ``stores/`` layer 3).
 
-LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
-    (0, "values", ("celery_sagas.errors", "celery_sagas._values", "celery_sagas._clock")),
-    (1, "model", ("celery_sagas._records", "celery_sagas.stores.base")),
-    (2, "protocol", ("celery_sagas._protocol.*",)),
-    (3, "storage", ("celery_sagas._codec", "celery_sagas._history_codec", "celery_sagas._crypto",
-                    "celery_sagas.stores.*")),
-    (4, "engine", (
-        "celery_sagas._definitions", "celery_sagas._context", "celery_sagas._events",
-        "celery_sagas._repository", "celery_sagas._delivery", "celery_sagas._engine",
-        "celery_sagas._walker", "celery_sagas._sweep", "celery_sagas._findings",
-        "celery_sagas._retention", "celery_sagas._reseal", "celery_sagas._approvals.*",
-        "celery_sagas._metrics",
-        "celery_sagas._cas", "celery_sagas._scans", "celery_sagas._leases",
-        "celery_sagas._liveness", "celery_sagas._dispatch", "celery_sagas._children",
-    )),
-    (5, "integration", ("celery_sagas._celery.*", "celery_sagas.aio.*", "celery_sagas")),
-    (6, "tools", (
-        "celery_sagas.cli", "celery_sagas._cli_format", "celery_sagas._cli_export",
-        "celery_sagas._history_format", "celery_sagas.web.*",
-        "celery_sagas.contrib.*", "celery_sagas.testing.*",
-    )),
-)
+DESIGN = ROOT.parent / "docs" / "design.md"
+
+
+def _pattern(token: str) -> str:
+    """The module pattern a name in the design page's table stands for."""
+    if token == "__init__":
+        return PACKAGE
+    if token.endswith("/"):
+        return f"{PACKAGE}.{token.rstrip('/').replace('/', '.')}.*"
+    return f"{PACKAGE}.{token}"
+
+
+def _without_parentheses(text: str) -> str:
+    while True:
+        shorter = re.sub(r"\([^()]*\)", "", text)
+        if shorter == text:
+            return text
+        text = shorter
+
+
+def read_layers(page: str) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """The layer table of a design page: (number, name, module patterns) per row."""
+    section = page.split("## 1. Layers", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) (\w+) \| (.+?) \| .+ \|$", section, flags=re.MULTILINE)
+    return tuple(
+        (int(number), name,
+         tuple(_pattern(t) for t in re.findall(r"`([^`]+)`", _without_parentheses(modules))))
+        for number, name, modules in rows
+    )
+
+
+LAYERS = read_layers(DESIGN.read_text(encoding="utf-8"))
 PURE_LAYERS = frozenset({0, 1, 2})
 ENGINE_LAYER = 4
 NEVER_IN_PURE = frozenset({"time", "random", "secrets", "logging", "uuid", "os", "socket"})
@@ -324,11 +334,11 @@ def package_graph() -> dict[str, frozenset[str]]:
 
 def test_every_module_of_the_package_has_a_layer() -> None:
     missing = sorted(m for m in MODULES if layer_of(m) is None)
-    assert not missing, f"add these modules to LAYERS (docs/design.md §1): {missing}"
+    assert not missing, f"add these modules to the layer table of docs/design.md §1: {missing}"
 
 
 def test_the_layers_are_those_of_the_design_page() -> None:
-    # then: a few modules per layer, spelled as docs/design.md §1 spells them
+    # then: a few modules per layer, spelled out here as docs/design.md §1 spells them
     expected = {
         "celery_sagas.errors": 0, "celery_sagas._values": 0, "celery_sagas._clock": 0,
         "celery_sagas._records": 1, "celery_sagas.stores.base": 1,
@@ -337,11 +347,34 @@ def test_the_layers_are_those_of_the_design_page() -> None:
         "celery_sagas.stores.redis.store": 3, "celery_sagas.stores.sql.store": 3,
         "celery_sagas._engine": 4, "celery_sagas._repository": 4, "celery_sagas._sweep": 4,
         "celery_sagas._approvals.ledger": 4, "celery_sagas._metrics": 4,
-        "celery_sagas._celery.facade": 5, "celery_sagas._celery.wiring": 5,
+        "celery_sagas._retention": 4,
+        "celery_sagas._celery.facade": 5, "celery_sagas._celery.wiring": 5, "celery_sagas": 5,
         "celery_sagas.cli": 6, "celery_sagas.testing.driver": 6,
     }
     assert {m: (layer_of(m) or (None,))[0] for m in expected} == expected
     assert [number for number, _, _ in LAYERS] == list(range(7))
+
+
+def test_every_name_in_the_design_pages_table_is_a_module_or_package() -> None:
+    # then: a name the page lists that no module has is a typo or a module gone
+    packages = {m for m in MODULES if PATHS[m].name == "__init__.py"}
+    for _, name, patterns in LAYERS:
+        for pattern in patterns:
+            known = pattern[:-2] in packages if pattern.endswith(".*") else pattern in MODULES
+            assert known, f"docs/design.md §1 ({name}) lists {pattern}, which does not exist"
+
+
+def test_the_table_reader_reads_names_patterns_and_skips_parentheses() -> None:
+    # given
+    page = ("## 1. Layers\n\n| layer | modules | may use |\n|---|---|---|\n"
+            "| 0 values | `errors`, `_records` (the `Sagas` facade (nested)) | x |\n"
+            "| 1 tools | `web/`, `stores.base`, `__init__` | y |\n\n## 2. Next\n| 9 no | `x` | z |\n")
+
+    # then
+    assert read_layers(page) == (
+        (0, "values", ("celery_sagas.errors", "celery_sagas._records")),
+        (1, "tools", ("celery_sagas.web.*", "celery_sagas.stores.base", "celery_sagas")),
+    )
 
 
 def test_the_parser_sees_imports_that_are_there() -> None:
