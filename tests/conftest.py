@@ -8,15 +8,18 @@ tests/processes.py.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests import processes
-from tests.isolation import WORKER, cluster_first_port, endpoint, unique
+from tests.isolation import WORKER, endpoint, unique
 
 REQUIRE = os.environ.get("CELERY_SAGAS_REQUIRE_SERVICES") == "1"
 
@@ -32,7 +35,10 @@ REDIS_CLUSTER_URL = os.environ.get(
 RABBITMQ_URL = os.environ.get("CELERY_SAGAS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 
-CLUSTER_UP = "CELERY_SAGAS_TEST_CLUSTER_UP"  # set by the controller for its xdist workers
+# Set by the controller (or the only pytest process) for its xdist workers: whether a Redis
+# Cluster answered when the run started, and a directory the whole run shares.
+CLUSTER_UP = "CELERY_SAGAS_TEST_CLUSTER_UP"
+RUN_DIR = "CELERY_SAGAS_TEST_RUN_DIR"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,11 +47,25 @@ def pytest_configure(config: pytest.Config) -> None:
     processes.install()
     if not WORKER:
         os.environ[CLUSTER_UP] = "1" if _cluster_answers() else "0"
+        os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="celery-sagas-run-")
+        processes.at_end(_stop_the_runs_cluster)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's end: no process a test started survives it."""
     processes.kill_all()
+    if not WORKER:
+        _stop_the_runs_cluster()
+
+
+def _stop_the_runs_cluster() -> None:
+    """Stop the Redis Cluster a worker started for the whole run, if one did."""
+    from tests.redis_cluster import RedisCluster
+
+    run = Path(os.environ.get(RUN_DIR, "") or "/nonexistent")
+    if (run / "cluster").exists():
+        RedisCluster(run / "cluster", endpoint(REDIS_CLUSTER_URL, 7101)[1]).stop()
+    shutil.rmtree(run, ignore_errors=True)
 
 
 def _cluster_answers() -> bool:
@@ -82,30 +102,31 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_cluster_url() -> str:
     """URL of a 3-master Redis Cluster (``CELERY_SAGAS_TEST_REDIS_CLUSTER``): the one that
-    answers there, or a private one this session starts on those ports (tests/redis_cluster.py)."""
-    from tests.redis_cluster import RedisCluster
+    answered there when the run started, or a private one on those ports that the first xdist
+    worker to need it starts for the whole run (tests/redis_cluster.py); the run's controller
+    stops it at the end."""
+    from tests.redis_cluster import RedisCluster, cluster_ok
 
     host, port = endpoint(REDIS_CLUSTER_URL, 7101)
-    up = os.environ.get(CLUSTER_UP)
-    if up == "1" or (up is None and _cluster_answers()):
-        yield REDIS_CLUSTER_URL
-        return
+    if os.environ.get(CLUSTER_UP) == "1":
+        return REDIS_CLUSTER_URL
     if host != "127.0.0.1" or shutil.which("redis-server") is None:
         need_service("Redis Cluster", REDIS_CLUSTER_URL, 7101)
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"), cluster_first_port(port))
-    try:
-        cluster.start()
-    except RuntimeError as exc:
-        cluster.close()
-        if REQUIRE:
-            pytest.fail(f"cannot start a Redis Cluster: {exc}", pytrace=False)
-        pytest.skip(f"cannot start a Redis Cluster: {exc}")
-    try:
-        yield cluster.url
-    finally:
-        cluster.close()
+    run = Path(os.environ[RUN_DIR])
+    with open(run / "cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it; the others wait, then share it
+        if not (_answers(host, port) and cluster_ok(port)):
+            cluster = RedisCluster(run / "cluster", port, tracked=False)
+            try:
+                cluster.start()
+            except RuntimeError as exc:
+                cluster.stop()
+                if REQUIRE:
+                    pytest.fail(f"cannot start a Redis Cluster: {exc}", pytrace=False)
+                pytest.skip(f"cannot start a Redis Cluster: {exc}")
+    return REDIS_CLUSTER_URL
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,10 @@
 Every endpoint comes from its ``CELERY_SAGAS_TEST_*`` variable (README, Development). Inside one
 run, each test writes under names of its own (a key or table prefix, a queue, a temporary
 directory), tagged with the xdist worker that ran it, so tests on different workers never see
-each other's records or messages on the shared Redis, PostgreSQL, MariaDB and RabbitMQ. What
-cannot be shared is split by worker: the ports of ``CELERY_SAGAS_TEST_PORTS`` (worker ``i`` of
-``n`` takes the ``i``-th of ``n`` equal slices), and a Redis Cluster the session starts itself
-(worker ``i`` on the six ports from ``first + 6*i``; one that already answers on the variable's
-port is shared by all).
+each other's records or messages on the shared Redis, PostgreSQL, MariaDB and RabbitMQ; the
+Redis Cluster too (the one on the variable's ports, or the one the first worker to need it
+starts there for the whole run). What cannot be shared is split by worker: the ports of
+``CELERY_SAGAS_TEST_PORTS`` (worker ``i`` of ``n`` takes the ``i``-th of ``n`` equal slices).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import os
 import uuid
 from urllib.parse import urlsplit
 
-__all__ = ["CLUSTER_NODES", "WORKER", "cluster_first_port", "endpoint", "port_slice", "unique"]
+__all__ = ["CLUSTER_NODES", "WORKER", "endpoint", "port_slice", "unique"]
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1"... or "" without xdist
 INDEX = int(WORKER[2:]) if WORKER.startswith("gw") and WORKER[2:].isdigit() else 0
@@ -50,8 +49,3 @@ def port_slice(ports: str) -> range | None:
         raise RuntimeError(f"CELERY_SAGAS_TEST_PORTS={ports} has fewer ports than {COUNT} workers")
     first = low + INDEX * size
     return range(first, first + size)
-
-
-def cluster_first_port(first: int) -> int:
-    """The first port of the Redis Cluster this worker starts when none answers on ``first``."""
-    return first + CLUSTER_NODES * INDEX

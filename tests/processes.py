@@ -29,12 +29,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["forget", "install", "kill_all", "spawn", "tracked"]
+__all__ = ["at_end", "forget", "install", "kill_all", "spawn", "tracked"]
 
 _PR_SET_PDEATHSIG = 1
 _groups: set[int] = set()
 _lock = threading.Lock()
 _installed = False
+_at_end: list[Callable[[], None]] = []
 
 
 def tracked() -> set[int]:
@@ -87,8 +88,16 @@ def _children() -> list[int]:
     return found
 
 
+def at_end(callback: Callable[[], None]) -> None:
+    """Also call ``callback`` when SIGTERM or SIGINT ends the run (a run-wide server's stop)."""
+    _at_end.append(callback)
+
+
 def _end_everything() -> None:
     kill_all()
+    for callback in _at_end:
+        with contextlib.suppress(Exception):
+            callback()
     for child in _children():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(child, signal.SIGTERM)

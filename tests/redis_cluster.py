@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests import processes
 
@@ -64,6 +65,7 @@ class RedisCluster:
 
     directory: Path
     first_port: int = DEFAULT_FIRST_PORT
+    tracked: bool = True  # False: outlives the pytest process that started it (run-wide)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -82,7 +84,8 @@ class RedisCluster:
         node_dir = self.directory / str(port)
         node_dir.mkdir(parents=True, exist_ok=True)
         log = open(node_dir / "redis.log", "ab")  # noqa: SIM115 - the child owns it
-        self.procs[port] = processes.spawn(
+        start = processes.spawn if self.tracked else _untracked
+        self.procs[port] = start(
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
              "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(int(NODE_TIMEOUT_S * 1000)),
@@ -182,6 +185,10 @@ class RedisCluster:
         """Stop the nodes and delete their files."""
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _untracked(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, start_new_session=True, **options)
 
 
 def _is_redis(pid: int, port: int) -> bool:

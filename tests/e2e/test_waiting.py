@@ -69,7 +69,7 @@ def _assert_resumed_in_time(stack: Stack, saga_id: str, ready_at: float = 0.0) -
     resumed = _resumed_at(stack, saga_id)
     assert resumed - slept_from >= SLEEP_S
     print(f"{saga_id}: slept {resumed - slept_from:.2f}s, resumed {resumed - due:.2f}s "
-          "after the wake-up")  # the figure the issue asks for (shown with -s)
+          "after the wake-up")  # the figure the issue asks for (shown with -s -n 0)
 
 
 def test_a_sleep_resumes_after_its_time_within_the_sweep_interval(stack: Stack) -> None:
