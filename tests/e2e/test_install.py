@@ -12,10 +12,10 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
+from tests import processes
 from tests.conftest import REDIS_BROKER_URL, REDIS_URL, need_service
 from tests.e2e.conftest import ROOT, wait_until
 
@@ -72,8 +72,7 @@ def _venv(folder: Path) -> Path:
 
 def test_the_redis_extra_installs_what_a_worker_on_a_redis_broker_needs(tmp_path: Path) -> None:
     # given: a fresh venv with celery-sagas[redis] and nothing else; an app on a Redis broker
-    broker = urlsplit(REDIS_BROKER_URL)
-    need_service("Redis", broker.hostname or "127.0.0.1", broker.port or 6379)
+    need_service("Redis", REDIS_BROKER_URL, 6379)
     bin_dir = _venv(tmp_path / "venv")
     (tmp_path / "installed_app.py").write_text(APP)
     queue = f"install_{uuid.uuid4().hex[:8]}"
@@ -84,7 +83,7 @@ def test_the_redis_extra_installs_what_a_worker_on_a_redis_broker_needs(tmp_path
 
     # when: a worker starts there and a saga is started
     with log.open("wb") as out:
-        worker = subprocess.Popen(
+        worker = processes.spawn(
             [str(bin_dir / "celery"), "-A", "installed_app", "worker", "-P", "solo", "-Q", queue,
              "-n", f"{queue}@%h", "-l", "INFO", "--without-gossip", "--without-mingle",
              "--without-heartbeat"],
@@ -99,6 +98,7 @@ def test_the_redis_extra_installs_what_a_worker_on_a_redis_broker_needs(tmp_path
     finally:
         worker.terminate()
         worker.wait(timeout=60)
+        processes.forget(worker)
 
     # then: the saga completed through that worker
     assert done.returncode == 0, done.stderr[-3000:] + log.read_text(errors="replace")[-3000:]

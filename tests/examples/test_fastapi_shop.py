@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests import processes
+
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
@@ -63,8 +65,8 @@ def shop(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, dict[str, str]]]
     try:
         for name, command in commands.items():
             with open(logs[name], "wb") as out:
-                procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                procs.append(processes.spawn(command, cwd=ROOT, env=env, stdout=out,
+                                             stderr=subprocess.STDOUT))
         _poll(lambda: "ready." in logs["worker"].read_text(errors="replace"), 60, "worker ready")
         _poll(lambda: "Uvicorn running" in logs["web"].read_text(errors="replace"), 60,
               "uvicorn running")
@@ -74,6 +76,7 @@ def shop(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, dict[str, str]]]
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+            processes.forget(proc)
         import redis
 
         client = redis.Redis.from_url(redis_url)
