@@ -9,6 +9,9 @@ pytest process, the xdist controller and its workers alike) makes SIGTERM and SI
 - SIGINT: the same for the groups and children, then pytest's usual ``KeyboardInterrupt``;
 - at exit (``atexit`` and the session's end): SIGKILL whatever group is still recorded.
 
+A server that detaches itself (``pg_ctl start``) is in no group of ours: its owner registers a
+stop with ``at_end``, called on SIGTERM, SIGINT and at exit.
+
 Children started from the main thread also get ``PR_SET_PDEATHSIG`` (SIGKILL when pytest dies,
 even of SIGKILL); a script that starts servers to outlive it (``python -m tests.redis_cluster
 start``) never calls ``install``, so nothing of this applies there.
@@ -89,15 +92,20 @@ def _children() -> list[int]:
 
 
 def at_end(callback: Callable[[], None]) -> None:
-    """Also call ``callback`` when SIGTERM or SIGINT ends the run (a run-wide server's stop)."""
+    """Also call ``callback`` when SIGTERM, SIGINT or the exit ends the run (a detached or
+    run-wide server's stop; it must be harmless when that server is already gone)."""
     _at_end.append(callback)
 
 
-def _end_everything() -> None:
+def _run_callbacks() -> None:
     kill_all()
-    for callback in _at_end:
+    while _at_end:
         with contextlib.suppress(Exception):
-            callback()
+            _at_end.pop()()
+
+
+def _end_everything() -> None:
+    _run_callbacks()
     for child in _children():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(child, signal.SIGTERM)
@@ -121,7 +129,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    atexit.register(kill_all)
+    atexit.register(_run_callbacks)
     if threading.current_thread() is not threading.main_thread():
         return
     handlers: dict[int, Callable[[int, FrameType | None], None]] = {

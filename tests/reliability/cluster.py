@@ -162,7 +162,14 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self._data), "-l", str(self.directory / "postgres.log"),
                   "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1",
                   "-w", "-t", "60", "start")
+        processes.at_end(self._quit)  # pg_ctl detaches the server: no group of ours holds it
         return self
+
+    def _quit(self) -> None:
+        """SIGQUIT the postmaster (an immediate shutdown), if it runs."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int((self._data / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGQUIT)
 
     def crash(self) -> None:
         """Stop the server the way a crash does (``-m immediate``)."""
