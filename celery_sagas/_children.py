@@ -34,17 +34,38 @@ from ._repository import Plan, SagaRepository
 from .errors import SagaConflictError, SagaError, SagaNotFound
 from .stores.base import Fence
 
-__all__ = ["ChildSagas", "Host"]
+__all__ = ["ChildSagas", "ChildTrace", "Host", "UntracedChildren"]
 
 logger = logging.getLogger("celery_sagas.children")
 
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
 
 
+class ChildTrace(Protocol):
+    """Where a child saga's trace begins (tracing implements it, docs/tracing.md): under its
+    parent's ``ctx.child`` step, in the parent's trace."""
+
+    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
+                    definition: str) -> contextlib.AbstractContextManager[str | None]:
+        """Around a child's start: yields the traceparent to store in the child's record."""
+        ...
+
+
+class UntracedChildren:
+    """No tracing: a child stores no traceparent."""
+
+    @contextlib.contextmanager
+    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
+                    definition: str) -> Any:
+        """Nothing to open."""
+        yield None
+
+
 class Host(Protocol):
     """What child sagas need of the engine."""
 
     repository: SagaRepository
+    trace_children: ChildTrace
 
     @property
     def limits(self) -> Limits:
@@ -56,7 +77,7 @@ class Host(Protocol):
         ...
 
     def start(self, definition: str, input: Any, saga_id: str, *,
-              parent: ParentRef | None = None) -> SagaRecord:
+              trace_parent: str | None = None, parent: ParentRef | None = None) -> SagaRecord:
         """Start a saga (idempotent by its id)."""
         ...
 
@@ -129,7 +150,10 @@ class ChildSagas:
             if refusal is not None:
                 self._refuse(parent_id, step, child_id, refusal)
                 return
-            child = self.host.start(kwargs["definition"], kwargs.get("input"), child_id, parent=ref)
+            with self.host.trace_children.child_start(parent.trace_parent, parent_id, step.name,
+                                                      child_id, kwargs["definition"]) as traced:
+                child = self.host.start(kwargs["definition"], kwargs.get("input"), child_id,
+                                        trace_parent=traced, parent=ref)
         except SagaConflictError:
             self._taken(parent_id, step)
             return

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from . import _values as values
-from ._children import ChildSagas
+from ._children import ChildSagas, ChildTrace, UntracedChildren
 from ._clock import Clock, SystemClock, now_ms
 from ._context import replay
 from ._definitions import (
@@ -133,6 +133,7 @@ class Engine:
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
         draw: Callable[[], float] = random.random,
+        trace_children: ChildTrace | None = None,
     ) -> None:
         self.repository = repository
         self.registry = registry
@@ -144,6 +145,7 @@ class Engine:
         self.settings = settings or EngineSettings()
         # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
         self.draw = draw
+        self.trace_children: ChildTrace = trace_children or UntracedChildren()
         self.children = ChildSagas(self)
         self._ambient = threading.local()  # the fence of the sweep this thread works under
 

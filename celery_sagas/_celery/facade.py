@@ -157,7 +157,7 @@ class Sagas:
     def _runtime(self) -> Runtime:
         store = open_configured_store(self._store_arg, self.settings)
         return Runtime(store, self.settings, self.registry, self.events, self.dispatcher,
-                       default_clock(self.clock))
+                       default_clock(self.clock), trace_children=self.tracing)
 
     def _forget_runtime(self, **_: Any) -> None:
         self._process.forget()
@@ -475,7 +475,7 @@ class Sagas:
             "saga.signal", saga_id,
             lambda: self.engine.signal(saga_id, name, payload, signal_id, actor=actor,
                                        reason=reason),
-            signal=name)
+            signal=name, trace_parent=self._trace_parent_of(saga_id))
 
     def _trace_parent_of(self, saga_id: str) -> Callable[[], str | None]:
         """Reads the saga's stored traceparent (tracing calls it only when it records a span)."""

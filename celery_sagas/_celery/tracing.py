@@ -94,6 +94,11 @@ class Tracing(Protocol):
         """A span around one delivery of a step or compensator."""
         ...
 
+    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
+                    definition: str) -> contextlib.AbstractContextManager[str | None]:
+        """Around a child saga's start: yields the traceparent its record keeps."""
+        ...
+
 
 def _ignore(**_: Any) -> None:
     return None
@@ -126,6 +131,12 @@ class NoTracing:
                  compensation: bool) -> Iterator[None]:
         """No span."""
         yield
+
+    @contextlib.contextmanager
+    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
+                    definition: str) -> Iterator[str | None]:
+        """No trace."""
+        yield None
 
 
 @dataclass(slots=True)
@@ -324,6 +335,29 @@ class OtelTracing:
             finally:
                 _SCOPE.reset(token)
                 _settle(span, scope)
+
+    @contextlib.contextmanager
+    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
+                    definition: str) -> Iterator[str | None]:
+        """A ``saga.child <step>`` span for the parent's ``ctx.child`` step, under the parent's
+        start (in its trace; linked to the current span, the delivery that got there), and the
+        child's ``saga.start`` under it: the child's traceparent, so its spans sit under its
+        parent's step and a sibling's never nest in them."""
+        if not self.live():
+            yield None
+            return
+        parent = self._stored_context(lambda: parent_trace)
+        current = trace.get_current_span().get_span_context()
+        links = (trace.Link(current),) if current.is_valid and parent is not None else ()
+        step_span = self._tracer.start_span(f"saga.child {step}", context=parent, links=links,
+                                            attributes=_attributes(id=parent_id, step=step,
+                                                                   child=child_id))
+        with trace.use_span(step_span, end_on_exit=True, record_exception=False,
+                            set_status_on_exception=False), \
+                self.operation("saga.start", child_id, definition=definition,
+                               parent=parent_id) as note:
+            yield self.traceparent()
+            note()
 
     def _saga_context(self, request: Any) -> Any:
         carrier = {"traceparent": getattr(request, SAGA_TRACEPARENT, None),

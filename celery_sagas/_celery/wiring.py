@@ -17,6 +17,7 @@ from typing import Any
 
 from .._approvals.gate import ApprovalGate
 from .._approvals.saga_gates import SagaApprovals, SagaGates, expiry_pass
+from .._children import ChildTrace
 from .._clock import Clock, SystemClock
 from .._codec import Codec
 from .._definitions import Registry
@@ -53,7 +54,8 @@ class Runtime:
     """The engine of this process and everything built around it."""
 
     def __init__(self, store: Store, settings: SagaSettings, registry: Registry, events: EventBus,
-                 dispatcher: Dispatcher, clock: Clock) -> None:
+                 dispatcher: Dispatcher, clock: Clock, trace_children: ChildTrace | None = None,
+                 ) -> None:
         codec = Codec(settings.payload_limit, encryption_keys=settings.encryption_keys)
         self.codec = codec
         self.store = store
@@ -65,6 +67,7 @@ class Runtime:
             self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,
             events=events, clock=clock,
             settings=EngineSettings(settings.payload_limit, settings.timing, settings.limits),
+            trace_children=trace_children,
         )
         self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None
         self.scans = Scans(store, codec)

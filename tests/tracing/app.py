@@ -64,7 +64,9 @@ class JsonLinesExporter(SpanExporter):
 
 def build(config: Config) -> tuple[Celery, Sagas]:
     """The app and its Sagas: an order saga of three steps, the second of which declines a
-    card whose number starts with "declined"."""
+    card whose number starts with "declined"; ``paid-order`` (a step, a wait for the signal
+    ``paid``, a step) and ``family`` (a step, then two child sagas ``parcel`` one after the
+    other)."""
     app = Celery("tracing", broker=config.broker)
     app.conf.update(task_default_queue=config.queue, worker_prefetch_multiplier=1,
                     task_acks_late=True, broker_connection_retry_on_startup=True,
@@ -101,6 +103,22 @@ def build(config: Config) -> tuple[Celery, Sagas]:
         ctx.step(reserve, data["sku"], data["qty"])
         ctx.step(charge, data["card"], data["total"])
         ctx.step(ship, data["order_id"])
+
+    @sagas.saga("paid-order")  # waits for the signal "paid" between its two steps
+    def paid_order(ctx: Any, data: dict[str, Any]) -> None:
+        ctx.step(reserve, data["sku"], data["qty"])
+        ctx.wait_signal("paid")
+        ctx.step(ship, data["order_id"])
+
+    @sagas.saga("parcel")  # the child of "family", twice
+    def parcel(ctx: Any, data: dict[str, Any]) -> None:
+        ctx.step(ship, data["order_id"])
+
+    @sagas.saga("family")
+    def family(ctx: Any, data: dict[str, Any]) -> None:
+        ctx.step(reserve, data["sku"], data["qty"])
+        ctx.child("parcel", {"order_id": "first"})
+        ctx.child("parcel", {"order_id": "second"})
 
     return app, sagas
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 
 from tests.conftest import REDIS_BROKER_URL
 from tests.e2e.conftest import wait_until
@@ -276,3 +277,97 @@ def _check_doc_tree(spans: list[Span], variant: str) -> None:
         DOC.write_text(text[:start] + rendered + "\n" + text[end:])
         return
     assert text[start:end] == rendered + "\n", f"docs/tracing.md shows another tree:\n{rendered}"
+
+
+# ------------------------------------------------------------ signals and children (issue 25 item 7)
+
+
+def _waiting(sagas: Any, saga_id: str) -> bool:
+    record = sagas.get(saga_id)
+    return record is not None and any(s.state == "waiting" for s in record.steps)
+
+
+def _descends(spans: list[Span], span: Span, ancestor: Span) -> bool:
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    parent = span["parent_id"]
+    while parent is not None and parent in by_id:
+        if parent == ancestor["context"]["span_id"]:
+            return True
+        parent = by_id[parent]["parent_id"]
+    return False
+
+
+@pytest.mark.parametrize("caller", ["no span", "a webhook span"])
+def test_a_signal_joins_the_saga_trace_and_the_steps_after_it_stay_there(
+        traced: Any, caller: str) -> None:
+    # given: a saga waiting for "paid" (the signal's span started a trace of its own, and every
+    # later step of the saga landed in it)
+    sagas, config, exporter = traced
+    saga_id = f"sig-{config.prefix}"
+    sagas.start("paid-order", {"order_id": "o", "sku": "SKU-SECRET-42", "qty": 1},
+                saga_id=saga_id)
+    wait_until(lambda: _waiting(sagas, saga_id), 60, "the saga waiting for the signal")
+
+    # when: the signal comes from a caller with no span (a script), or inside a request's span
+    if caller == "no span":
+        sagas.signal(saga_id, "paid", {"amount": 1234567})
+    else:
+        with trace.get_tracer("webhook").start_as_current_span("POST /webhook"):
+            sagas.signal(saga_id, "paid", {"amount": 1234567})
+    assert sagas.wait(saga_id, timeout=60).state == "completed"
+    spans = _all_spans(config, exporter, expected=2)
+
+    # then: the steps before and after the signal are in the start's trace, under the start
+    start = next(s for s in spans if s["name"] == "saga.start"
+                 and s["attributes"].get("saga.id") == saga_id)
+    steps = [s for s in spans if s["name"].startswith("saga.step")
+             and s["attributes"].get("saga.id") == saga_id]
+    assert sorted(s["name"] for s in steps) == ["saga.step shop.reserve", "saga.step shop.ship"]
+    in_trace = [s for s in spans if s["context"]["trace_id"] == start["context"]["trace_id"]]
+    for step in steps:
+        assert step["context"]["trace_id"] == start["context"]["trace_id"], step["name"]
+        assert _descends(in_trace, step, start), step["name"]
+    signal = next(s for s in spans if s["name"] == "saga.signal")
+    if caller == "no span":  # the signal span itself is under the start
+        assert _descends(in_trace, signal, start)
+    else:  # a child of the request, linked to the saga's start
+        assert [link["context"]["span_id"] for link in signal["links"]] == [
+            start["context"]["span_id"]]
+    text = json.dumps(spans)
+    for secret in SECRETS:
+        assert secret not in text, secret
+
+
+def test_child_sagas_sit_under_their_parent_s_child_steps_and_siblings_never_nest(
+        traced: Any) -> None:
+    # given (a child saga had no saga.start span, and the second child's steps nested under
+    # the first child's step)
+    sagas, config, exporter = traced
+    saga_id = f"fam-{config.prefix}"
+
+    # when
+    sagas.start("family", {"sku": "SKU-SECRET-42", "qty": 1}, saga_id=saga_id)
+    assert sagas.wait(saga_id, timeout=60).state == "completed"
+    spans = _all_spans(config, exporter, expected=3)
+
+    # then: one trace; each child has a saga.start under its own saga.child step span, both
+    # under the parent's start; each child's step is under its own start only
+    family = _trace_of(spans, saga_id)
+    root = next(s for s in family if s["name"] == "saga.start"
+                and s["attributes"]["saga.id"] == saga_id)
+    child_steps = sorted((s for s in family if s["name"].startswith("saga.child ")),
+                         key=lambda s: s["start_time"])
+    assert [s["name"] for s in child_steps] == ["saga.child child:parcel",
+                                                "saga.child child:parcel#2"]
+    kids = [s["attributes"]["saga.child"] for s in child_steps]
+    for kid, step_span in zip(kids, child_steps, strict=True):
+        assert _descends(family, step_span, root)
+        [kid_start] = [s for s in family if s["name"] == "saga.start"
+                       and s["attributes"]["saga.id"] == kid]
+        assert kid_start["parent_id"] == step_span["context"]["span_id"]
+        assert kid_start["attributes"]["saga.parent"] == saga_id
+        [kid_ship] = [s for s in family if s["name"] == "saga.step shop.ship"
+                      and s["attributes"]["saga.id"] == kid]
+        assert _descends(family, kid_ship, kid_start)
+        others = [s for s in child_steps if s is not step_span]
+        assert not any(_descends(family, kid_ship, other) for other in others)
