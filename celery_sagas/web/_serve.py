@@ -7,13 +7,13 @@ import logging
 from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, run_simple
 
-__all__ = ["SERVER", "serve"]
+__all__ = ["SERVER", "Handler", "serve"]
 
 logger = logging.getLogger("celery_sagas.web")
 SERVER = "celery-sagas"
 
 
-class _Handler(WSGIRequestHandler):
+class Handler(WSGIRequestHandler):
     """Werkzeug's handler, naming no server or Python version in ``Server``."""
 
     def version_string(self) -> str:
@@ -31,4 +31,4 @@ def serve(app: Flask, host: str = "127.0.0.1", port: int = 8025) -> None:
         logger.setLevel(logging.INFO)
     logger.info("celery-sagas web UI on http://%s:%d/", host, port)
     run_simple(host, port, app, threaded=True, use_reloader=False, use_debugger=False,
-               request_handler=_Handler)
+               request_handler=Handler)

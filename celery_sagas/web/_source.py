@@ -135,7 +135,7 @@ class Overview:
 @dataclass(frozen=True, slots=True)
 class SagaFilter:
     """The sagas list's filter: states (empty: all), a definition, an id prefix, an error code
-    and a time (last written before it)."""
+    (the saga's or a step's) and a time (last written before it)."""
 
     states: tuple[str, ...] = ()
     definition: str | None = None
@@ -405,7 +405,7 @@ class SagaSource:
                 if envelope.id.startswith(prefix):
                     self._decode(envelope, records, corrupt)
                     if chosen.error_code and records and records[-1].saga_id == envelope.id \
-                            and records[-1].error_code != chosen.error_code:
+                            and not _has_code(records[-1], chosen.error_code):
                         records.pop()
                 full = len(records) + len(corrupt) == limit
                 if full or read >= PREFIX_READ:
@@ -583,6 +583,11 @@ def _decode_cursor(cursor: str, fingerprint: str) -> _At:
     if made_for != fingerprint:
         raise SagaValidationError("this cursor belongs to another filter; start from the first page")
     return _At(store_cursor, size, skip)
+
+
+def _has_code(record: SagaRecord, code: str) -> bool:
+    """True when the saga, or one of its steps, carries the error code ``code``."""
+    return record.error_code == code or any(step.error_code == code for step in record.steps)
 
 
 def _redact(value: Any, marker: object) -> Any:

@@ -96,13 +96,20 @@ class SagaActions:
     why_none: str | None
 
 
+_IN_FLIGHT = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
+              StepState.COMPENSATING)
+
+
 def saga_actions(record: SagaRecord) -> SagaActions:
     """The actions that can work on ``record`` as it stands (docs/operations.md, "The web UI")."""
     blocking = unresolved_ambiguity(record)
     unresolved = [] if blocking is None else [blocking.name]
     review = record.state is SagaState.MANUAL_REVIEW
     # The facade's own rules (moves.resume, moves.cancel): never a button it would refuse.
-    resume = review and not unresolved
+    # Resume also drives on a running saga with nothing in flight (after a resolve, say):
+    # the facade advances it; on one with a step in flight it would change nothing.
+    idle = record.state is SagaState.RUNNING and not any(s.state in _IN_FLIGHT for s in record.steps)
+    resume = (review and not unresolved) or idle
     cancel = record.state is SagaState.RUNNING or (review and not unresolved)
     signals = tuple(dict.fromkeys(
         name for step in record.steps if step.state is StepState.WAITING

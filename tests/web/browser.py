@@ -70,7 +70,9 @@ def chromium() -> Iterator[Any]:
 @contextmanager
 def serving(app: Flask) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 (a free port) in a thread; yields its base URL."""
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    from celery_sagas.web._serve import Handler  # what `celery sagas web` serves with
+
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Handler)
     thread = threading.Thread(target=server.serve_forever, name="web-ui", daemon=True)
     thread.start()
     try:

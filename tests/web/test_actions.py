@@ -353,3 +353,18 @@ def test_the_signed_in_operator_and_the_reason_go_to_the_saga_history(web: Web) 
     # then
     [entry] = [e for e in web.sagas.history("g-1") if str(e.event) == "cancel"]
     assert (entry.actor, entry.reason) == ("olive", "customer called to cancel")
+
+
+def test_a_resolved_saga_left_idle_offers_resume_to_drive_it_on(web: Web) -> None:
+    # given: resolved, nothing dispatched yet (resolve does not advance)
+    effect = in_review(web.shop)
+    web.post("/actions/resolve", resolve_form(effect))
+
+    # when
+    text = web.get("/saga?id=o-1").get_data(as_text=True)
+
+    # then
+    assert 'value="resume"' in text
+    web.post("/actions/resume", {"saga_id": "o-1"})
+    web.shop.driver.run_until_idle()
+    assert web.shop.record("o-1").state == SagaState.COMPLETED

@@ -85,6 +85,13 @@ def status_of(request: urllib.request.Request) -> int:
         return int(error.code)
 
 
+def choose(select: Any, value: str) -> None:
+    """Pick ``value`` in a ``<select>``."""
+    from selenium.webdriver.support.ui import Select
+
+    Select(select).select_by_value(value)
+
+
 def assert_no_alert(driver: Any) -> None:
     from selenium.common.exceptions import NoAlertPresentException
 
@@ -138,12 +145,16 @@ def test_an_operator_resolves_and_resumes_a_review_from_the_browser(stack: Stack
         state_shown(driver, base, "order-review-1", "manual-review")
         form = by_css(driver, "form.resolve")
         assert form.find_element("name", "effect_id").get_attribute("value") == charge.effect_id
+        choose(form.find_element("name", "outcome"), "committed")
         form.find_element("name", "result").send_keys('{"charged": 9}')
         form.find_element("css selector", "button").click()
+        eventually(lambda: by_css(driver, "#confirm"), "the confirmation page")
+        screenshot(driver, "confirm-resolve")
+        by_css(driver, "#confirm").click()
         eventually(lambda: "Resolved." in by_css(driver, ".notice").text, "the resolve notice")
         screenshot(driver, "saga-resolved")
         by_css(driver, "form.resume button").click()
-        eventually(lambda: "Resumed." in by_css(driver, ".notice").text, "the resume notice")
+        eventually(lambda: "Resumed" in by_css(driver, ".notice").text, "the resume notice")
 
         # then: the workers finish it, and the page shows it
         wait_until(lambda: state_shown(driver, base, "order-review-1", "completed"), SETTLE,
@@ -160,7 +171,8 @@ def test_an_operator_resolves_and_resumes_a_review_from_the_browser(stack: Stack
         state_shown(driver, base, "order-review-2", "manual-review")
         driver.execute_script("document.querySelectorAll('input[name=csrf_token]')"
                               ".forEach(function (e) { e.remove(); })")
-        by_css(driver, "form.resume button").click()
+        choose(by_css(driver, "form.resolve select[name=outcome]"), "not-committed")
+        by_css(driver, "form.resolve button").click()
         eventually(lambda: driver.title.startswith("403"), "the 403 page")
         assert "CSRF" in by_css(driver, ".refused").text
         screenshot(driver, "refused-csrf")
@@ -226,7 +238,7 @@ def test_an_operator_approves_a_gated_saga_from_the_browser(gated_stack: Stack) 
         driver.get(f"{base}/attention")
         assert pending.approval_id in by_css(driver, "table.approvals").text
         screenshot(driver, "attention-approval")
-        by_css(driver, "form.approve button").click()
+        by_css(driver, "form.approve button").click()  # approve: no confirmation needed
 
         # then: approved by the operator; the requester's token resumes it
         eventually(lambda: "Approved." in by_css(driver, ".notice").text, "the approve notice")
@@ -237,3 +249,22 @@ def test_an_operator_approves_a_gated_saga_from_the_browser(gated_stack: Stack) 
                    "the approved saga to complete")
         screenshot(driver, "saga-approved")
         assert [e["op"] for e in stack.ledger()] == ["reserve", "charge"]
+
+        # a cancel confirmed on its second page takes the saga's approval out of the queue
+        stack.shop.order.start({"id": "g-2", "amount": 90, "tenant": "t1", "requester": "bob"},
+                               saga_id="gated-2")
+        [second] = wait_until(lambda: stack.sagas.approvals.pending("gated-2"), SETTLE, "gate 2")
+        state_shown(driver, base, "gated-2", "running")
+        assert all_css(driver, "form.resume") == []  # running, its gate waiting: nothing to resume
+        by_css(driver, "form.cancel button").click()
+        eventually(lambda: by_css(driver, "#confirm"), "the cancel confirmation")
+        assert stack.sagas.get("gated-2").state == "running"  # not yet
+        by_css(driver, "input[name=reason]").send_keys("requester withdrew the order")
+        by_css(driver, "#confirm").click()
+        wait_until(lambda: state_shown(driver, base, "gated-2", "compensated"), SETTLE,
+                   "the cancelled saga compensated")
+        assert "requester withdrew the order" in by_css(driver, "#history").text
+        driver.get(f"{base}/attention")
+        assert second.approval_id not in by_css(driver, "main").text
+        driver.get(f"{base}/")
+        assert by_css(driver, "#approvals-waiting").text == "0"

@@ -134,7 +134,7 @@ def test_a_host_not_allowed_is_refused_before_authentication(web: Web) -> None:
 
 def test_the_server_header_names_no_version() -> None:
     # given
-    from celery_sagas.web._serve import SERVER, _Handler
+    from celery_sagas.web._serve import SERVER, Handler
 
     # then
-    assert _Handler.version_string(None) == SERVER == "celery-sagas"  # type: ignore[arg-type]
+    assert Handler.version_string(None) == SERVER == "celery-sagas"  # type: ignore[arg-type]
