@@ -28,7 +28,15 @@ from flask import Flask
 from celery_sagas.web import WebUser, create_app
 from tests.e2e.conftest import REDIS_BROKER, Stack, _make_stack, wait_until
 from tests.web.browser import chromium, need_browser, screenshot, serving
-from tests.web.test_browser import all_css, by_css, choose, eventually, login, state_shown
+from tests.web.test_browser import (
+    all_css,
+    by_css,
+    choose,
+    eventually,
+    login,
+    state_shown,
+    status_of,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -190,7 +198,7 @@ def test_an_operator_sees_what_needs_a_human_why_and_who_resolved_it(
     # failed logins are throttled; the Server header names no version
     with serving(app) as base:
         wrong = {"Authorization": "Basic " + base64.b64encode(b"olive:guess").decode()}
-        codes = [_status(urllib.request.Request(base + "/", headers=wrong)) for _ in range(11)]
+        codes = [status_of(urllib.request.Request(base + "/", headers=wrong)) for _ in range(11)]
         assert codes[:10] == [401] * 10 and codes[10] == 429
         server = _header(base + "/static/style.css", "Server")
         assert server == "celery-sagas"
@@ -200,14 +208,6 @@ def refused(driver: Any) -> bool:
     """The page a refused post shows: our 403 (foreign origin) or a 401 (no credentials)."""
     source = driver.page_source
     return "not sent from a page of this app" in source or "authentication required" in source
-
-
-def _status(request: urllib.request.Request) -> int:
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
 
 
 def _header(url: str, name: str) -> str | None:
