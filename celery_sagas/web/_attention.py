@@ -132,7 +132,7 @@ def waiting_rows(scans: Scans, stale_before_ms: int, limit: int) -> list[Waiting
         cursor = page.cursor
         if cursor is None:
             break
-    return rows
+    return sorted(rows, key=lambda row: row.updated_at_ms)
 
 
 def live_gate(approval: ApprovalRecord, load: Callable[[str], SagaRecord | None]) -> bool:

@@ -171,7 +171,7 @@ def _operator(d: _Drawing, e: HistoryEntry) -> None:
         state = d.state(row)
         lane = 0 if state.forward is not None and state.forward[1] == "unknown" else 1
         d.close(row, lane, e.at_ms, f"; resolved{outcome}{_who(e)}")
-    d.points.append(Point(row, 0, e.at_ms, "👤", "operator", title))
+    d.points.append(Point(row, 0, e.at_ms, "✎", "operator", title))
 
 
 def _saga_state(d: _Drawing, e: HistoryEntry) -> None:

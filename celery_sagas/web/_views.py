@@ -22,7 +22,7 @@ from .._cli_format import iso
 from .._protocol.findings import review_advice
 from .._protocol.moves import unresolved_ambiguity
 from .._protocol.waiting import signal_name_of
-from .._records import CHILD_TASK
+from .._records import CHILD_TASK, WAITING_TASKS
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
@@ -229,8 +229,9 @@ class EffectRow:
 
 def effect_rows(step: StepRecord) -> list[EffectRow]:
     """The step's execution and (once begun, or where a compensator exists) compensation;
-    none for an approval gate, which causes no side effect (its approval says where it is)."""
-    if step.approval_id is not None:
+    none for an approval gate, a timer, a signal wait or a child step, which cause no side
+    effect of their own (the page says what they wait for)."""
+    if step.approval_id is not None or step.task in WAITING_TASKS:
         return []
     rows = [_effect_row(Stage.EXECUTION, step.effect_id, step.execution, step.attempts)]
     if step.compensator or step.compensation is not None:
