@@ -9,7 +9,8 @@ effect marks, as the codec writes them. Then it builds ``create_app(sagas)`` ove
 and times every page with Flask's test client: the first request (the overview's cold one
 counts every minute of its chart; later ones only the recent minutes), one more warm-up, then
 the median (and the slowest) of ``--repeat`` requests. It also counts the store primitives the
-first request calls (the overview calls ``count`` only, a list page one ``scan``). Prints the
+first request calls (the overview calls ``count``, and one ``scan`` of the open sagas idle past
+``stale_after``; a list page one ``scan``). Prints the
 figures with the load average, writes ``bench/results/web_pages.json``, and removes what it
 wrote.
 

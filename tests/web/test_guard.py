@@ -138,3 +138,23 @@ def test_the_server_header_names_no_version() -> None:
 
     # then
     assert Handler.version_string(None) == SERVER == "celery-sagas"  # type: ignore[arg-type]
+
+
+def test_serve_logs_actions_at_info_without_logging_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: no handler anywhere, the web logger at its default level
+    from celery_sagas.web import _serve
+
+    root, web_logger = logging.getLogger(), logging.getLogger("celery_sagas.web")
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(web_logger, "level", logging.NOTSET)
+    served: list[object] = []
+    monkeypatch.setattr(_serve, "run_simple", lambda *a, **k: served.append(k["request_handler"]))
+
+    # when
+    _serve.serve(object(), "127.0.0.1", 8025)  # type: ignore[arg-type]
+
+    # then: INFO lines of celery_sagas.web reach stderr; the handler names no version
+    assert web_logger.getEffectiveLevel() == logging.INFO and root.handlers
+    assert served == [_serve.Handler]
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
