@@ -437,11 +437,13 @@ class Codec:
     # ------------------------------------------------------------ sagas
 
     def saga_limit(self, record: SagaRecord) -> int:
-        """The bytes ``record`` may encode to: the payload limit, and for a saga that turns
-        back the room compensating takes, so a saga at its limit can always be undone
-        (docs/concepts.md "Limits")."""
-        if not record.rolling_back:
-            return self.payload_limit
+        """The bytes ``record`` may encode to: the payload limit; for a saga that turns back,
+        or goes to review, also the room compensating or the review's reason take, so a saga
+        at its limit can always be undone, and a step outcome too large to keep is still
+        recorded as ``payload_too_large`` (docs/concepts.md "Limits")."""
+        turning = record.rolling_back or record.state is SagaState.MANUAL_REVIEW
+        if record.version <= 1 or not turning:
+            return self.payload_limit  # a new saga fits the limit, or is not created
         return self.payload_limit + _ROLLBACK_ROOM + _ROLLBACK_ROOM_PER_STEP * len(record.steps)
 
     def saga_envelope(self, record: SagaRecord, *, stamp: bool = False,

@@ -393,12 +393,8 @@ def test_retention_deletes_a_completed_tree_of_a_thousand_in_one_sweep(
     assert states(swept, store) == {}
 
 
-def test_a_saga_at_its_size_limit_is_cancelled_and_compensated(
-        app: Celery, store: MemoryStore, clock: FrozenClock) -> None:
-    # given: committed steps whose results bring the record to its limit (the next one would
-    # not fit: the saga waits in review)
-    sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock, payload_limit=4096)
-    undone: list[int] = []
+def _filler(sagas: Sagas, undone: list[int]) -> Any:
+    """A saga of six steps, each returning ``size`` bytes, then a wait."""
 
     @sagas.step(name="s.big", compensate="s.undo")
     def big(n: int, size: int, *, saga: Any = None) -> str:
@@ -414,6 +410,35 @@ def test_a_saga_at_its_size_limit_is_cancelled_and_compensated(
             ctx.step(big, i, data["size"])
         return ctx.wait_signal("go")
 
+    return fill
+
+
+@pytest.mark.parametrize("size", [350, 490, 650])
+def test_a_result_too_large_for_a_record_at_its_limit_sends_the_saga_to_review(
+        app: Celery, store: MemoryStore, clock: FrozenClock, size: int) -> None:
+    # given
+    sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock, payload_limit=4096)
+    fill = _filler(sagas, [])
+    driver = SagaDriver(sagas)
+
+    # when: a step's result does not fit in the record any more
+    fill.start({"size": size}, saga_id="f")
+    driver.run_until_idle()
+
+    # then: an operator is asked (the step's outcome kept as unknown, or the next step's
+    # arguments refused); the delivery did not fail
+    record = sagas.get("f")
+    assert record is not None and record.state is SagaState.MANUAL_REVIEW
+    assert "payload_too_large" in {record.error_code, *(s.error_code for s in record.steps)}
+
+
+def test_a_saga_at_its_size_limit_is_cancelled_and_compensated(
+        app: Celery, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: committed steps whose results bring the record to its limit (the next one would
+    # not fit: the saga waits in review)
+    sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock, payload_limit=4096)
+    undone: list[int] = []
+    fill = _filler(sagas, undone)
     driver = SagaDriver(sagas)
     fill.start({"size": 430}, saga_id="f")
     driver.run_until_idle()
