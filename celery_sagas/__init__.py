@@ -39,6 +39,7 @@ from ._records import (
     StepRecord,
     StepState,
 )
+from ._replay_check import Divergence, ReplayCheck
 from ._reseal import ResealPage
 from ._scans import CorruptRecord, RecordPage
 from ._sweep import SweepReport
@@ -55,6 +56,7 @@ __all__ = [
     "Binding",
     "CompensationReason",
     "CorruptRecord",
+    "Divergence",
     "EffectRecord",
     "EffectState",
     "Envelope",
@@ -73,6 +75,7 @@ __all__ = [
     "PendingApproval",
     "Phase",
     "RecordPage",
+    "ReplayCheck",
     "ResealPage",
     "Saga",
     "SagaContext",

@@ -318,6 +318,38 @@ def findings(ctx: click.Context, report: str, limit: int, cursor: str | None,
     _emit(as_json, data, text)
 
 
+@click.command("replay-check")
+@click.option("--definition", help="Only sagas of this definition.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Check at most this many sagas (default: every saga in flight).")
+@json_option
+@click.pass_context
+@_operation
+def replay_check(ctx: click.Context, definition: str | None, limit: int | None,
+                 as_json: bool) -> None:
+    """Check a deploy: replay this code's run() against every saga in flight.
+
+    Lists the sagas the code would send to manual review as nondeterministic (a step
+    reordered, renamed or given other arguments without ctx.patched) and exits 1 if there is
+    any. Writes nothing and sends nothing: run it with the new code against production's store
+    before the new code ships.
+    """
+    report = _session(ctx).sagas.replay_check(definition=definition, limit=limit)
+    data = {"checked": report.checked, "ok": report.ok,
+            "nondeterministic": [{"saga_id": d.saga_id, "definition": d.definition,
+                                  "reason": fmt.printable(d.reason)} for d in report.divergences],
+            "unreadable": [fmt.corrupt_view(c) for c in report.unreadable]}
+    lines = [f"{report.checked} saga(s) in flight replayed; "
+             f"{len(report.divergences)} would become nondeterministic"]
+    lines += [f"  {d.saga_id} ({d.definition}): {fmt.printable(d.reason)}"
+              for d in report.divergences]
+    lines += [f"unreadable saga record {c.id!r}: {fmt.printable(c.reason)}"
+              for c in report.unreadable]
+    _emit(as_json, data, "\n".join(lines))
+    if not report.ok:
+        raise click.exceptions.Exit(EXIT_REFUSED)
+
+
 # ---------------------------------------------------------------- acting
 
 
@@ -597,8 +629,8 @@ def web(ctx: click.Context, host: str, port: int) -> None:
     serve(create_app(_session(ctx).sagas), host, port)
 
 
-COMMANDS = (list_sagas, show, history, findings, resolve, approve, deny, cancel, resume, signal, sweep,
-            reseal)
+COMMANDS = (list_sagas, show, history, findings, replay_check, resolve, approve, deny, cancel, resume,
+            signal, sweep, reseal)
 
 
 # ---------------------------------------------------------------- the two entry points

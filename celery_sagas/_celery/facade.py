@@ -30,6 +30,7 @@ from .._findings import FindingPage, window_of
 from .._metrics import SagaMetrics
 from .._protocol.findings import Finding
 from .._records import SAGA, SagaHistory, SagaRecord, SagaState
+from .._replay_check import ReplayCheck, replay_check
 from .._reseal import ResealPage, reseal_page
 from .._scans import RecordPage
 from .._sweep import SweepReport
@@ -37,6 +38,7 @@ from ..errors import (
     NonDurableStoreError,
     SagaConfigurationError,
     SagaNotFound,
+    SagaValidationError,
 )
 from ..stores.base import Store
 from .dispatcher import CeleryDispatcher
@@ -513,6 +515,20 @@ class Sagas:
         clear or sealed with an older key, under the newest of ``encryption_keys``: after a
         key rotation, walk every page (pass ``cursor`` back) before removing the old key."""
         return reseal_page(self.engine.repository, states=states, cursor=cursor, limit=limit)
+
+    def replay_check(self, *, definition: str | None = None,
+                     limit: int | None = None) -> ReplayCheck:
+        """Replay this process's ``run`` code against every saga in flight (of ``definition``,
+        at most ``limit``) and report those that would become ``nondeterministic``: the deploy
+        check of docs/operations.md, run before new saga code ships. Writes nothing."""
+        if definition is not None:
+            values.definition_name(definition)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise SagaValidationError(f"limit must be a positive int, got {limit!r}")
+        return replay_check(self._process.current.scans, self.registry, self.engine.now(),
+                            definition=definition, limit=limit,
+                            bucket_of=self.store.bucket_of)
 
     def counts(self, *, definition: str | None = None) -> dict[str, int]:
         """How many sagas are in each state (of one definition if given), from the indexes."""

@@ -11,7 +11,10 @@ the sagas the reference ports needed:
 - ``real-pay``: reserve, charge with provider A; when A declines (``"decline": ["pay_a"]``),
   ``run`` catches ``StepFailed`` and charges with provider B (idempotent); ship;
 - ``real-trip`` (``compensation="parallel"``): book a flight, a hotel and a car, then pay
-  with provider A; a declined payment cancels the three bookings at once.
+  with provider A; a declined payment cancels the three bookings at once;
+- ``real-deploy``: reserve, charge, ship under ``E2E_CODE_VERSION=1``; ship before charge
+  under version 2; the same behind ``ctx.patched("ship-first")`` under version 3 (the deploy
+  check's three versions of one change).
 
 Every body and compensator appends a JSON line to the ledger (``tests.e2e.parallel_app``'s
 ``Provider``), so tests count how often each side effect and each undo really happened.
@@ -133,6 +136,22 @@ def build(config: Config) -> Shop:
         for kind in ("flight", "hotel", "car"):
             ctx.step(book, kind, plan, step_name=f"book-{kind}")
         return ctx.step(pay_a, data["amount"], plan)
+
+    charge, ship = shop.tasks["charge"], shop.tasks["ship"]
+
+    @sagas.saga("real-deploy")
+    def _deploy(ctx: Any, data: dict[str, Any]) -> None:
+        """Code version 1: reserve, charge, ship. Version 2 ships before it charges (a
+        reordering); version 3 does so only behind ``ctx.patched("ship-first")``."""
+        plan = data.get("plan", {})
+        ctx.step(reserve, data["sku"], plan)
+        version = config.code_version
+        if version == 2 or (version >= 3 and ctx.patched("ship-first")):
+            ctx.step(ship, data["id"], plan)
+            ctx.step(charge, data["amount"], plan)
+        else:
+            ctx.step(charge, data["amount"], plan)
+            ctx.step(ship, data["id"], plan)
 
     tasks = {**shop.tasks, "call": call, "label": label, "cancel_label": cancel_label,
              "pay_a": pay_a, "pay_b": pay_b, "book": book, "unbook": unbook}

@@ -6,12 +6,15 @@ The sagas are those of ``tests.e2e.real_sagas_app``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from tests.e2e.conftest import Stack, wait_until
+from tests.e2e.conftest import ROOT, Stack, wait_until
 from tests.e2e.real_sagas_app import build
 
 pytestmark = pytest.mark.e2e
@@ -130,3 +133,57 @@ def test_parallel_compensation_runs_three_compensators_at_once_and_retries_one(
     assert sorted(s["kind"] for s in starts) == ["car", "car", "flight", "hotel"]
     assert sorted(e["kind"] for e in real_stack.ops("unbook.done", "trip-1")) == [
         "car", "flight", "hotel"]
+
+
+def _dump(stack: Stack) -> dict[bytes, bytes | None]:
+    """Every key of the test's Redis store with its serialized value."""
+    store = stack.sagas.store
+    client = store._client
+    return {key: client.dump(key) for key in client.scan_iter(match=store.layout.pattern())}
+
+
+def _replay_check(stack: Stack, version: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """`celery -A tests.e2e.real_sagas_app sagas replay-check ARGS` on code ``version``."""
+    env = {**os.environ, **stack.config.environ(), "PYTHONPATH": str(ROOT),
+           "E2E_CODE_VERSION": str(version)}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.real_sagas_app", "sagas",
+         "replay-check", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_replay_check_finds_the_sagas_a_reordering_would_break(real_stack: Stack) -> None:
+    # given: three sagas in flight on code version 1, each stopped in its charge (the worker
+    # that ran them is gone), and one done
+    worker = real_stack.worker(concurrency=4)
+    plan = {"block": "charge", "release": "never"}
+    for n in range(3):
+        real_stack.sagas.start("real-deploy", {"sku": f"S{n}", "amount": n, "id": f"d{n}",
+                                               "plan": plan}, saga_id=f"deploy-{n}")
+    wait_until(lambda: len(real_stack.ops("charge.start")) == 3, what="three charges started")
+    worker.kill()
+    before = _dump(real_stack)
+
+    # when: the check runs with the starting code, the reordered code and the patched code
+    same = _replay_check(real_stack, 1, "--json")
+    reordered = _replay_check(real_stack, 2)
+    reordered_json = _replay_check(real_stack, 2, "--json", "--definition", "real-deploy")
+    limited = _replay_check(real_stack, 2, "--json", "--limit", "1")
+    patched = _replay_check(real_stack, 3)
+
+    # then: exit 0, then 1 naming each saga, then 0 again; the store is untouched
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout) == {"checked": 3, "ok": True, "nondeterministic": [],
+                                       "unreadable": []}
+    assert reordered.returncode == 1, reordered.stderr
+    for n in range(3):
+        assert f"deploy-{n} (real-deploy)" in reordered.stdout
+    assert "3 would become nondeterministic" in reordered.stdout
+    found = json.loads(reordered_json.stdout)["nondeterministic"]
+    assert sorted(d["saga_id"] for d in found) == ["deploy-0", "deploy-1", "deploy-2"]
+    assert "tests.e2e.app.charge" in found[0]["reason"]
+    assert limited.returncode == 1 and json.loads(limited.stdout)["checked"] == 1
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+    assert _dump(real_stack) == before
+    assert [r.state for r in map(real_stack.sagas.get, ("deploy-0", "deploy-1"))] == [
+        "running", "running"]

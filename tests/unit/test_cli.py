@@ -962,8 +962,9 @@ def test_every_command_takes_json_and_is_on_both_entry_points() -> None:
         assert "as_json" in [p.name for p in command.params], command.name
         assert sagas.commands[command.name or ""] is command
         assert main.commands[command.name or ""] is command
-    assert set(sagas.commands) == {"list", "show", "history", "findings", "resolve", "approve", "deny",
-                                   "cancel", "resume", "signal", "sweep", "reseal", "export", "web"}
+    assert set(sagas.commands) == {"list", "show", "history", "findings", "replay-check", "resolve",
+                                   "approve", "deny", "cancel", "resume", "signal", "sweep",
+                                   "reseal", "export", "web"}
     assert sagas.commands["web"] is main.commands["web"]
     assert sagas.commands["export"] is main.commands["export"]  # JSON lines, always
 
