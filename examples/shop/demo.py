@@ -7,7 +7,11 @@
 With no URLs it embeds everything: the in-memory broker, a SQLite saga store in a temporary
 directory, a worker thread pool in this process and a sweeper standing in for beat. One order
 completes; the next one's card is declined, so its stock reservation is released; the third is
-large enough to need a manager's approval, which the demo grants before the order goes on.
+large enough to need a manager's approval, which the demo grants before the order goes on; the
+fourth's card is refused by the primary acquirer and charged by the backup one (``run``
+catches ``StepFailed``); the fifth's carrier times out while buying the label, so the label is
+cancelled by its request id whatever came of it, and the order is compensated, not left for
+review (``compensate_unknown``).
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         {"id": f"order-{run}-2", "sku": "LAMP-7", "qty": 2, "card": "declined-0002", "total": 80},
         {"id": f"order-{run}-3", "sku": "SOFA-1", "qty": 1, "card": "4242", "total": 900,
          "customer": "carol"},
+        {"id": f"order-{run}-4", "sku": "MUG-3", "qty": 4, "card": "risky-0004", "total": 48},
+        {"id": f"order-{run}-5", "sku": "VASE-9", "qty": 1, "card": "4242", "total": 60,
+         "carrier": "flaky"},
     ]
     worker = _embedded_worker(app, sagas) if not args.no_worker else contextmanager(
         lambda: iter([None]))()
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     print("provider effects (service, action):")
     for service, action, _key in provider().effects():
         print(f"  {service:<10} {action}")
-    expected = ["completed", "compensated", "completed"]
+    expected = ["completed", "compensated", "completed", "completed", "compensated"]
     return 0 if [str(r.state) for r in records] == expected else 1
 
 

@@ -1,13 +1,14 @@
-"""The place-order saga: reserve stock, charge the card, ship."""
+"""The place-order saga: reserve stock, charge the card (with a backup acquirer), buy a
+shipping label, ship."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery_sagas import SagaContext, SignalTimeout
+from celery_sagas import SagaContext, SignalTimeout, StepFailed
 
 from .app import sagas
-from .tasks import charge_card, reserve_stock, ship
+from .tasks import buy_label, charge_backup, charge_card, reserve_stock, ship
 
 # Orders above this total need a manager's approval before the card is charged.
 APPROVAL_LIMIT = 500
@@ -27,7 +28,14 @@ def place_order(ctx: SagaContext, order: dict[str, Any]) -> dict[str, Any]:
             principal_id=order.get("customer", "customer"),
             target=order["id"],
         )
-    charge = ctx.step(charge_card, order["card"], order["total"])
+    try:
+        charge = ctx.step(charge_card, order["card"], order["total"])
+    except StepFailed as declined:
+        if declined.code != "card_declined":
+            raise
+        # the primary acquirer said no: try the backup one (declined there too: roll back)
+        charge = ctx.step(charge_backup, order["card"], order["total"])
+    ctx.step(buy_label, order["id"], order.get("carrier", "post"))
     shipment = ctx.step(ship, order["id"], stock["reservation"])
     outcome = {"charge": charge["charge"], "tracking": shipment["tracking"]}
     if order.get("track_delivery"):

@@ -57,6 +57,11 @@ class Provider:
             db.execute("COMMIT")
         return answer if row is None else dict(json.loads(row[0]))
 
+    def has(self, key: str) -> bool:
+        """Whether an effect was performed under ``key`` (a lookup by request id)."""
+        with self._db() as db:
+            return db.execute("SELECT 1 FROM effects WHERE key = ?", (key,)).fetchone() is not None
+
     def effects(self) -> list[tuple[str, str, str]]:
         """Every effect performed, in order: (service, action, key)."""
         with self._db() as db:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def test_post_order_returns_at_once_and_get_shows_the_completed_saga(shop: Any) 
     driver.run_until_idle()
     body = client.get("/orders/web-1").get_json()
     assert body["state"] == "completed"
-    assert [s["state"] for s in body["steps"]] == ["committed"] * 3
+    assert [s["state"] for s in body["steps"]] == ["committed"] * 4
     assert "4242" not in str(body)
 
 
@@ -100,6 +101,62 @@ def test_a_tracked_order_waits_for_the_carrier_webhook_and_a_retried_hook_counts
     assert client.post("/webhooks/carrier", json={"event": "lost"}).status_code == 400
 
 
+def test_a_card_the_primary_acquirer_refuses_is_charged_by_the_backup_one(shop: Any) -> None:
+    # given: a card the primary acquirer's fraud rules decline
+    client, driver = shop
+    client.post("/orders", json={"id": "web-5", "sku": "E", "qty": 1, "card": "risky-5",
+                                 "total": 12})
+
+    # when
+    driver.run_until_idle()
+
+    # then: run caught StepFailed and charged with the backup acquirer
+    body = client.get("/orders/web-5").get_json()
+    assert body["state"] == "completed"
+    assert [(s["name"], s["state"]) for s in body["steps"]][1:3] == [
+        ("shop.charge_card", "failed"), ("shop.charge_backup", "committed")]
+
+
+def test_a_label_whose_purchase_timed_out_is_cancelled_and_the_order_compensated(
+        shop: Any) -> None:
+    # given: the carrier times out after the label was bought
+    from examples.shop.provider import provider
+
+    client, driver = shop
+    client.post("/orders", json={"id": "web-6", "sku": "F", "qty": 1, "card": "4242",
+                                 "total": 14, "carrier": "flaky"})
+
+    # when
+    driver.run_until_idle()
+
+    # then: compensated (not in review): the label cancelled by its request id, the charge
+    # refunded saying why, the stock released
+    record = web_sagas().get("web-6")
+    assert (record.state, record.error_code) == ("compensated", "step_error")
+    label = record.step("shop.buy_label")
+    assert label is not None and label.outcome_unknown
+    actions = [(service, action) for service, action, _ in provider().effects()]
+    assert ("shipping", "cancel-label") in actions
+    refund = provider().call(record.step("shop.charge_card").compensation_effect_id,
+                             "payments", "refund", {})
+    assert refund["why"] == "shop.buy_label: step_error"
+
+
+def test_a_busy_carrier_is_asked_again(shop: Any) -> None:
+    client, driver = shop
+    client.post("/orders", json={"id": "web-7", "sku": "G", "qty": 1, "card": "4242",
+                                 "total": 16, "carrier": "busy"})
+    for _ in range(20):  # its retry is due 0.2 s later
+        driver.run_until_idle()
+        if web_sagas().get("web-7").state == "completed":
+            break
+        time.sleep(0.1)
+        web_sagas().sweep()
+    record = web_sagas().get("web-7")
+    assert record.state == "completed"
+    assert record.step("shop.buy_label").attempts == 2
+
+
 def web_sagas() -> Any:
     from examples.shop import web
 
@@ -113,6 +170,8 @@ def test_the_readme_demo_runs_without_services(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert out.count(": completed") == 2 and ": compensated (card_declined)" in out
+    assert out.count(": completed") == 3 and ": compensated (card_declined)" in out
+    assert ": compensated (step_error)" in out  # the label whose outcome was unknown
+    assert "shop.charge_backup" in out and "cancel-label" in out
     assert "approved by manager-mia" in out
     assert "shop.charge_card     failed" in out
