@@ -5,7 +5,8 @@ in the same slot, and deleted with the saga) under ``_history``, with the count 
 under ``_folded``: both keys sort before every other key of a body, so they are put in front
 of the canonical JSON of the rest without encoding it again, and the payload limit keeps
 bounding the record without them (the history has its own bound, ``sagas_history_limit``).
-Each entry is a small object with one-letter keys, its None fields left out. Entries hold no
+Each entry is a JSON array of its fields in a fixed order (``_FIELDS``), trailing None fields
+left out: no keys to parse or sort, which keeps carrying it on every write cheap. Entries hold no
 payload (ids, names, states, codes, times, the actor and the reason), so they are never sealed.
 """
 
@@ -21,26 +22,24 @@ __all__ = ["HISTORY_KEYS", "history_prefix", "read_history"]
 
 HISTORY_KEYS = ("_folded", "_history")
 
-# entry field -> body key; the order is the dataclass's.
-_SHORT = (("at_ms", "t"), ("event", "e"), ("step", "s"), ("attempt", "n"), ("state", "q"),
-          ("code", "c"), ("ref", "i"), ("due_ms", "d"), ("actor", "a"), ("reason", "r"))
-_TYPES = {key: int if key in ("t", "n", "d") else str for _, key in _SHORT}
+# The fields of an entry, in the order of its JSON array, with the JSON type of each.
+_FIELDS = ("at_ms", "event", "step", "attempt", "state", "code", "ref", "due_ms", "actor",
+           "reason")
+_KINDS = (int, str, str, int, str, str, str, int, str, str)
 _MAX_TEXT = 1024  # longest string field accepted back (reasons are at most 500 characters)
 _EVENTS = {e.value: e for e in HistoryEvent}
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"),
-                            sort_keys=True)
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 @lru_cache(maxsize=8192)
 def _text(entry: HistoryEntry) -> str:
-    """One entry's JSON. Entries never change and each is written again with every later
-    write of its saga: a worker writing the saga's next step finds the text here."""
-    out: dict[str, Any] = {}
-    for name, key in _SHORT:
-        value = getattr(entry, name)
-        if value is not None:
-            out[key] = value
-    return _ENCODER.encode(out)
+    """One entry's JSON array, its trailing None fields left out. Entries never change and
+    each is written again with every later write of its saga: a worker writing the saga's
+    next step finds the text here."""
+    values = [getattr(entry, name) for name in _FIELDS]
+    while values[-1] is None:
+        values.pop()
+    return _ENCODER.encode(values)
 
 
 def history_prefix(record: SagaRecord) -> str:
@@ -51,10 +50,9 @@ def history_prefix(record: SagaRecord) -> str:
     folded = f'"_folded":{record.history_folded},' if record.history_folded else ""
     items = record.history.items if isinstance(record.history, History) else record.history
     # Stored entries go back as they were read, in one call; only new ones are encoded here.
-    stored = [i for i in items if type(i) is dict]
-    if len(stored) == len(items):
-        return f'{folded}"_history":{_ENCODER.encode(stored)},'
-    texts = [_ENCODER.encode(i) if type(i) is dict else _text(i) for i in items]
+    split = next((n for n, i in enumerate(items) if type(i) is not list), len(items))
+    texts = [_ENCODER.encode(list(items[:split]))[1:-1]] if split else []
+    texts += [_ENCODER.encode(i) if type(i) is list else _text(i) for i in items[split:]]
     return f'{folded}"_history":[{",".join(texts)}],'
 
 
@@ -67,7 +65,7 @@ def read_history(raw: dict[str, Any], fail: Exception) -> tuple[History, int]:
         raise ValueError("malformed history count")
     if entries is None:
         return EMPTY_HISTORY, folded
-    if type(entries) is not list or not all(type(i) is dict for i in entries):
+    if type(entries) is not list or not all(type(i) is list for i in entries):
         raise ValueError("malformed history")
 
     def decode(item: Any) -> HistoryEntry:
@@ -80,17 +78,15 @@ def read_history(raw: dict[str, Any], fail: Exception) -> tuple[History, int]:
 
 
 def _entry(item: Any) -> HistoryEntry:
-    if type(item) is not dict:
+    if type(item) is not list or len(item) < 2:
         raise ValueError("malformed history entry")
-    for key, value in item.items():  # only the keys present (most entries have three or four)
-        kind = _TYPES.get(key)
-        if (kind is not None and type(value) is not kind) or \
-                (type(value) is str and len(value) > _MAX_TEXT):
+    values = item[:len(_FIELDS)]  # a later release may add fields at the end
+    for value, kind in zip(values, _KINDS, strict=False):
+        if value is not None and (type(value) is not kind or
+                                  (type(value) is str and len(value) > _MAX_TEXT)):
             raise ValueError("malformed history entry")
-    at, event = item.get("t"), item.get("e")
+    at, event = values[0], values[1]
     if at is None or event is None or at < 0:
         raise ValueError("malformed history entry")
-    get = item.get
-    named = _EVENTS[event] if event in _EVENTS else str(event)
-    return HistoryEntry(at, named, get("s"), get("n"), get("q"), get("c"),
-                        get("i"), get("d"), get("a"), get("r"))
+    values[1] = _EVENTS.get(event, event)  # an event of a later release stays a str
+    return HistoryEntry(*values)
