@@ -43,7 +43,7 @@ RunFunction = Callable[[Any, Any], Any]
 # against their signatures). Any other keyword must be a Celery Task option; an unknown one is
 # refused at decoration, naming the closest known option.
 STEP_OPTIONS = ("compensate", "idempotent", "not_committed_on", "retries", "backoff", "capability",
-                "retry_on", "compensate_unknown")
+                "retry_on", "compensate_unknown", "inline")
 COMPENSATOR_OPTIONS = ("name", "idempotent", "capability")
 # How a saga's committed steps are undone: one at a time, newest first, or all at once.
 COMPENSATION_ORDERS = ("reverse", "parallel")
@@ -66,6 +66,7 @@ class StepOptions:
     capability: str = EXECUTE_CAPABILITY
     retry_on: tuple[type[BaseException], ...] = ()
     compensate_unknown: bool = False
+    inline: bool = True  # False: always sent through the broker, even in an inline saga
 
     @property
     def attempts_per_effect(self) -> int:
@@ -93,6 +94,7 @@ class SagaDefinition:
     backoff: Backoff = default_backoff_ms
     capability: str | None = None
     compensation: str = "reverse"  # or "parallel": every compensator sent at once
+    inline: bool | None = None  # run the next step in the settling process (None: the setting)
 
 
 @dataclass(frozen=True, slots=True)

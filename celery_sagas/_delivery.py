@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -24,6 +24,7 @@ from ._context import CompensationReason, StepContext
 from ._definitions import Backoff, StepOptions
 from ._engine import Engine
 from ._events import Phase, Stage
+from ._inline import InlineRunner, holding, take_claim
 from ._liveness import claim_tag, dead_effects
 from ._protocol import codes, moves
 from ._protocol.compensation import (
@@ -42,6 +43,7 @@ from .errors import (
     SagaNotFound,
     SagaValidationError,
     StepNotCommitted,
+    StepTimeLimitExceeded,
     StoreError,
     UndecryptableRecord,
 )
@@ -92,7 +94,8 @@ class Delivery:
     """One delivery of the task whose task id is ``effect_id`` (a step's or its compensator's)."""
 
     def __init__(self, engine: Engine, saga_id: str, step: str, effect_id: str,
-                 version: int | None, *, compensation: bool) -> None:
+                 version: int | None, *, compensation: bool,
+                 inline: InlineRunner | None = None) -> None:
         self.engine = engine
         self.saga_id = saga_id
         self.step = step
@@ -100,14 +103,18 @@ class Delivery:
         self.version = version
         self.compensation = compensation
         self.stage = Stage.COMPENSATION if compensation else Stage.EXECUTION
+        # Runs the next step here when its saga continues inline (docs/design.md §3.3).
+        self.inline = inline
+        self._next: tuple[SagaRecord, StepRecord, str] | None = None
 
     # ------------------------------------------------------------ the two kinds of body
 
     def run_step(self, body: StepBody) -> None:
         """Claim, run and record a step; a retry due soon runs again here (no broker hop)."""
-        tag = claim_tag()
+        handed = take_claim(self.effect_id)
+        tag = handed[1] if handed is not None else claim_tag()
         written = None
-        claimed = self.claim(tag)
+        claimed = self._announced(handed[0]) if handed is not None else self.claim(tag)
         while claimed is not None:
             written = self._attempt(claimed, body)
             delay = None if written is None else self._inline_retry_delay(written)
@@ -115,8 +122,7 @@ class Delivery:
                 break
             time.sleep(delay / 1000)
             claimed = self.claim(tag, retrying=True)
-        if written is not None:
-            self.engine.advance(self.saga_id, written)
+        self._after_settle(written)
 
     def run_compensation(self, body: CompensationBody) -> None:
         """Claim, run and record one compensator call."""
@@ -125,7 +131,22 @@ class Delivery:
         claimed = self.claim(tag)
         if claimed is not None:
             written = self._compensate(claimed, body)
-        if written is not None:
+        self._after_settle(written)
+
+    def _after_settle(self, written: SagaRecord | None) -> None:
+        """Drive the saga on after this delivery's outcome was written: run the step its settle
+        claimed here, or else replay ``run`` for what follows (unless the settle already
+        recorded all that can follow: steps sent, or the saga settled)."""
+        if written is None:
+            return
+        if self._next is not None:
+            claimed, step, tag = self._next
+            self._next = None
+            assert self.inline is not None
+            with holding(step.effect_id, claimed, tag):
+                self.inline.run(claimed, step)
+            return
+        if not _nothing_follows(written) or written.parent is not None:
             self.engine.advance(self.saga_id, written)
 
     # ------------------------------------------------------------ claim
@@ -312,13 +333,16 @@ class Delivery:
         outcome no longer applies."""
         engine = self.engine
 
+        inline_tag = claim_tag()
+
         def decide(saga: SagaRecord) -> Plan:
             too_large = None
             if oversized is not None:
                 too_large = lambda: Plan(after=oversized[0](saga), then=(oversized[1],))  # noqa: E731
             moved = move(saga)
             if merge:
-                return engine.continued(moved, announce, too_large)
+                return self._claim_next(moved, engine.continued(moved, announce, too_large),
+                                        inline_tag)
             return Plan(after=moved, then=(announce,), too_large=too_large)
 
         try:
@@ -328,8 +352,37 @@ class Delivery:
             logger.warning("saga %s moved on; outcome of %s not recorded here", self.saga_id, self.step)
             return None
         assert plan is not None
-        plan.run_effects(written)
+        step = _claimed_here(written, inline_tag)
+        if step is None:
+            plan.run_effects(written)
+            return written
+        with holding(step.effect_id, written, inline_tag):
+            plan.run_effects(written)  # every effect but sending the step this process runs
+        self._next = (written, step, inline_tag)
         return written
+
+    def _claim_next(self, moved: SagaRecord, plan: Plan, tag: str) -> Plan:
+        """``plan`` with the first step it appends claimed for this process (under ``tag``)
+        when that step may run inline here: the settle is also the next step's claim."""
+        after = plan.after
+        if self.inline is None or self.compensation or after is None:
+            return plan
+        known = {s.name for s in moved.steps}
+        fresh = [s for s in after.steps if s.name not in known]
+        if not fresh or fresh[0].state is not StepState.EXECUTING:
+            return plan
+        step = fresh[0]
+        if not self._inline_allowed(after, step) or not self.inline.eligible(after, step):
+            return plan
+        claimed = moves.claim_step(after, step.name, step.effect_id, tag, self.engine.now())
+        return replace(plan, after=replace(claimed, version=after.version))
+
+    def _inline_allowed(self, saga: SagaRecord, step: StepRecord) -> bool:
+        """The saga's choice (or ``sagas_inline_steps``) and the step's (``inline=False``)."""
+        registry = self.engine.registry
+        definition = registry.definition(saga.definition)
+        chosen = definition.inline if definition.inline is not None else self.engine.settings.inline
+        return chosen and registry.step(step.task).inline
 
     # ------------------------------------------------------------ forward
 
@@ -495,6 +548,10 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
         logger.info("saga %s step %s did not commit: %s", ctx.saga_id, ctx.step, type(exc).__name__)
         return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED),
                         exception=values.exception_text(exc))
+    except StepTimeLimitExceeded as exc:
+        logger.error("saga %s step %s ran past its time limit", ctx.saga_id, ctx.step)
+        return _Outcome(_Kind.ERRORED, error_code=codes.TIME_LIMIT,
+                        exception=values.exception_text(exc))
     except Exception as exc:
         logger.error("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__,
                      exc_info=True)
@@ -520,3 +577,17 @@ def _safe_backoff(backoff: Callable[[int], int], attempt: int, saga_id: str) -> 
         logger.error("saga %s: invalid_retry_policy: backoff(%d) returned an invalid delay",
                      saga_id, attempt)
     return delay
+
+
+def _claimed_here(saga: SagaRecord, tag: str) -> StepRecord | None:
+    """The step claimed under ``tag`` (by a settle that claimed the next step inline)."""
+    return next((s for s in saga.steps if s.claimed_by == tag), None)
+
+
+def _nothing_follows(saga: SagaRecord) -> bool:
+    """Whether a replay of ``run`` would find nothing to do: the saga settled, or every step
+    not yet done is sent and unclaimed or running (replay stops at it and waits)."""
+    if saga.state is not SagaState.RUNNING:
+        return saga.state is not SagaState.COMPENSATING
+    return all(s.state in (StepState.COMMITTED, StepState.EXECUTING) for s in saga.steps) and any(
+        s.state is StepState.EXECUTING for s in saga.steps)

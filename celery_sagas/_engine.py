@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
+from . import _inline as inline
 from . import _values as values
 from ._children import ChildSagas, ChildTrace, UntracedChildren
 from ._clock import Clock, SystemClock, now_ms
@@ -95,6 +96,9 @@ class EngineSettings:
     payload_limit: int = values.DEFAULT_PAYLOAD_LIMIT
     timing: Timing = field(default_factory=Timing)
     limits: Limits = field(default_factory=Limits)
+    inline: bool = False  # sagas_inline_steps: the default of @sagas.saga(inline=...)
+    inline_max_steps: int = 16  # consecutive inline steps in one task
+    inline_max_seconds: float = 60.0  # how long one task may go on running inline steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,7 +378,7 @@ class Engine:
         def announce(written: SagaRecord) -> None:
             for step in decision.steps:
                 self.emit(written, step, Stage.EXECUTION, Phase.INTENT)
-                if step.state is StepState.EXECUTING:
+                if step.state is StepState.EXECUTING and not inline.held(step.effect_id):
                     self._send(partial(self.dispatcher.send_step, written.saga_id, step,
                                        written.version, trace_parent=written.trace_parent))
             self.children.start_all(written, decision.steps)

@@ -18,6 +18,7 @@
     ├── SagaResolutionError                  resolve() asked for an impossible outcome
     ├── SagaConfigurationError               a definition or setting is unusable
     ├── SagaUsageError                       a saga task used outside a saga (called directly)
+    ├── StepTimeLimitExceeded                an inline-capable step's body ran past its time limit
     ├── StepNotCommitted                     raised by step code: provably nothing happened
     │   ├── SignalTimeout                    ctx.wait_signal saw no signal within its timeout
     │   └── StepFailed                       raised in run by ctx.step: the step did not commit
@@ -77,6 +78,7 @@ __all__ = [
     "SignalTimeout",
     "StepFailed",
     "StepNotCommitted",
+    "StepTimeLimitExceeded",
     "StoreError",
     "StoreUnavailable",
     "UndecryptableRecord",
@@ -306,6 +308,20 @@ class SagaConfigurationError(SagaError):
 class SagaUsageError(SagaError):
     """A step or compensator task was used outside a saga: called directly, or sent with
     ``.delay()``/``.apply_async()`` (its body never runs without a claim and an effect id)."""
+
+
+class StepTimeLimitExceeded(SagaError):
+    """Raised inside a step body of an inline saga that ran past the step's own time limit
+    (docs/performance.md): like Celery's soft limit; the step's outcome is unknown (code
+    ``time_limit``)."""
+
+    seconds: float
+
+    def __init__(self, seconds: float = 0.0, message: str = "") -> None:
+        super().__init__(message, seconds=seconds)
+
+    def render(self) -> str:
+        return f"the step ran past its time limit of {self._fields['seconds']:g}s"
 
 
 class StepNotCommitted(SagaError):

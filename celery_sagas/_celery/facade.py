@@ -283,7 +283,7 @@ class Sagas:
              retries: int | None = None, backoff: SecondsBackoff | None = None,
              capability: str | None = None,
              retry_on: tuple[type[Exception], ...] = (), compensate_unknown: bool = False,
-             **task_options: Any) -> Any:
+             inline: bool = True, **task_options: Any) -> Any:
         """Make ``fn`` a saga step: a real Celery task plus the saga options.
 
         ``idempotent=True`` retries a step whose outcome is unknown under the same effect id
@@ -298,6 +298,8 @@ class Sagas:
         ``compensate_unknown=True``: when the step's outcome is unknown (worker lost, time
         limit, an undeclared exception), call its compensator (``saga.outcome == "unknown"``;
         it must tolerate nothing to undo) instead of stopping for manual review.
+        ``inline=False``: always send this step through the broker, even in a saga that runs
+        its steps inline (docs/performance.md).
         """
         if compensate is _REQUIRED:
             raise SagaConfigurationError(
@@ -306,13 +308,15 @@ class Sagas:
             )
 
         def decorate(func: Callable[..., Any]) -> Any:
-            return register_step(
+            task = register_step(
                 self.app, self.registry, self._step_base, func, compensate=compensate,
                 idempotent=idempotent, not_committed_on=not_committed_on, retries=retries,
                 backoff=backoff, capability=capability, task_options=task_options,
                 default_time_limit_s=self.settings.timing.default_time_limit_ms / 1000,
-                retry_on=retry_on, compensate_unknown=compensate_unknown,
+                retry_on=retry_on, compensate_unknown=compensate_unknown, inline=inline,
             )
+            self._widen_for_inline()
+            return task
 
         return decorate(fn) if fn is not None else decorate
 
@@ -332,7 +336,8 @@ class Sagas:
 
     def saga(self, name: str, *, max_attempts: int = 3, backoff: SecondsBackoff | None = None,
              capability: str | None = None,
-             compensation: str = "reverse") -> Callable[[Callable[..., Any]], Saga]:
+             compensation: str = "reverse",
+             inline: bool | None = None) -> Callable[[Callable[..., Any]], Saga]:
         """Define a saga: ``run(ctx, input)`` calls ``ctx.step(...)`` for each side effect.
 
         ``max_attempts`` and ``backoff(attempt) -> seconds`` are the compensation policy: how many
@@ -340,16 +345,34 @@ class Sagas:
         goes to manual review (``compensation_exhausted``). A step's own retries are set on
         ``@sagas.step(retries=...)``. ``compensation="parallel"`` sends every committed step's
         compensator at once instead of one at a time, newest first (``"reverse"``).
+
+        ``inline=True`` runs each next step in the worker process that settled the step before
+        it, when it can (its queue is the one being consumed, no rate limit, its time limit
+        fits): one store write and no broker hop per step (docs/performance.md). ``None``
+        follows ``sagas_inline_steps``.
         """
         checked = values.capability(capability) if capability is not None else None
 
         def decorate(run: Callable[..., Any]) -> Saga:
             definition = register_definition(self.registry, name, run, max_attempts=max_attempts,
                                              backoff=backoff, capability=checked,
-                                             compensation=compensation)
+                                             compensation=compensation, inline=inline)
+            self._widen_for_inline()
             return Saga(self, definition)
 
         return decorate
+
+    def _widen_for_inline(self) -> None:
+        """Once any saga runs inline, Celery's hard limit on each step task is its own limit
+        plus ``sagas_inline_max_seconds``, so a chain of inline steps fits in the task that
+        runs it; each body's own limit is then enforced by the task (docs/design.md §3.3)."""
+        if not self.settings.inline_steps and not any(
+                d.inline for d in self.registry.definitions.values()):
+            return
+        for options in self.registry.steps.values():
+            task = self.app.tasks.get(options.task)
+            if task is not None and options.time_limit_ms:
+                task.time_limit = options.time_limit_ms / 1000 + self.settings.inline_max_seconds
 
     # ------------------------------------------------------------ operations
 

@@ -76,7 +76,8 @@ def register_step(app: Celery, registry: Registry, base: type, func: Callable[..
                   compensate: Any, idempotent: bool, not_committed_on: tuple[type[BaseException], ...],
                   retries: int | None, backoff: SecondsBackoff | None, capability: str | None,
                   default_time_limit_s: float, task_options: dict[str, Any],
-                  retry_on: object = (), compensate_unknown: object = False) -> Any:
+                  retry_on: object = (), compensate_unknown: object = False,
+                  inline: object = True) -> Any:
     """Make ``func`` a step task and record its saga options."""
     refuse_unknown_options(task_options, STEP_OPTIONS, "@sagas.step")
     opts = _task_options(app, func, task_options, default_time_limit_s)
@@ -87,13 +88,15 @@ def register_step(app: Celery, registry: Registry, base: type, func: Callable[..
     checked_backoff = seconds_backoff(backoff, attempts=retries, owner=owner)
     compensator = _name_of(compensate)
     _check_compensate_unknown(compensate_unknown, compensator, owner)
+    if not isinstance(inline, bool):
+        raise SagaConfigurationError(f"{owner}: inline must be True or False")
     task = app.task(base=base, **opts)(func)
     registry.add_step(StepOptions(
         task=opts["name"], compensator=compensator, idempotent=idempotent,
         not_committed_on=tuple(not_committed_on), retries=retries,
         backoff=checked_backoff, time_limit_ms=int(opts["time_limit"] * 1000),
         capability=values.capability(capability) if capability else EXECUTE_CAPABILITY,
-        retry_on=transient, compensate_unknown=bool(compensate_unknown),
+        retry_on=transient, compensate_unknown=bool(compensate_unknown), inline=inline,
     ))
     return task
 
@@ -127,7 +130,8 @@ def register_compensator(app: Celery, registry: Registry, base: type, func: Call
 
 def register_definition(registry: Registry, name: str, run: Callable[..., Any], *,
                         max_attempts: int, backoff: SecondsBackoff | None,
-                        capability: str | None, compensation: object = "reverse") -> SagaDefinition:
+                        capability: str | None, compensation: object = "reverse",
+                        inline: object = None) -> SagaDefinition:
     """Record a saga definition ``run(ctx, input)`` (its options checked by the caller)."""
     values.definition_name(name)
     attempts = checked_max_attempts(max_attempts)
@@ -136,8 +140,10 @@ def register_definition(registry: Registry, name: str, run: Callable[..., Any], 
         raise SagaConfigurationError(
             f"saga {name!r}: compensation must be one of {', '.join(COMPENSATION_ORDERS)}, "
             f"got {str(compensation)[:40]!r}")
+    if inline is not None and not isinstance(inline, bool):
+        raise SagaConfigurationError(f"saga {name!r}: inline must be True, False or None")
     definition = SagaDefinition(name, run, max_attempts, checked, capability,
-                                compensation=str(compensation))
+                                compensation=str(compensation), inline=inline)
     registry.add_definition(definition)
     return definition
 

@@ -53,6 +53,11 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
                             "deletes it (None: forever)"),
     "archive": (None, "callable (or dotted path) receiving each saga record before retention "
                       "deletes it"),
+    "inline_steps": (False, "run each next step of a saga in the worker process that settled the "
+                            "step before it (the default of @sagas.saga(inline=...))"),
+    "inline_max_steps": (16, "consecutive steps one task may run inline before sending the next"),
+    "inline_max_seconds": (60.0, "seconds one task may go on running inline steps (also widens the "
+                                 "hard limit of an inline saga's step tasks)"),
     "notify": (True, "publish each settled saga's id (Redis PUBLISH, PostgreSQL NOTIFY) so "
                      "async waits wake at once: one round trip per saga, not per step"),
     "history_limit": (DEFAULT_HISTORY_LIMIT, "history entries kept per saga; older ones are folded "
@@ -152,6 +157,12 @@ def _count(name: str, value: Any, top: int) -> int:
     return value
 
 
+def _inline_steps(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise SagaConfigurationError("sagas_inline_max_steps must be an int in 1..1000")
+    return value
+
+
 def _limits(raw: Mapping[str, Any]) -> Limits:
     """The limits of saga trees and signals (docs/concepts.md "Limits")."""
     return Limits(
@@ -199,6 +210,9 @@ class SagaSettings:
     archive: Any = None  # a callable, or its dotted path (resolved by the runtime)
     notify: bool = True
     limits: Limits = _LIMITS
+    inline_steps: bool = False
+    inline_max_steps: int = 16
+    inline_max_seconds: float = 60.0
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
     @classmethod
@@ -255,6 +269,9 @@ class SagaSettings:
             archive=_archive(raw["archive"]),
             notify=_flag("notify", raw["notify"]),
             limits=_limits(raw),
+            inline_steps=_flag("inline_steps", raw["inline_steps"]),
+            inline_max_steps=_inline_steps(raw["inline_max_steps"]),
+            inline_max_seconds=_seconds_ms("inline_max_seconds", raw["inline_max_seconds"]) / 1000,
             history_limit=_history_limit(raw["history_limit"]),
         )
 

@@ -22,6 +22,7 @@ from .._delivery import Delivery
 from .._engine import Engine
 from .._protocol import codes
 from ..errors import SagaConfigurationError, SagaUsageError, StepNotCommitted
+from .inline import CeleryInline, body_time_limit, first_budget, hard_limit
 from .messages import SAGA_REF, parse_ref
 
 __all__ = ["CompensatorTask", "EngineSource", "SagaStepTask"]
@@ -86,8 +87,26 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
         if self.engines is None:
             raise SagaConfigurationError(f"task {self.name!r} is not bound to a Sagas instance")
         parsed = parse_ref(ref)
-        return Delivery(self.engines.engine, parsed.saga_id, parsed.step, self.request.id,
-                        parsed.version, compensation=compensation)
+        engine = self.engines.engine
+        runner = None
+        if not compensation:
+            budget = getattr(self.request, "inline_budget", None) or first_budget(
+                self, engine.settings.inline_max_steps, engine.settings.inline_max_seconds)
+            runner = CeleryInline(self, engine.registry, budget)
+        return Delivery(engine, parsed.saga_id, parsed.step, self.request.id,
+                        parsed.version, compensation=compensation, inline=runner)
+
+    def _own_time_limit(self) -> float | None:
+        """The step's own limit (s) where the task's hard limit is wider (an inline saga's
+        step, docs/design.md §3.3): enforced on the body here; None where Celery's is it."""
+        if self.engines is None:
+            return None
+        own_ms = self.engines.engine.registry.steps.get(self.name)
+        limit = own_ms.time_limit_ms if own_ms is not None else None
+        hard = hard_limit(self)
+        if limit is None or hard is None or hard <= limit / 1000 + 0.5:
+            return None
+        return limit / 1000
 
     def _body_kwargs(self, kwargs: Mapping[str, Any], ctx: StepContext, **extra: Any) -> dict[str, Any]:
         merged = dict(kwargs)
@@ -111,10 +130,13 @@ class SagaStepTask(_SagaTaskBase):
             raise self._outside_a_saga()
         delivery = self._delivery(ref, compensation=False)
 
+        own_limit = self._own_time_limit()
+
         def body(ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any]) -> Any:
             call_kwargs = self._body_kwargs(step_kwargs, ctx)
             _refuse_unbindable(self.run, step_args, call_kwargs)
-            return self.run(*step_args, **call_kwargs)
+            with body_time_limit(own_limit):
+                return self.run(*step_args, **call_kwargs)
 
         delivery.run_step(body)
         return None

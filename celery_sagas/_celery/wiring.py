@@ -66,7 +66,10 @@ class Runtime:
         self.engine = Engine(
             self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,
             events=events, clock=clock,
-            settings=EngineSettings(settings.payload_limit, settings.timing, settings.limits),
+            settings=EngineSettings(settings.payload_limit, settings.timing, settings.limits,
+                                    inline=settings.inline_steps,
+                                    inline_max_steps=settings.inline_max_steps,
+                                    inline_max_seconds=settings.inline_max_seconds),
             trace_children=trace_children,
         )
         self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None

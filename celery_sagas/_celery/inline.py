@@ -1,0 +1,138 @@
+"""Running a saga's next step inside the task that settled the step before it (docs/design.md
+§3.3): the Celery side of ``_inline.py``.
+
+A step runs inline when its saga chose it (``@sagas.saga(inline=True)`` or
+``sagas_inline_steps``) and the step did not opt out (``@sagas.step(inline=False)``), and only
+where the broker would have delivered it to this very worker: the same queue as the task
+running now, no rate limit, the prefork pool's main thread. A chain of inline steps is bounded
+by ``sagas_inline_max_steps`` and ``sagas_inline_max_seconds``, and each step's own time limit
+must fit in what is left of the running task's hard limit: so that an inline chain fits, the
+hard limit Celery enforces on a step task of an inline saga is its own limit plus
+``sagas_inline_max_seconds``, and each body's own limit is enforced here, with ``SIGALRM``, as
+Celery enforces a soft limit (the body sees ``StepTimeLimitExceeded``; its outcome is unknown,
+code ``time_limit``).
+
+The inline step runs through its task's ``__call__`` with its own request (task id = its effect
+id): its delivery, tracing span, logs and Celery's ``task_prerun``, ``task_postrun``,
+``task_success`` and ``task_failure`` signals are those of a sent step. The worker events
+``task-received`` and ``task-started`` are not sent (no message arrived).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import Task
+from celery.signals import task_failure, task_postrun, task_prerun, task_success
+
+from .._definitions import Registry
+from .._inline import InlineBudget
+from .._records import SagaRecord, StepRecord
+from ..errors import StepTimeLimitExceeded
+from .messages import SAGA_REF, saga_ref
+
+__all__ = ["CeleryInline", "body_time_limit", "first_budget", "hard_limit"]
+
+logger = logging.getLogger("celery_sagas.execution")
+
+_MARGIN_S = 1.0  # kept free of the running task's hard limit
+
+
+def first_budget(task: Task, max_steps: int, max_seconds: float) -> InlineBudget:
+    """The budget of a chain started by a task the broker delivered (now)."""
+    now = time.monotonic()
+    hard = hard_limit(task)
+    deadline = now + max_seconds if hard is None else now + min(max_seconds, hard - _MARGIN_S)
+    return InlineBudget(max_steps, deadline)
+
+
+def hard_limit(task: Task) -> float | None:
+    """The hard time limit (s) Celery enforces on the task running now, if any."""
+    limits = getattr(task.request, "timelimit", None) or (None, None)
+    hard = limits[0] if limits[0] is not None else task.time_limit
+    return float(hard) if hard else None
+
+
+class CeleryInline:
+    """An ``InlineRunner`` for the task running now (``task``) with what is left of its budget."""
+
+    def __init__(self, task: Task, registry: Registry, budget: InlineBudget) -> None:
+        self.task = task
+        self.registry = registry
+        self.budget = budget
+
+    def eligible(self, saga: SagaRecord, step: StepRecord) -> bool:
+        """Same queue, no rate limit, the pool's main thread, and the budget allows it."""
+        following = self.task.app.tasks.get(step.task)
+        if following is None or threading.current_thread() is not threading.main_thread():
+            return False
+        if following.rate_limit or self.task.app.conf.task_default_rate_limit:
+            return False
+        if self._queue_of(following) != self._queue_now():
+            return False
+        own = self.registry.step(step.task).time_limit_ms
+        return own is not None and self.budget.allows(own)
+
+    def run(self, saga: SagaRecord, step: StepRecord) -> None:
+        """Run ``step``'s task here, with its own request, signals and span."""
+        following: Task = self.task.app.tasks[step.task]
+        kwargs = {SAGA_REF: saga_ref(saga.saga_id, step.name, saga.version)}
+        outer = self.task.request
+        following.push_request(
+            id=step.effect_id, args=(), kwargs=kwargs, delivery_info=outer.delivery_info,
+            hostname=outer.hostname, timelimit=outer.timelimit, headers=outer.headers,
+            called_directly=False, is_eager=False, inline_budget=self.budget.spent(),
+        )
+        task_prerun.send(sender=following, task_id=step.effect_id, task=following, args=(),
+                         kwargs=kwargs)
+        retval: Any = None
+        state = "SUCCESS"
+        try:
+            retval = following(**kwargs)
+        except Exception as exc:
+            state = "FAILURE"
+            task_failure.send(sender=following, task_id=step.effect_id, exception=exc, args=(),
+                              kwargs=kwargs, traceback=exc.__traceback__, einfo=None)
+            raise
+        else:
+            task_success.send(sender=following, result=retval)
+        finally:
+            task_postrun.send(sender=following, task_id=step.effect_id, task=following, args=(),
+                              kwargs=kwargs, retval=retval, state=state)
+            following.pop_request()
+
+    def _queue_now(self) -> str | None:
+        info = self.task.request.delivery_info or {}
+        queue = info.get("routing_key")
+        return str(queue) if queue else None
+
+    def _queue_of(self, task: Task) -> str | None:
+        route = self.task.app.amqp.router.route({}, task.name, (), {})
+        queue = route.get("queue")
+        name = getattr(queue, "name", queue)
+        return str(name) if name else None
+
+
+@contextmanager
+def body_time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ``StepTimeLimitExceeded`` in the body past ``seconds`` (main thread only)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise StepTimeLimitExceeded(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
