@@ -3,16 +3,18 @@
 One app holds both sides of the comparison, so sagas and chains share the broker, the worker
 and its settings (prefork, ``acks_late``, prefetch 1):
 
-- three no-op saga steps (``bench.noop1..3``) and the saga ``bench-3`` that runs them in order;
-- the bare chain it is compared with, of plain tasks: ``link | link | last_link``, as many
-  tasks as the saga has steps, ``last_link`` recording the chain's finish time (ms since the
-  epoch) in the Redis hash its arguments name. ``chain_of(..., baseline="old")`` is the chain
-  measured before issue 13: three links and a fourth task only to record the finish.
+- the saga ``bench-N``: N no-op steps (``bench.noop`` named ``s1..sN``, default 3) in order,
+  each sleeping ``BENCH_BODY_MS`` (an I/O call), ``inline=True`` with ``BENCH_INLINE=1``;
+- the bare chain it is compared with, of plain tasks: ``link | ... | last_link``, as many
+  tasks as the saga has steps (each sleeping as long), ``last_link`` recording the chain's
+  finish time (ms since the epoch) in the Redis hash its arguments name.
+  ``chain_of(..., baseline="old")`` is the chain measured before issue 13: one more task only
+  to record the finish.
 
 Configured from the environment by ``bench/throughput.py``:
 BENCH_BROKER, BENCH_STORE, BENCH_PREFIX (store key or table prefix), BENCH_QUEUE,
 BENCH_MARKS (Redis URL of the chain finish marks), BENCH_READY (a file written when the worker
-is ready), and BENCH_COUNT_DIR: when set, the store is wrapped in ``CountingStore`` and every
+is ready), BENCH_STEPS, BENCH_BODY_MS, BENCH_INLINE, and BENCH_COUNT_DIR: when set, the store is wrapped in ``CountingStore`` and every
 process dumps its counts to ``<dir>/<pid>.json``.
 """
 
@@ -51,6 +53,9 @@ class BenchConfig:
     marks: str
     ready: Path | None = None
     count_dir: Path | None = None
+    steps: int = 3
+    body_ms: int = 0
+    inline: bool = False
 
     @classmethod
     def from_env(cls) -> BenchConfig:
@@ -64,6 +69,9 @@ class BenchConfig:
             marks=env.get("BENCH_MARKS", DEFAULT_BROKER),
             ready=Path(env["BENCH_READY"]) if env.get("BENCH_READY") else None,
             count_dir=Path(env["BENCH_COUNT_DIR"]) if env.get("BENCH_COUNT_DIR") else None,
+            steps=int(env.get("BENCH_STEPS", "3")),
+            body_ms=int(env.get("BENCH_BODY_MS", "0")),
+            inline=env.get("BENCH_INLINE") == "1",
         )
 
     def environ(self) -> dict[str, str]:
@@ -74,6 +82,9 @@ class BenchConfig:
             "BENCH_PREFIX": self.prefix,
             "BENCH_QUEUE": self.queue,
             "BENCH_MARKS": self.marks,
+            "BENCH_STEPS": str(self.steps),
+            "BENCH_BODY_MS": str(self.body_ms),
+            "BENCH_INLINE": "1" if self.inline else "0",
         }
         if self.ready is not None:
             env["BENCH_READY"] = str(self.ready)
@@ -178,6 +189,7 @@ class Bench:
     link: Any
     last_link: Any
     counting: CountingStore | None
+    steps: int = 3
 
 
 def build(config: BenchConfig) -> Bench:
@@ -203,38 +215,38 @@ def build(config: BenchConfig) -> Bench:
         options = {"key_prefix": config.prefix} if config.is_redis else {"table_prefix": config.prefix + "_"}
     sagas = Sagas(app, store=store, queue=config.queue, **options)
 
-    @sagas.step(compensate=None, name="bench.noop1")
-    def noop1(i: int) -> None:
-        """A step that does nothing."""
+    pause = config.body_ms / 1000
+    steps = [f"s{k + 1}" for k in range(config.steps)]
 
-    @sagas.step(compensate=None, name="bench.noop2")
-    def noop2(i: int) -> None:
-        """A step that does nothing."""
+    @sagas.step(compensate=None, name="bench.noop")
+    def noop(i: int) -> None:
+        """A step that does nothing (for ``body_ms``, as an I/O call would)."""
+        if pause:
+            time.sleep(pause)
 
-    @sagas.step(compensate=None, name="bench.noop3")
-    def noop3(i: int) -> None:
-        """A step that does nothing."""
-
-    @sagas.saga("bench-3")
-    def three(ctx: Any, data: dict[str, int]) -> None:
-        """Three no-op steps in order."""
-        ctx.step(noop1, data["i"])
-        ctx.step(noop2, data["i"])
-        ctx.step(noop3, data["i"])
+    @sagas.saga(f"bench-{config.steps}", inline=config.inline)
+    def saga(ctx: Any, data: dict[str, int]) -> None:
+        """``steps`` no-op steps in order."""
+        for name in steps:
+            ctx.step(noop, data["i"], step_name=name)
 
     # The chain's links: plain Celery tasks (a saga step refuses to run outside a saga).
     marks = _Marks(config.marks)
 
     @app.task(name="bench.link", ignore_result=True)  # type: ignore[untyped-decorator]
     def link(i: int) -> None:
-        """A chain link that does nothing."""
+        """A chain link that does nothing (for ``body_ms``)."""
+        if pause:
+            time.sleep(pause)
 
     @app.task(name="bench.last_link", ignore_result=True)  # type: ignore[untyped-decorator]
     def last_link(i: int, key: str) -> None:
         """The chain's last link: record when chain ``i`` finished, in ms since the epoch."""
+        if pause:
+            time.sleep(pause)
         marks.client().hset(key, str(i), repr(time.time() * 1000))
 
-    return Bench(app, sagas, three, link, last_link, counting)
+    return Bench(app, sagas, saga, link, last_link, counting, config.steps)
 
 
 class _Marks:
@@ -253,13 +265,14 @@ class _Marks:
 
 
 # Chain baselines: "new" has as many tasks as the saga has steps, its last one recording the
-# finish (like for like); "old" (before issue 13) added a fourth task only to record the finish.
-BASELINES = {"new": 3, "old": 4}
+# finish (like for like); "old" (before issue 13) added one more task only to record the finish.
+BASELINES = {"new": 0, "old": 1}
 
 
 def chain_of(bench: Bench, key: str, i: int, baseline: str = "new") -> Any:
-    """The bare Celery chain that mirrors saga ``i`` (``BASELINES`` gives its length)."""
-    links = [bench.link.si(i) for _ in range(BASELINES[baseline] - 1)]
+    """The bare Celery chain that mirrors saga ``i`` (as many tasks as the saga has steps,
+    ``BASELINES`` more)."""
+    links = [bench.link.si(i) for _ in range(bench.steps + BASELINES[baseline] - 1)]
     return chain(*links, bench.last_link.si(i, key))
 
 

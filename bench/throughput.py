@@ -3,7 +3,8 @@
 For each store (Redis, PostgreSQL) one real prefork worker (2 processes, ``acks_late``,
 prefetch 1, Redis broker) serves both sides of the comparison:
 
-- a saga of three no-op steps (``bench-3``), started with ``start()``; it is done when the
+- a saga of ``--steps`` no-op steps (``bench-N``, default 3; ``--body-ms`` each; ``--inline``
+  for ``@sagas.saga(inline=True)``), started with ``start()``; it is done when the
   store shows it ``completed`` (finish time = the record's ``updated_at_ms``);
 - a bare chain of three plain tasks, the last recording its finish time in Redis, sent with
   ``apply_async`` (``--baseline old``: the pre-issue-13 chain of four tasks, a fourth only to
@@ -85,7 +86,6 @@ STORES = {
     "postgres": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
 }
 BROKER = "redis://127.0.0.1:6379/12"
-STEPS = 3
 
 
 # ---------------------------------------------------------------------- one store's stack
@@ -110,13 +110,15 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(config: BenchConfig, workdir: Path, label: str, loglevel: str) -> Iterator[Stack]:
+def stack(config: BenchConfig, workdir: Path, label: str, loglevel: str,
+          concurrency: int = 2) -> Iterator[Stack]:
     """Start a worker for ``config``, build the client app, clean everything up afterwards."""
     ready = workdir / f"ready-{config.queue}"
     config = replace(config, ready=ready)
     bench = build(config)
     worker = start_worker("bench.bench_app", config.queue, config.environ(),
-                          workdir / f"worker-{config.queue}.log", ready, loglevel=loglevel)
+                          workdir / f"worker-{config.queue}.log", ready, concurrency=concurrency,
+                          loglevel=loglevel)
     built = Stack(config, bench, worker, Redis.from_url(config.marks), label)
     try:
         yield built
@@ -396,19 +398,19 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
     calls = sum(v for k, v in by_primitive.items() if k != "compare_and_set_refused")
     result: dict[str, Any] = {
         "sagas": n,
-        "steps_per_saga": STEPS,
+        "steps_per_saga": args.steps,
         "store_calls_per_saga": round(calls / n, 2),
-        "store_calls_per_step": round(calls / n / STEPS, 2),
-        "store_calls_per_step_after_start": round((calls - client.get("create", 0)) / n / STEPS, 2),
+        "store_calls_per_step": round(calls / n / args.steps, 2),
+        "store_calls_per_step_after_start": round((calls - client.get("create", 0)) / n / args.steps, 2),
         "by_primitive_per_saga": {k: round(v / n, 2) for k, v in sorted(by_primitive.items())},
         "note": "create is the client's start(); every other call is the worker's",
     }
     if "sql_statements" in worker:
         statements = worker["sql_statements"] + client.get("create", 0)
         result["sql_statements_per_saga"] = round(statements / n, 2)
-        result["sql_statements_per_step"] = round(statements / n / STEPS, 2)
+        result["sql_statements_per_step"] = round(statements / n / args.steps, 2)
         result["sql_statements_per_step_after_start"] = round(
-            worker["sql_statements"] / n / STEPS, 2)
+            worker["sql_statements"] / n / args.steps, 2)
     if after:
         inside = _script_commands()
         client_only = ("info", "config|resetstat", "zcount")  # reading the stats, the polling
@@ -418,10 +420,10 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
         result["redis_commands_in_scripts_per_saga"] = {
             k: round(v / n, 2) for k, v in sorted(after.items()) if k in inside}
         result["redis_round_trips_per_saga"] = round(total / n, 2)
-        result["redis_round_trips_per_step"] = round(total / n / STEPS, 2)
+        result["redis_round_trips_per_step"] = round(total / n / args.steps, 2)
         # start()'s create is the client's one round trip per saga; the rest is per step
         result["redis_round_trips_per_step_after_start"] = round(
-            (total - client.get("create", 0)) / n / STEPS, 2)
+            (total - client.get("create", 0)) / n / args.steps, 2)
     return result
 
 
@@ -514,6 +516,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-n", type=int, default=200, help="closed-loop latency samples of each")
     parser.add_argument("--count-n", type=int, default=200, help="sagas run on the counting worker (0: skip)")
     parser.add_argument("--stores", default="redis,postgres", help="comma-separated: redis, postgres")
+    parser.add_argument("--steps", type=int, default=3, help="steps per saga (and tasks per chain)")
+    parser.add_argument("--body-ms", type=int, default=0,
+                        help="each step body and chain task sleeps this long, as an I/O call would")
+    parser.add_argument("--inline", action="store_true",
+                        help="the saga runs its steps inline (@sagas.saga(inline=True))")
+    parser.add_argument("--concurrency", default="2",
+                        help="worker processes, comma-separated to measure several (e.g. 2,4,8)")
     parser.add_argument("--redis-store", default=STORES["redis"])
     parser.add_argument("--postgres-store", default=STORES["postgres"])
     parser.add_argument("--broker", default=BROKER, help="broker URL (chain marks go to the same Redis)")
@@ -554,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(), "options": {k: str(v) for k, v in vars(args).items()},
-        "worker": {"pool": "prefork", "concurrency": 2, "acks_late": True, "prefetch_multiplier": 1,
+        "worker": {"pool": "prefork", "concurrency": args.concurrency, "acks_late": True,
+                   "prefetch_multiplier": 1,
                    "broker": args.broker, "loglevel": args.loglevel},
     }
     mode = "memory" if args.memory else "profile" if args.profile else "throughput"
@@ -563,10 +573,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = []
         for name in stores:
-            prefix = f"b{run_id}{len(runs)}"
-            config = BenchConfig(broker=args.broker, store=urls[name], prefix=prefix,
-                                 queue=f"bench-{prefix}", marks=args.broker)
-            runs.append(_run_one(config, name, mode, args, workdir, progress))
+            for concurrency in [int(c) for c in str(args.concurrency).split(",")]:
+                prefix = f"b{run_id}{len(runs)}"
+                config = BenchConfig(broker=args.broker, store=urls[name], prefix=prefix,
+                                     queue=f"bench-{prefix}", marks=args.broker, steps=args.steps,
+                                     body_ms=args.body_ms, inline=args.inline)
+                label = name if "," not in str(args.concurrency) else f"{name}/c{concurrency}"
+                run = _run_one(config, label, mode, args, workdir, progress, concurrency)
+                run["concurrency"] = concurrency
+                runs.append(run)
         report["runs"] = runs
         report["loadavg_end"] = os.getloadavg()
         if mode == "throughput":
@@ -579,8 +594,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_one(config: BenchConfig, label: str, mode: str, args: argparse.Namespace, workdir: Path,
-             progress: Progress) -> dict[str, Any]:
-    with stack(config, workdir, label, args.loglevel) as st:
+             progress: Progress, concurrency: int = 2) -> dict[str, Any]:
+    with stack(config, workdir, label, args.loglevel, concurrency) as st:
         if mode == "memory":
             return memory_run(st, args, progress)
         if mode == "profile":

@@ -103,7 +103,7 @@ class Delivery:
         self.version = version
         self.compensation = compensation
         self.stage = Stage.COMPENSATION if compensation else Stage.EXECUTION
-        # Runs the next step here when its saga continues inline (docs/design.md §3.3).
+        # Runs the next step here when its saga continues inline (docs/design.md §3.2).
         self.inline = inline
         self._next: tuple[SagaRecord, StepRecord, str] | None = None
 

@@ -1,5 +1,5 @@
 """Inline continuation: the next step runs in the process that settled the previous one
-(docs/design.md §3.3).
+(docs/design.md §3.2).
 
 A saga that opts in (``@sagas.saga(name, inline=True)`` or ``sagas_inline_steps``) has its
 next step claimed by the very write that settles the step before it, and that step's body runs
@@ -30,18 +30,22 @@ __all__ = ["InlineBudget", "InlineRunner", "held", "holding", "take_claim"]
 
 @dataclass(frozen=True, slots=True)
 class InlineBudget:
-    """What a chain of inline steps may still use: steps, and time (``time.monotonic``)."""
+    """What a chain of inline steps may still use (times on ``time.monotonic``): steps, until
+    when a new one may start, and when the running task's hard limit ends (None: no limit)."""
 
     steps_left: int
-    deadline: float
+    start_by: float
+    hard_end: float | None
 
     def allows(self, time_limit_ms: int) -> bool:
-        """Whether one more step whose time limit is ``time_limit_ms`` fits."""
-        return self.steps_left > 0 and time.monotonic() + time_limit_ms / 1000 <= self.deadline
+        """Whether one more step whose time limit is ``time_limit_ms`` may start now."""
+        now = time.monotonic()
+        fits = self.hard_end is None or now + time_limit_ms / 1000 <= self.hard_end
+        return self.steps_left > 0 and now <= self.start_by and fits
 
     def spent(self) -> InlineBudget:
         """The budget after one more inline step."""
-        return InlineBudget(self.steps_left - 1, self.deadline)
+        return InlineBudget(self.steps_left - 1, self.start_by, self.hard_end)
 
 
 class InlineRunner(Protocol):

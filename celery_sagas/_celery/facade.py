@@ -365,7 +365,7 @@ class Sagas:
     def _widen_for_inline(self) -> None:
         """Once any saga runs inline, Celery's hard limit on each step task is its own limit
         plus ``sagas_inline_max_seconds``, so a chain of inline steps fits in the task that
-        runs it; each body's own limit is then enforced by the task (docs/design.md §3.3)."""
+        runs it; each body's own limit is then enforced by the task (docs/design.md §3.2)."""
         if not self.settings.inline_steps and not any(
                 d.inline for d in self.registry.definitions.values()):
             return

@@ -1,5 +1,5 @@
 """Running a saga's next step inside the task that settled the step before it (docs/design.md
-§3.3): the Celery side of ``_inline.py``.
+§3.2): the Celery side of ``_inline.py``.
 
 A step runs inline when its saga chose it (``@sagas.saga(inline=True)`` or
 ``sagas_inline_steps``) and the step did not opt out (``@sagas.step(inline=False)``), and only
@@ -48,8 +48,7 @@ def first_budget(task: Task, max_steps: int, max_seconds: float) -> InlineBudget
     """The budget of a chain started by a task the broker delivered (now)."""
     now = time.monotonic()
     hard = hard_limit(task)
-    deadline = now + max_seconds if hard is None else now + min(max_seconds, hard - _MARGIN_S)
-    return InlineBudget(max_steps, deadline)
+    return InlineBudget(max_steps, now + max_seconds, None if hard is None else now + hard - _MARGIN_S)
 
 
 def hard_limit(task: Task) -> float | None:

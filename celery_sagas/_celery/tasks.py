@@ -98,7 +98,7 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
 
     def _own_time_limit(self) -> float | None:
         """The step's own limit (s) where the task's hard limit is wider (an inline saga's
-        step, docs/design.md §3.3): enforced on the body here; None where Celery's is it."""
+        step, docs/design.md §3.2): enforced on the body here; None where Celery's is it."""
         if self.engines is None:
             return None
         own_ms = self.engines.engine.registry.steps.get(self.name)
