@@ -14,8 +14,8 @@ and its settings (prefork, ``acks_late``, prefetch 1):
 Configured from the environment by ``bench/throughput.py``:
 BENCH_BROKER, BENCH_STORE, BENCH_PREFIX (store key or table prefix), BENCH_QUEUE,
 BENCH_MARKS (Redis URL of the chain finish marks), BENCH_READY (a file written when the worker
-is ready), BENCH_STEPS, BENCH_BODY_MS, BENCH_INLINE, and BENCH_COUNT_DIR: when set, the store is wrapped in ``CountingStore`` and every
-process dumps its counts to ``<dir>/<pid>.json``.
+is ready), BENCH_STEPS, BENCH_BODY_MS, BENCH_INLINE, and BENCH_COUNT_DIR: when set, the store is
+wrapped in ``CountingStore`` and every process dumps its counts to ``<dir>/<pid>.json``.
 """
 
 from __future__ import annotations
