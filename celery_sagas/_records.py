@@ -252,6 +252,7 @@ class HistoryEvent(TextEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     AMBIGUOUS = "ambiguous"
+    CAUGHT = "caught"  # run caught a step's StepFailed and went on
     RETRY = "retry"
     STEP = "step"
     COMPENSATION_INTENT = "compensation_intent"

@@ -29,6 +29,7 @@ from .._records import (
     HistoryEvent,
     OperatorAction,
     SagaRecord,
+    SagaState,
     StepRecord,
     StepState,
     history_of,
@@ -88,9 +89,26 @@ def transitions(before: SagaRecord | None, after: SagaRecord, at_ms: int,
         old = old_steps.get(step.name)
         if old is not step:
             yield from _step(old, step, at_ms, after)
+    if before is not None:
+        yield from _caught(before, after, at_ms)
     if before is not None and before.state is not after.state:
         yield HistoryEntry(at_ms, E.STATE, state=str(after.state), code=after.error_code,
                            reason=after.reason)
+
+
+def _caught(before: SagaRecord, after: SagaRecord, at: int) -> Iterator[HistoryEntry]:
+    """``run`` caught a step's ``StepFailed`` (docs/design.md §3.2) when the saga, going
+    forward, recorded a step after the failed one (or completed) in this write."""
+    if after.rolling_back or after.state not in (SagaState.RUNNING, SagaState.COMPLETED):
+        return
+    last = len(before.steps) - 1
+    for index, step in enumerate(after.steps):
+        if step.state is not StepState.FAILED or step.group is not None:
+            continue
+        went_on = index < len(after.steps) - 1 or after.state is SagaState.COMPLETED
+        was_last = index >= last and not (index == last and before.state is SagaState.COMPLETED)
+        if went_on and was_last:
+            yield HistoryEntry(at, E.CAUGHT, step.name, step.attempts, code=step.error_code)
 
 
 def _signals(before: SagaRecord | None, after: SagaRecord,
@@ -173,6 +191,9 @@ def _moved(step: StepRecord, at: int, saga: SagaRecord) -> HistoryEntry:
     if step.task in (APPROVAL_TASK, CHILD_TASK, TIMER_TASK, SIGNAL_TASK) and \
             state in (StepState.COMMITTED, StepState.FAILED):
         return _wait_ended(step, at, saga)
+    if state is StepState.COMMITTED and step.outcome_unknown:
+        # compensate_unknown: the outcome is unknown; the saga compensates it as declared
+        return HistoryEntry(at, E.AMBIGUOUS, name, step.attempts, code=step.error_code)
     if state is StepState.COMMITTED:
         return HistoryEntry(at, E.COMMITTED, name, step.attempts)
     if state is StepState.FAILED:

@@ -122,3 +122,14 @@ def test_compensate_unknown_needs_a_compensator_and_a_bool(shop: Shop) -> None:
     with pytest.raises(SagaConfigurationError, match="True or False"):
         shop.sagas.step(name="t.odd", compensate="t.x", compensate_unknown="yes")(lambda: None)
     assert "t.none" not in shop.sagas.registry.steps and "t.odd" not in shop.sagas.registry.steps
+
+
+def test_the_history_records_the_unknown_outcome_before_the_compensation(shop: Shop) -> None:
+    definition = _label_saga(shop, compensate_unknown=True)
+    shop.script.then("label", ConnectionError("reset"))
+    definition.start({"id": "o-7"}, saga_id="u-1")
+    shop.driver.run_until_idle()
+    entries = [(str(e.event), e.step, e.code) for e in shop.sagas.history("u-1").entries]
+    assert ("ambiguous", "t.label", "step_error") in entries
+    assert ("committed", "t.label", None) not in entries
+    assert ("compensated", "t.label", None) in entries

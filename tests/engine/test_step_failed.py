@@ -105,3 +105,15 @@ def test_a_failure_after_a_caught_one_compensates_everything_committed(shop: Sho
     [refund] = shop.script.of("refund")
     assert refund.args == ("card-b", 30)  # the charge that committed, not the declined one
     assert str(refund.kwargs["saga"].reason) == "shop.ship: no_courier"
+
+
+def test_the_history_says_run_caught_the_failure(shop: Shop) -> None:
+    definition = _two_providers(shop)
+    shop.script.then("charge", CardDeclined("no"))
+    definition.start({"id": "o-1"}, saga_id="p-1")
+    shop.driver.run_until_idle()
+    shop.sweep_when_stale()  # a later write (nothing to do) adds no second entry
+    entries = [(str(e.event), e.step, e.code) for e in shop.sagas.history("p-1").entries]
+    assert entries.count(("caught", "charge-a", "card_declined")) == 1
+    failed_at = entries.index(("failed", "charge-a", "card_declined"))
+    assert entries.index(("caught", "charge-a", "card_declined")) > failed_at
