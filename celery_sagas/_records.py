@@ -266,6 +266,7 @@ class HistoryEvent(TextEnum):
     SIGNAL = "signal"
     SIGNAL_CONSUMED = "signal_consumed"
     SIGNAL_TIMED_OUT = "signal_timed_out"
+    SIGNALS_DROPPED = "signals_dropped"  # unconsumed signals dropped as the saga turned back
     CHILD_STARTED = "child_started"
     CHILD_ENDED = "child_ended"
     APPROVAL_REQUESTED = "approval_requested"
@@ -288,7 +289,8 @@ class HistoryEntry:
         at_ms: when it happened (ms since the epoch).
         event: a ``HistoryEvent``: a step's or the saga's transition, or an operator action.
         step: the step it is about, if any.
-        attempt: the attempt of the step's execution (or compensation) it is about.
+        attempt: the attempt of the step's execution (or compensation) it is about; for
+            ``signals_dropped``, how many signals were dropped.
         state: the saga's new state (``state``), the step's (``step``, ``child_ended``,
             ``approval_decided``), or the outcome an operator recorded (``resolve``).
         code: the error code (a failure, an ambiguity's cause, why the saga stopped), or a

@@ -91,6 +91,9 @@ def transitions(before: SagaRecord | None, after: SagaRecord, at_ms: int,
             yield from _step(old, step, at_ms, after)
     if before is not None:
         yield from _caught(before, after, at_ms)
+    if before is not None and after.signals_dropped > before.signals_dropped:
+        dropped = after.signals_dropped - before.signals_dropped
+        yield HistoryEntry(at_ms, E.SIGNALS_DROPPED, attempt=dropped)
     if before is not None and before.state is not after.state:
         yield HistoryEntry(at_ms, E.STATE, state=str(after.state), code=after.error_code,
                            reason=after.reason)

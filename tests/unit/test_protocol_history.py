@@ -245,3 +245,17 @@ def test_a_step_state_without_a_name_of_its_own_is_a_generic_step_entry(variant:
 
     # then
     assert [(e.event, e.state) for e in entries] == [(E.STEP, "executing")]
+
+
+def test_signals_dropped_as_the_saga_turns_back_are_counted() -> None:
+    # given: a running saga holding two signals no wait consumed
+    signals = tuple(SignalRecord(f"sig-{i}", "paid", None, NOW - 10) for i in range(2))
+    before = replace(saga(step(CM)), signals=signals)
+
+    # when
+    after = recorded(before, moves.cancel(before, NOW))
+
+    # then
+    dropped = [e for e in after.history if e.event is E.SIGNALS_DROPPED]
+    assert [e.attempt for e in dropped] == [after.signals_dropped - before.signals_dropped]
+    assert after.signals_dropped - before.signals_dropped == 2
