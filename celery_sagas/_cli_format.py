@@ -146,6 +146,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "approval_id": step.approval_id,
         "group": step.group,
         "wake_at_ms": step.wake_at_ms,
+        "outcome_unknown": bool(step.outcome_unknown),
         "result": shown(step.result),
     }
     if payload:
@@ -202,7 +203,8 @@ _COMPENSATION_TIMES = (("compensation_started_at_ms", "started"),
 
 def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
     error = f"  error {step.error_code}" if step.error_code else ""
-    lines = [f"{index:>2}. {step.name}  {step.state}{error}"]
+    unknown = "  (outcome unknown: compensated as declared)" if step.outcome_unknown else ""
+    lines = [f"{index:>2}. {step.name}  {step.state}{error}{unknown}"]
     times = _phase_times(step)
     lines.append(f"    effect        {step.effect_id}  attempts {step.attempts}"
                  f"{_times(times, _FORWARD_TIMES)}")

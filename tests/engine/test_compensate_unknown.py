@@ -133,3 +133,17 @@ def test_the_history_records_the_unknown_outcome_before_the_compensation(shop: S
     assert ("ambiguous", "t.label", "step_error") in entries
     assert ("committed", "t.label", None) not in entries
     assert ("compensated", "t.label", None) in entries
+
+
+def test_show_says_the_outcome_was_unknown(shop: Shop) -> None:
+    from celery_sagas import _cli_format as fmt
+
+    definition = _label_saga(shop, compensate_unknown=True)
+    shop.script.then("label", ConnectionError("reset"))
+    definition.start({"id": "o-7"}, saga_id="u-1")
+    shop.driver.run_until_idle()
+    record = shop.record("u-1")
+    step = shop.step("t.label", "u-1")
+    assert fmt.step_view(step)["outcome_unknown"] is True
+    assert fmt.step_view(record.steps[0])["outcome_unknown"] is False
+    assert "outcome unknown: compensated as declared" in fmt.saga_text(record)
