@@ -59,6 +59,8 @@ Move = Callable[[SagaRecord], SagaRecord]
 _INLINE_RETRY_MAX_MS = 5_000
 _STORE_PAUSE_S = 0.5  # the first wait for a store that did not answer a claim
 _STORE_PAUSE_MAX_S = 5.0
+_STORE_WAIT_SHARE = 0.8  # of the time limit a claim waits for a silent store, at most
+_BEGIN_SHARE = 0.5  # past this share of its time limit, a delivery that waited begins no body
 
 
 class _Kind(Enum):
@@ -95,7 +97,7 @@ class Delivery:
 
     def __init__(self, engine: Engine, saga_id: str, step: str, effect_id: str,
                  version: int | None, *, compensation: bool,
-                 inline: InlineRunner | None = None) -> None:
+                 inline: InlineRunner | None = None, time_limit_ms: int | None = None) -> None:
         self.engine = engine
         self.saga_id = saga_id
         self.step = step
@@ -106,6 +108,11 @@ class Delivery:
         # Runs the next step here when its saga continues inline (docs/design.md §3.2).
         self.inline = inline
         self._next: tuple[SagaRecord, StepRecord, str] | None = None
+        # The task's hard time limit (None: as far as the record or the settings say), counted
+        # from here: a delivery that waited long for its store must leave the body time to run.
+        self.time_limit_ms = time_limit_ms
+        self._began = time.monotonic()
+        self._waited_for_store = False
 
     # ------------------------------------------------------------ the two kinds of body
 
@@ -204,20 +211,32 @@ class Delivery:
         return None
 
     def _store_wait_deadline(self) -> float:
-        """When to stop waiting for a store that did not answer a claim: the step's time limit
-        from now, past which its claim, if written, would be judged vanished anyway."""
+        """When to stop waiting for a store that did not answer a claim: before the task's
+        hard time limit kills the process (a written claim of a killed process would read as
+        ``worker_lost``)."""
         logger.warning("saga %s step %s: the store did not answer the claim; waiting for it",
                        self.saga_id, values.printable(self.step))
-        return time.monotonic() + self._time_limit_ms() / 1000
+        self._waited_for_store = True
+        return self._began + self._time_limit_ms() * _STORE_WAIT_SHARE / 1000
+
+    def _too_late_to_begin(self) -> bool:
+        """Whether this delivery waited so long for its store that a body begun now could
+        outlast the task's hard time limit: then it claims nothing, and the step (its claim
+        taken back) is sent again by the sweep, to a delivery with the whole limit."""
+        if not self._waited_for_store:
+            return False
+        spent_ms = (time.monotonic() - self._began) * 1000
+        return spent_ms > self._time_limit_ms() * _BEGIN_SHARE
 
     def _time_limit_ms(self) -> int:
-        """The step's (or compensator's) time limit as far as this process knows it."""
-        timing = self.engine.settings.timing
+        """The task's hard time limit, else the step's as far as this process knows it."""
+        if self.time_limit_ms:
+            return self.time_limit_ms
         known = self.engine.repository.known(self.saga_id)
         step = None if known is None else known.step(self.step)
         if step is not None and not self.compensation and step.time_limit_ms:
             return step.time_limit_ms
-        return timing.default_time_limit_ms
+        return self.engine.settings.timing.default_time_limit_ms
 
     def _undecryptable(self) -> None:
         """No configured key opens the saga's payloads: the body cannot run here, and no claim
@@ -278,7 +297,14 @@ class Delivery:
             return self._withdrawal(saga, step, tag)
         if self._live(saga, step) and step.started_at_ms is not None:
             return self._vanished(saga, step)
-        return Plan(note=self._claim_note(tag)) if self._claimable(saga, retrying=retrying) else None
+        if not self._claimable(saga, retrying=retrying):
+            return None
+        if self._too_late_to_begin():
+            logger.warning("saga %s step %s: the store answered too late in this delivery to "
+                           "begin the body; not claimed, the sweep sends the step again",
+                           self.saga_id, values.printable(self.step))
+            return None
+        return Plan(note=self._claim_note(tag))
 
     def _withdrawal(self, saga: SagaRecord, step: StepRecord, tag: str) -> Plan | None:
         """Take back this delivery's own claim, written though its reply was lost: the body

@@ -93,8 +93,10 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
             budget = getattr(self.request, "inline_budget", None) or first_budget(
                 self, engine.settings.inline_max_steps, engine.settings.inline_max_seconds)
             runner = CeleryInline(self, engine.registry, budget)
+        hard = hard_limit(self)
         return Delivery(engine, parsed.saga_id, parsed.step, self.request.id,
-                        parsed.version, compensation=compensation, inline=runner)
+                        parsed.version, compensation=compensation, inline=runner,
+                        time_limit_ms=None if hard is None else int(hard * 1000))
 
     def _own_time_limit(self) -> float | None:
         """The step's own limit (s) where the task's hard limit is wider (an inline saga's

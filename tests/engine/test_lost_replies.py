@@ -264,3 +264,31 @@ def test_a_store_refused_at_first_use_fails_the_delivery_at_once(
     with pytest.raises(NonDurableStoreError):
         shop.driver.deliver(message)
     assert waited == [] and shop.script.calls == []
+
+
+def test_a_delivery_that_waited_past_half_its_time_limit_takes_its_claim_back_for_a_fresh_one(
+        shop: Shop, store: LossyStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: reserve's claim lands, its reply is lost, and the store answers only once this
+    # delivery is past half its time limit (a body begun now could outlast the hard limit)
+    monkeypatch.setattr("celery_sagas._delivery.Delivery._too_late_to_begin",
+                        lambda self: self._waited_for_store)
+    shop.start_order()
+    [message] = shop.driver.take()
+    store.lose("annotate")
+
+    # when
+    shop.driver.deliver(message)
+
+    # then: no body ran, the claim was taken back (nothing ambiguous), no message went out
+    assert shop.script.calls == []
+    reserve = shop.step("shop.reserve")
+    assert (reserve.state, reserve.attempts, reserve.started_at_ms) == (StepState.EXECUTING, 0, None)
+    assert shop.driver.take() == []
+
+    # when: the sweep sends the step again once stale, to a delivery with its whole limit
+    monkeypatch.undo()
+    shop.sweep_when_stale()
+    shop.driver.run_until_idle()
+
+    # then
+    _no_review(shop)
