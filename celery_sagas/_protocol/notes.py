@@ -7,7 +7,8 @@ so every reader sees the same record; the next compare-and-set writes the result
 them. A claim that no longer applies (the saga moved on in between: impossible at the version
 it was written for, but a note is judged, not trusted) is ignored by every reader alike.
 
-A signal (docs/design.md §3.5) is a note too, appended at any version: applying it adds the
+A signal (docs/design.md §3.5) is a note too, appended at the version its sender read and
+checked (limits, a final saga, docs/concepts.md "Limits"): applying it adds the
 signal to the record's ``signals`` unless a signal with its id is there already, so a repeated
 send is one signal. Its payload is kept as the codec stored it (``{"payload": value}``, or a
 sealed token where payloads are encrypted, docs/design.md §7): whoever applies notes passes
@@ -60,7 +61,7 @@ class ClaimNote:
 
 @dataclass(frozen=True, slots=True)
 class SignalNote:
-    """A signal sent to a saga, appended without a read (docs/design.md §3.5); ``stored`` is
+    """A signal sent to a saga, appended as a note (docs/design.md §3.5); ``stored`` is
     its payload as the codec stores a payload outside a body (``{"payload": value}``);
     ``actor`` and ``reason`` go to the saga's history (docs/design.md §2.6)."""
 

@@ -1,6 +1,6 @@
 """A call that raises has written nothing (docs/errors.md): every public call that writes
 (start, signal, cancel, resume, resolve, approve, deny, reseal, and the CLI commands over them)
-is made to raise each error it can raise, on the memory store and on Redis, and a dump of the
+is made to raise each error it can raise, on the memory store, SQLite and Redis, and a dump of the
 whole store before and after must be equal. The web actions have their own matrix
 (tests/web/test_nothing_written.py)."""
 
@@ -58,17 +58,30 @@ def _memory_dump(store: MemoryStore) -> Callable[[], Any]:
     return lambda: {k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()}
 
 
+def _sql_dump(store: Any) -> Callable[[], Any]:
+    def dump() -> Any:
+        with store._engine.connect() as connection:
+            return {table.name: sorted(tuple(map(repr, row)) for row in
+                                       connection.execute(table.select()))
+                    for table in store._tables.metadata.sorted_tables}
+
+    return dump
+
+
 def _redis_dump(store: Any) -> Callable[[], Any]:
     client = store._client
     pattern = store.layout.pattern()
     return lambda: {k: client.dump(k) for k in sorted(client.scan_iter(match=pattern, count=1000))}
 
 
-@pytest.fixture(params=["memory", "redis"])
-def world(request: pytest.FixtureRequest) -> Iterator[World]:
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def world(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[World]:
     if request.param == "memory":
         store: Any = MemoryStore()
         dump = _memory_dump(store)
+    elif request.param == "sqlite":
+        store = open_store(f"sqlite:///{tmp_path}/sagas.db")
+        dump = _sql_dump(store)
     else:
         url = request.getfixturevalue("redis_url")
         store = open_store(url, key_prefix=f"nw{uuid.uuid4().hex[:8]}")
@@ -80,6 +93,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
             from tests.e2e.conftest import wipe_store
 
             wipe_store(store)
+        if request.param != "memory":
             store.close()
 
 
