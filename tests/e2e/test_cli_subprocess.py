@@ -7,6 +7,7 @@ and queue from the E2E_* environment, exactly like the workers they sit beside.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -115,3 +116,33 @@ def test_an_operator_exports_full_records_as_json_lines(redis_stack: Stack, tmp_
         assert line == redis_stack.sagas.get(line["saga_id"]).to_dict()
     assert completed.returncode == 0 and "exported 1 sagas" in completed.stderr
     assert [json.loads(x)["saga_id"] for x in target.read_text().splitlines()] == ["exp-ok"]
+
+
+def test_an_operator_reads_a_saga_history_from_the_shell(redis_stack: Stack) -> None:
+    # given: an order in manual review on a real worker, resolved from the shell
+    redis_stack.worker()
+    redis_stack.shop.order.start({"sku": "H", "amount": 4, "id": "h1", "plan": {"crash": "charge"}},
+                                 saga_id="cli-history")
+    charge = redis_stack.wait_settled("cli-history").steps[1]
+    resolved = celery_sagas(redis_stack, "resolve", "cli-history", "--step", charge.name,
+                            "--effect-id", charge.effect_id, "--committed", "--result",
+                            '{"charged": 4}', "--reason", "provider confirmed")
+    assert resolved.returncode == 0, resolved.stderr
+    resumed = celery_sagas(redis_stack, "resume", "cli-history", "--actor", "bob")
+    assert resumed.returncode == 0, resumed.stderr
+    assert redis_stack.wait_settled("cli-history").state == "completed"
+
+    # when
+    history = console(redis_stack, "history", "cli-history", "--json")
+    shown = celery_sagas(redis_stack, "show", "cli-history")
+
+    # then: the ambiguity and who settled it (the OS user, by default) stay on record
+    assert history.returncode == 0, history.stderr
+    entries = json.loads(history.stdout)["entries"]
+    events = [e["event"] for e in entries]
+    assert events.index("ambiguous") < events.index("resolve") < len(events) - 1
+    [resolve] = [e for e in entries if e["event"] == "resolve"]
+    assert resolve["actor"] == getpass.getuser()
+    assert resolve["reason"] == "provider confirmed"
+    assert shown.returncode == 0, shown.stderr
+    assert "ambiguous" in shown.stdout and "provider confirmed" in shown.stdout
