@@ -46,6 +46,7 @@ __all__ = [
     "Lease",
     "Notifying",
     "Page",
+    "PrefixScan",
     "StateListing",
     "Store",
     "check_bucket",
@@ -60,9 +61,11 @@ __all__ = [
     "check_lease_name",
     "check_lease_times",
     "check_note",
+    "check_prefix_scan_args",
     "check_scan_args",
     "check_state",
     "delete_all",
+    "prefix_end",
 ]
 
 MAX_SCAN_LIMIT = 1000
@@ -252,6 +255,46 @@ class Notifying(Protocol):
     def notify_settled(self, record_id: str) -> None:
         """Publish ``record_id`` on the store's settle channel; best effort, never raises."""
         ...
+
+
+@runtime_checkable
+class PrefixScan(Protocol):
+    """An optional store capability: the records of a kind whose id starts with a prefix, in
+    id order, from the primary key (its cost follows the ids with that prefix, never every
+    record). The SQL and memory stores have it; on Redis no index orders ids, so callers
+    filter a scan instead."""
+
+    def scan_prefix(
+        self,
+        kind: str,
+        prefix: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``) whose id starts
+        with ``prefix``, by id, from the id the opaque ``cursor`` names."""
+        ...
+
+
+def check_prefix_scan_args(kind: str, prefix: object, states: Sequence[str], limit: int,
+                           cursor: object, label: str | None) -> list[str]:
+    """The states of a valid ``scan_prefix`` call (SagaValidationError otherwise)."""
+    wanted = check_scan_args(kind, states, limit, None, label)
+    if not isinstance(prefix, str) or not prefix or len(prefix) > 128 or not prefix.isascii() \
+            or not prefix.isprintable():
+        raise SagaValidationError("an id prefix is 1..128 printable ASCII characters")
+    if cursor is not None and (not isinstance(cursor, str) or not cursor.startswith(prefix)):
+        raise SagaValidationError("malformed prefix scan cursor")
+    return wanted
+
+
+def prefix_end(prefix: str) -> str:
+    """The smallest string above every id starting with ``prefix`` (ids are printable ASCII,
+    so bumping the last character is enough)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def check_kind(kind: object) -> str:

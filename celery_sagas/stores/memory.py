@@ -36,6 +36,7 @@ from .base import (
     check_lease_times,
     check_limit,
     check_note,
+    check_prefix_scan_args,
     check_scan_args,
 )
 
@@ -212,6 +213,29 @@ class MemoryStore:
                     end = bisect.bisect_left(positions, high) if high else len(positions)
                     total += max(0, end - start)
         return total
+
+    def scan_prefix(
+        self,
+        kind: str,
+        prefix: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``) whose id starts
+        with ``prefix``, by id, from the id ``cursor`` names (``PrefixScan``)."""
+        wanted = set(check_prefix_scan_args(kind, prefix, states, limit, cursor, label))
+        start = cursor or prefix
+        with self._lock:
+            found = sorted(
+                (e for (k, i), e in self._records.items()
+                 if k == kind and i.startswith(prefix) and i >= start and e.state in wanted
+                 and (label is None or e.label == label)),
+                key=lambda e: e.id)[:limit + 1]
+        following = found[limit].id if len(found) > limit else None
+        return Page(tuple(found[:limit]), following)
 
     def stored_states(self, kind: str) -> list[str]:
         """The distinct states of the records of ``kind``, sorted (from the state indexes)."""

@@ -53,7 +53,16 @@ from ..errors import (
     InvalidRecordError,
     SagaValidationError,
 )
-from ..stores.base import MAX_NOTES, Envelope, Fence, Lease, StateListing, Store, delete_all
+from ..stores.base import (
+    MAX_NOTES,
+    Envelope,
+    Fence,
+    Lease,
+    PrefixScan,
+    StateListing,
+    Store,
+    delete_all,
+)
 from .clock import FrozenClock
 from .racing import ReadTogether, race
 
@@ -463,6 +472,29 @@ class StoreConformance:
         assert store.compare_and_set(replace(moved, version=2, state=states[1]), 1) is True
         assert sorted(store.stored_states(kind)) == states
         assert store.stored_states(f"k{uuid.uuid4().hex[:12]}") == []
+
+    def test_a_prefix_scan_pages_the_ids_with_the_prefix_by_id(self) -> None:
+        store = self._store()
+        if not isinstance(store, PrefixScan):
+            pytest.skip("this store has no prefix scan (PrefixScan is optional)")
+        state, other, prefix = _fresh("st"), _fresh("st"), f"p{uuid.uuid4().hex[:8]}-"
+        mine = sorted(self._created(_envelope(f"{prefix}{n:02d}", state, T0 + n)).id
+                      for n in range(7))
+        self._created(_envelope(f"{prefix}x", other, T0))  # another state
+        self._created(_envelope(f"{prefix[:-1]}_", state, T0))  # no prefix match
+        self._created(_envelope(f"{prefix}k", state, T0, kind="effect"))  # another kind
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = store.scan_prefix("saga", prefix, [state], cursor=cursor, limit=3)
+            assert len(page.items) <= 3
+            seen += [e.id for e in page.items]
+            cursor = page.cursor
+            if cursor is None:
+                break
+        assert seen == mine
+        with pytest.raises(SagaValidationError):
+            store.scan_prefix("saga", prefix, [state], cursor="elsewhere")
 
     def test_scan_of_a_state_without_records_is_empty(self) -> None:
         page = self._store().scan("saga", [_fresh("empty")])

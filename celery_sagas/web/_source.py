@@ -11,9 +11,10 @@ list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
   stale, not those waiting by design: ``_attention``) and pending approvals whose gate still
   waits;
 - the sagas list is one page of ``sagas.browse(states, definition=...)``: the store filters
-  by state and definition. Only the id prefix, which no index holds, is filtered here: on the
-  envelopes of the store's scan (only matches are decoded), at most ``PREFIX_READ`` per
-  request, with a cursor to go on from there;
+  by state and definition. An id prefix is one page of the store's prefix scan where it has
+  one (``PrefixScan``: SQL, memory); elsewhere (Redis) it is filtered here, on the envelopes
+  of the store's scan (only matches are decoded), at most ``PREFIX_READ`` per request, with a
+  cursor to go on from there; so is an error code;
 - one saga is one ``sagas.get``; the queue is one page of ``sagas.findings("sagas")``.
 
 Where the facade has no call, this module uses the store and two internal modules (named in
@@ -57,6 +58,7 @@ from .. import _values as values
 from .._codec import Codec
 from .._records import APPROVAL, SAGA
 from .._scans import Scans
+from ..stores.base import PrefixScan
 from ._attention import STALE_READ, Attention, WaitingRow, judge_stale, live_gate, waiting_rows
 from ._events import Announce, OperatorAction
 
@@ -376,7 +378,28 @@ class SagaSource:
                                                updated_before_ms=chosen.updated_before_ms)
             return SagaPage(page.records, page.corrupt, after, len(page.records) + len(page.corrupt),
                             matching=matching)
+        store = self._sagas.store
+        if chosen.id_prefix is not None and isinstance(store, PrefixScan):
+            return self._by_prefix(store, chosen, chosen.id_prefix, at, limit)
         return self._filtered(chosen, at, limit)
+
+    def _by_prefix(self, store: PrefixScan, chosen: SagaFilter, prefix: str, at: _At,
+                   limit: int) -> SagaPage:
+        """One page of the store's prefix scan (an index range on the ids; states and
+        definition filtered there, the time and error code here): never a "none among N
+        read" while matches exist."""
+        page = store.scan_prefix(SAGA, prefix, chosen.browsed_states, label=chosen.definition,
+                                 cursor=at.cursor, limit=limit)
+        records: list[SagaRecord] = []
+        corrupt: list[CorruptRecord] = []
+        for envelope in page.items:
+            if chosen.updated_before_ms is None or envelope.updated_at_ms < chosen.updated_before_ms:
+                self._decode(envelope, records, corrupt)
+        if chosen.error_code:
+            records = [r for r in records if _has_code(r, chosen.error_code)]
+        after = None if page.cursor is None else _At(page.cursor, limit, 0).encode(chosen)
+        return SagaPage(tuple(records), tuple(corrupt), after, len(page.items), False,
+                        self.saga(prefix))
 
     def _browse(self, chosen: SagaFilter, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
         return self._sagas.browse(states=chosen.browsed_states, definition=chosen.definition,

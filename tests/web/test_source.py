@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import pytest
 
@@ -106,7 +106,8 @@ def test_an_id_prefix_filters_the_scanned_pages(web: Web) -> None:
 
 def test_an_id_prefix_stops_at_the_read_limit_and_goes_on_from_there(
         web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
-    # given: 3 matches among 50 records, 12 read per request
+    # given: a store without a prefix scan (as Redis); 3 matches among 50, 12 read per request
+    monkeypatch.setattr("celery_sagas.web._source.PrefixScan", _NoPrefixScan)
     monkeypatch.setattr("celery_sagas.web._source.PREFIX_READ", 12)
     seed(web.sagas.store, 47, at=1_000)
     seed(web.sagas.store, 3, prefix="x", at=5_000)
@@ -121,6 +122,30 @@ def test_an_id_prefix_stops_at_the_read_limit_and_goes_on_from_there(
     assert first.read_spent and first.cursor is not None and first.read == 12
     assert ids == ["x-0000", "x-0001", "x-0002"]
     assert pages == 5  # 50 records, 12 read per request
+
+
+@runtime_checkable
+class _NoPrefixScan(Protocol):
+    """A capability no store has: the web UI falls back to filtering a scan."""
+
+    def scan_prefix_of_no_store(self) -> None: ...
+
+
+def test_an_id_prefix_on_a_store_with_a_prefix_scan_reads_only_the_matches(web: Web) -> None:
+    # given: 3 matches among 2,000 records
+    seed(web.sagas.store, 2_000, at=1_000)
+    seed(web.sagas.store, 3, prefix="x", at=5_000)
+    source = source_of(web)
+    chosen = SagaFilter.of(["completed"], None, "x-")
+
+    # when
+    page = source.page(chosen, None, limit=2)
+    rest = source.page(chosen, page.cursor, limit=2)
+
+    # then: by id, from the store's index, no read budget spent
+    assert [r.saga_id for r in page.records] == ["x-0000", "x-0001"] and page.read == 2
+    assert [r.saga_id for r in rest.records] == ["x-0002"] and rest.cursor is None
+    assert not page.read_spent
 
 
 def test_an_exact_id_is_found_at_once(web: Web) -> None:

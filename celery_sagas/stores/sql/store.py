@@ -86,7 +86,9 @@ from ..base import (
     check_lease_args,
     check_limit,
     check_note,
+    check_prefix_scan_args,
     check_scan_args,
+    prefix_end,
 )
 from ._dialects import (
     append_line,
@@ -411,6 +413,32 @@ class SqlStore:
             stmt = stmt.where(table.c.updated_at_ms < updated_before_ms)
         with self._driver_errors("count"), self._engine.begin() as conn:
             return int(conn.execute(stmt).scalar_one())
+
+    def scan_prefix(
+        self,
+        kind: str,
+        prefix: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """One statement on the primary key (kind, id): up to ``limit`` records of ``kind`` in
+        ``states`` (and ``label``) whose id is in [``prefix``, the next prefix), by id, from
+        the id ``cursor`` names (``PrefixScan``)."""
+        wanted = check_prefix_scan_args(kind, prefix, states, limit, cursor, label)
+        table = self._tables.envelopes
+        stmt = select(*_record_columns(table)).where(
+            table.c.kind == kind, table.c.id >= (cursor or prefix), table.c.id < prefix_end(prefix),
+            table.c.state.in_(wanted))
+        if label is not None:
+            stmt = stmt.where(table.c.label == label)
+        stmt = stmt.order_by(table.c.id).limit(limit + 1)
+        with self._driver_errors("scan_prefix"), self._engine.begin() as conn:
+            rows = conn.execute(stmt).all()
+        items = tuple(_scanned(kind, row) for row in rows[:limit])
+        return Page(items, str(rows[limit].id) if len(rows) > limit else None)
 
     def stored_states(self, kind: str) -> list[str]:
         """The distinct ``state`` values of the records of ``kind``: one statement, a loose
