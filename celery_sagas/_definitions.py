@@ -272,7 +272,8 @@ class Registry:
         if cached is not None:
             return cached
         steps: Mapping[str, StepPolicy] = {
-            name: StepPolicy(o.idempotent, o.attempts_per_effect, o.compensate_unknown)
+            name: StepPolicy(o.idempotent, o.attempts_per_effect, o.compensate_unknown,
+                             bool(o.retry_on))
             for name, o in self.steps.items()
         }
         idempotent = frozenset(n for n, o in self.compensators.items() if o.idempotent)

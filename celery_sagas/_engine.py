@@ -358,9 +358,13 @@ class Engine:
                         then=(lambda w: self.emit(w, woken, Stage.EXECUTION, Phase.COMMITTED),))
         if isinstance(decision, Abandon):
             step = decision.step
-            return Plan(after=moves.abandon_step(saga, step.name, step.effect_id, now),
+            abandoned = moves.abandon_step(saga, step.name, step.effect_id, now,
+                                           nothing_committed=decision.nothing_committed)
+            failed = abandoned.step(step.name)
+            code = failed.error_code if failed is not None else None
+            return Plan(after=abandoned,
                         then=(lambda w: self.emit(w, step, Stage.EXECUTION, Phase.FAILED,
-                                                  codes.NOT_STARTED),))
+                                                  code or codes.NOT_STARTED),))
         return Plan(after=self._saga_move(saga, decision, now))
 
     def _plan_append(self, saga: SagaRecord, decision: Append, now: int) -> Plan:

@@ -108,6 +108,11 @@ def _in_flight(
         if saga.rolling_back and step.state is StepState.EXECUTING and step.started_at_ms is None:
             if step.attempts == 0:
                 return Abandon(step)
+            options = policy.step(step.task)
+            if options.retry_on and not options.idempotent:
+                # Released by retry_on only (a step that is not idempotent is never retried
+                # after an unknown outcome): its last attempt provably committed nothing.
+                return Abandon(step, nothing_committed=True)
             # An idempotent step released for a retry: its last attempt may have committed,
             # and no retry starts while rolling back, so its outcome stays unknown.
             return Vanished(step, compensation=False, retry=False,

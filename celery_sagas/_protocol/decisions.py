@@ -34,6 +34,7 @@ class StepPolicy:
     idempotent: bool = False
     attempts_per_effect: int = 1
     compensate_unknown: bool = False
+    retry_on: bool = False  # declares retry_on types: retried after failures that committed nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +103,11 @@ class Vanished:
 
 @dataclass(frozen=True, slots=True)
 class Abandon:
-    """While rolling back, fail a step that was never claimed."""
+    """While rolling back, fail a step that was never claimed (``nothing_committed``: or one
+    waiting for a retry whose last attempt provably committed nothing)."""
 
     step: StepRecord
+    nothing_committed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -366,15 +366,23 @@ def release_step(
     )
 
 
-def abandon_step(saga: SagaRecord, name: str, effect_id: str, now_ms: int) -> SagaRecord:
-    """While rolling back, a step never claimed is failed before it can begin."""
+def abandon_step(saga: SagaRecord, name: str, effect_id: str, now_ms: int, *,
+                 nothing_committed: bool = False) -> SagaRecord:
+    """While rolling back, a step never claimed is failed before it can begin.
+
+    ``nothing_committed``: a step released for a retry whose last attempt provably committed
+    nothing (a ``retry_on`` failure of a step that is not idempotent) is failed too, with the
+    code of that failure; without it, an earlier attempt makes the move illegal.
+    """
     step = _find(saga, name, effect_id, "abandon_step", compensation=False)
     _need(saga, step, "abandon_step", _INTENT_STATES, started=False)
     if not saga.rolling_back:
         raise _illegal(saga, "abandon_step while going forward", step)
-    if step.attempts > 0:  # an earlier attempt began: its outcome is not "never happened"
+    if step.attempts > 0 and not (nothing_committed and step.state is StepState.EXECUTING):
+        # an earlier attempt began: its outcome is not "never happened"
         raise _illegal(saga, "abandon_step after an attempt", step)
-    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=codes.NOT_STARTED)
+    code = step.error_code if step.attempts > 0 and step.error_code else codes.NOT_STARTED
+    return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=code)
 
 
 def wake_step(saga: SagaRecord, name: str, effect_id: str, result: Any, now_ms: int,

@@ -10,7 +10,7 @@ import pytest
 
 from celery_sagas._records import SagaState, StepState
 from celery_sagas.errors import SagaConfigurationError
-from tests.engine.conftest import Shop
+from tests.engine.conftest import CardDeclined, Shop
 
 
 class RateLimited(Exception):
@@ -98,3 +98,31 @@ def test_retry_on_that_is_not_exception_classes_is_refused(shop: Shop, retry_on:
 def test_retries_without_idempotent_or_retry_on_is_still_refused(shop: Shop) -> None:
     with pytest.raises(SagaConfigurationError, match="idempotent=True or retry_on="):
         _limited_saga(shop, retries=3)
+
+
+def test_a_retry_on_branch_waiting_for_its_retry_fails_cleanly_when_a_sibling_fails(
+        shop: Shop) -> None:
+    # given: a rate-limited branch whose retry is due in a minute, beside a declined charge
+    @shop.sagas.step(name="t.slow", compensate=None, retry_on=(RateLimited,), retries=3,
+                     backoff=lambda _: 60)
+    def slow(user: str) -> Any:
+        return shop.script.play("t.slow", (user,), {}, {"called": user})
+
+    charge = shop.tasks["charge"]
+
+    @shop.sagas.saga("limited-fan")
+    def run(ctx: Any, data: dict[str, Any]) -> Any:
+        return ctx.parallel(ctx.call(slow, "u"), ctx.call(charge, "card-1", 30))
+
+    shop.script.then("t.slow", RateLimited("429"))
+    shop.script.then("charge", CardDeclined("no"))
+
+    # when
+    run.start({}, saga_id="f-1")
+    shop.driver.run_until_idle()
+
+    # then: its last attempt committed nothing, so it failed (no review), never retried
+    step = shop.step("t.slow", "f-1")
+    assert (step.state, step.error_code, step.attempts) == (StepState.FAILED, "rate_limited", 1)
+    assert shop.record("f-1").state == SagaState.COMPENSATED
+    assert shop.script.names().count("t.slow") == 1

@@ -326,6 +326,17 @@ def test_compensating_judges_a_step_released_for_a_retry_ambiguous() -> None:
     assert decision == Vanished(s, compensation=False, retry=False, error_code=codes.TIME_LIMIT)
 
 
+def test_compensating_fails_a_step_released_by_retry_on_as_nothing_committed() -> None:
+    # a step that is not idempotent is released only after a retry_on failure
+    record = back(step(CM, "a"), step(XR, "b", error_code="rate_limited"))
+    policy = replace(POLICY, steps={"task.b": StepPolicy(retry_on=True)})
+    decision = decide(record, never, NOW, policy)
+    assert decision == Abandon(record.steps[1], nothing_committed=True)
+    # an idempotent one's release may follow an unknown outcome: still ambiguous
+    both = replace(POLICY, steps={"task.b": StepPolicy(idempotent=True, retry_on=True)})
+    assert isinstance(decide(record, never, NOW, both), Vanished)
+
+
 def test_compensating_waits_for_a_claimed_step_to_report() -> None:
     assert decide(back(step(CM, "a"), step(X1, "b")), never, NOW, POLICY) == Wait(DEADLINE)
 

@@ -140,6 +140,16 @@ MOVES = [
         settles=True,
     ),
     Move(
+        "abandon_step(nothing_committed=True)",
+        lambda s, st, now: moves.abandon_step(s, st.name, st.effect_id, now,
+                                              nothing_committed=True),
+        # also a step released for a retry_on retry: its last attempt committed nothing
+        where(frozenset({COMPENSATING}), (X0, AW, XR)),
+        lambda st, now: replace(st, state=S.FAILED,
+                                error_code=st.error_code if st.attempts else codes.NOT_STARTED),
+        settles=True,
+    ),
+    Move(
         "mark_redispatched",
         lambda s, st, now: moves.mark_redispatched(s, st.name, now),
         where(LIVE, (X0, XR, P0)),
