@@ -31,6 +31,7 @@ from ._protocol.children import child_id_of, settle
 from ._protocol.limits import Limits, child_position
 from ._records import ParentRef, SagaRecord, SagaState, StepRecord, StepState
 from ._repository import Plan, SagaRepository
+from ._topology import Topology
 from .errors import SagaConflictError, SagaError, SagaNotFound
 from .stores.base import Fence
 
@@ -89,20 +90,14 @@ class Host(Protocol):
         """Roll a saga back."""
         ...
 
-    def fence_for(self, saga_id: str) -> Fence | None:
-        """The fence a write to ``saga_id`` carries now (a sweep's, in its bucket)."""
-        ...
-
-    def fenced(self, fence: Fence | None) -> contextlib.AbstractContextManager[None]:
-        """Writes within carry ``fence`` where it applies."""
-        ...
 
 
 class ChildSagas:
     """Starts, reports, undoes and reconciles the child sagas of one engine."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, topology: Topology) -> None:
         self.host = host
+        self.topology = topology
         # the queue of the saga tree this thread (or greenlet: sagas.aio) drives, if any
         self._queue: contextvars.ContextVar[deque[Callable[[], None]] | None] = \
             contextvars.ContextVar(f"saga_tree_{id(self)}", default=None)
@@ -112,10 +107,10 @@ class ChildSagas:
         drives a saga, once that is done: the outermost call empties the queue, so a tree of
         any depth or width costs a loop, not a stack. Work queued behind the first that fails
         is logged and left to the sweep; the first's error is the caller's."""
-        fence = self.host.fence_for(saga_id)
+        fence = self.topology.fence_for(saga_id)
 
         def run() -> None:
-            with self.host.fenced(fence):
+            with self.topology.fenced(fence):
                 work()
 
         queue = self._queue.get()
@@ -252,7 +247,7 @@ class ChildSagas:
         the parent as it is afterwards. A sweep passes its fence: writes to the parent and to
         the children in its bucket (default child ids are) carry it."""
         acted = False
-        with self.host.fenced(fence):
+        with self.topology.fenced(fence):
             for step in saga.steps:
                 child_id = child_id_of(step)
                 if child_id is None or step.state not in (StepState.WAITING,
@@ -307,7 +302,7 @@ class ChildSagas:
 
     def _update(self, saga_id: str, decide: Callable[[SagaRecord], Plan | None]
                 ) -> tuple[SagaRecord, Plan | None]:
-        return self.host.repository.update(saga_id, decide, fence=self.host.fence_for(saga_id))
+        return self.host.repository.update(saga_id, decide, fence=self.topology.fence_for(saga_id))
 
 
 def _logged(work: Callable[[], None]) -> None:

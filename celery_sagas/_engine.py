@@ -10,12 +10,10 @@ between the two, the sweep finds the intent and sends it again under the same ef
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -150,8 +148,8 @@ class Engine:
         # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
         self.draw = draw
         self.trace_children: ChildTrace = trace_children or UntracedChildren()
-        self.children = ChildSagas(self)
-        self._ambient = threading.local()  # the fence of the sweep this thread works under
+        self.topology = repository.topology
+        self.children = ChildSagas(self, self.topology)
 
     # ------------------------------------------------------------ records
 
@@ -172,44 +170,6 @@ class Engine:
     def load(self, saga_id: str) -> SagaRecord:
         """The saga record; SagaNotFound when absent."""
         return self.repository.load(saga_id)
-
-    def colocated(self, saga_id: str, candidate: str) -> str:
-        """``candidate``, or ``candidate.1``, ``candidate.2``... the first that falls in the
-        bucket of ``saga_id``: a deterministic id of a record the saga owns (a child saga)."""
-        store = self.repository.store
-        home, found, n = store.bucket_of(saga_id), candidate, 0
-        while store.bucket_of(found) != home:
-            n += 1
-            found = f"{candidate}.{n}"
-        return found
-
-    def colocated_id(self, saga_id: str) -> str:
-        """A fresh id drawn until it falls in the saga's bucket: what a saga owns lives in its
-        slot (docs/design.md §4.2). Expected draws: the store's bucket count."""
-        store = self.repository.store
-        home = store.bucket_of(saga_id)
-        while True:
-            candidate = uuid.uuid4().hex
-            if store.bucket_of(candidate) == home:
-                return candidate
-
-    @contextlib.contextmanager
-    def fenced(self, fence: Fence | None) -> Iterator[None]:
-        """Within this block, writes this thread makes to sagas of ``fence``'s bucket carry it
-        (a sweep acting on a parent also moves its children, which live in its bucket)."""
-        previous = getattr(self._ambient, "fence", None)
-        self._ambient.fence = fence if fence is not None else previous
-        try:
-            yield
-        finally:
-            self._ambient.fence = previous
-
-    def fence_for(self, saga_id: str) -> Fence | None:
-        """The fence a write to ``saga_id`` carries now: the sweep's, in its bucket only."""
-        fence: Fence | None = getattr(self._ambient, "fence", None)
-        if fence is None or self.repository.store.bucket_of(saga_id) != fence.bucket:
-            return None
-        return fence
 
     def definition_of(self, saga: SagaRecord) -> SagaDefinition:
         """The definition a saga was started with (must be registered in this process)."""
@@ -290,8 +250,8 @@ class Engine:
     def advance(self, saga_id: str, known: SagaRecord | None = None,
                 fence: Fence | None = None) -> SagaRecord:
         """Write and carry out decisions until the saga waits for something outside this process."""
-        fence = fence if fence is not None else self.fence_for(saga_id)
-        with self.fenced(fence):
+        fence = fence if fence is not None else self.topology.fence_for(saga_id)
+        with self.topology.fenced(fence):
             saga = known if known is not None else self.load(saga_id)
             for _ in range(4 * len(saga.steps) + 16):
                 saga, plan = self.repository.update(saga_id, self.plan, known=saga, fence=fence)
@@ -314,8 +274,8 @@ class Engine:
 
         def run_replay() -> Any:
             return replay(definition, saga, self.registry, self.new_id, now,
-                          lambda: self.colocated_id(saga.saga_id),
-                          lambda candidate: self.colocated(saga.saga_id, candidate))
+                          lambda: self.topology.colocated_id(saga.saga_id),
+                          lambda candidate: self.topology.colocated(saga.saga_id, candidate))
 
         return decide(saga, run_replay, now, policy, dead_effects(saga.steps))
 
@@ -532,7 +492,7 @@ class Engine:
             return Plan(after=moves.one_write(saga, replace(saga, updated_at_ms=at)),
                         action=action)
 
-        saga, _ = self.repository.update(saga_id, decide_record, fence=self.fence_for(saga_id))
+        saga, _ = self.repository.update(saga_id, decide_record, fence=self.topology.fence_for(saga_id))
         return saga
 
     def reconcile_gates(self, saga: SagaRecord, fence: Fence | None = None) -> SagaRecord:
@@ -609,7 +569,7 @@ class Engine:
                     f"saga {saga_id!r} has an unresolved step; resolve it first ({verb} refused)"
                 ) from exc
 
-        saga, _ = self.repository.update(saga_id, decide_move, fence=self.fence_for(saga_id))
+        saga, _ = self.repository.update(saga_id, decide_move, fence=self.topology.fence_for(saga_id))
         return saga if saga.state.final else self.advance(saga_id, saga)
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,

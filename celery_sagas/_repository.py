@@ -25,6 +25,7 @@ from ._codec import Codec, carries_write, new_write_id
 from ._protocol.history import DEFAULT_HISTORY_LIMIT, recorded
 from ._protocol.notes import apply_notes, parse_note
 from ._records import SAGA, OperatorAction, SagaRecord, SagaState
+from ._topology import Topology
 from .errors import (
     FencedWriteRefused,
     NonDurableStoreError,
@@ -146,6 +147,8 @@ class SagaRepository:
         history_limit: int = DEFAULT_HISTORY_LIMIT,
     ) -> None:
         self.store = store
+        # Where records live and the fence this thread writes under (docs/design.md §4.2).
+        self.topology = Topology(store)
         # Told the id of every saga this process moved into a settled state (completed,
         # compensated, manual review): an async ``wait`` elsewhere wakes on it.
         self._on_settled = on_settled
