@@ -26,8 +26,9 @@ app = Celery("async_bench", broker=os.environ.get("ASYNC_BENCH_BROKER", "redis:/
 app.conf.update(task_default_queue=os.environ.get("ASYNC_BENCH_QUEUE", "async-bench"),
                 worker_prefetch_multiplier=1, task_acks_late=True,
                 broker_connection_retry_on_startup=True)
+# require_aof=False: the benchmarks' Redis runs without AOF (the figures are the store's cost).
 sagas = Sagas(app, store=os.environ.get("ASYNC_BENCH_STORE", "redis://127.0.0.1:6379/15"),
-              key_prefix=PREFIX, table_prefix=f"{PREFIX}_")
+              key_prefix=PREFIX, table_prefix=f"{PREFIX}_", require_aof=False)
 
 
 @sagas.step(compensate=None, name="async_bench.noop")

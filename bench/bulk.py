@@ -33,7 +33,7 @@ def open_store(backend: str, url: str, stem: str = "bench") -> RedisStore | SqlS
     """A store under a fresh prefix (``<stem><hex>``)."""
     prefix = stem + uuid.uuid4().hex[:8]
     if backend == "redis":
-        return RedisStore.from_url(url, prefix=prefix)
+        return RedisStore.from_url(url, prefix=prefix, require_aof=False)  # bench Redis: no AOF
     return SqlStore.from_url(url, table_prefix=prefix + "_")
 
 

@@ -192,6 +192,7 @@ def run_store(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     tag = "ret" + uuid.uuid4().hex[:8]
     app = Celery(f"bench-retention-{tag}", set_as_current=False)
     options: dict[str, Any] = {"key_prefix": tag} if kind == "redis" else {"table_prefix": tag + "_"}
+    options["require_aof"] = False  # the benchmark's Redis runs without AOF (ignored by SQL)
     sagas = Sagas(app, store=url, retention=args.retention, sweep_page_size=args.page_size,
                   sweep_lease=120.0, **options)
     define(sagas)

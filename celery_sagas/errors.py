@@ -8,7 +8,7 @@
     ├── IllegalTransition                    a protocol move the design forbids
     ├── StoreError                           a store driver failed (translated)
     │   ├── StoreUnavailable                 a store's extra is missing or the URL is unknown
-    │   ├── NonDurableStoreError             Sagas was given a store that keeps nothing
+    │   ├── NonDurableStoreError             a store that keeps nothing, or Redis without AOF
     │   └── FencedWriteRefused               a write under an older lease grant
     ├── SagaConcurrencyError                 lost a compare-and-set race
     ├── SagaNotFound (LookupError)           no saga with that id
@@ -176,7 +176,7 @@ class StoreUnavailable(StoreError):
 
 
 class NonDurableStoreError(StoreError):
-    """Sagas was given a store that keeps nothing, without allow_non_durable."""
+    """A store that keeps nothing without allow_non_durable, or a Redis without AOF."""
 
 
 class FencedWriteRefused(StoreError):

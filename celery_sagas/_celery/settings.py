@@ -49,6 +49,8 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
     "approval_ttl": (900.0, "seconds an approval stays decidable"),
     "encryption_keys": ((), "Fernet keys that encrypt payloads at rest, newest first (extra 'crypto')"),
     "allow_non_durable": (False, "allow the memory store outside tests (loses everything on exit)"),
+    "require_aof": (True, "refuse a Redis store server without an append-only file (False: "
+                          "accept it, warning once per process; a development box)"),
     "retention": (604800.0, "seconds a completed or compensated saga is kept before the sweep "
                             "deletes it (None: forever)"),
     "archive": (None, "callable (or dotted path) receiving each saga record before retention "
@@ -202,6 +204,7 @@ class SagaSettings:
     approval_secrets: tuple[bytes | str, ...]
     approval_ttl_ms: int
     allow_non_durable: bool
+    require_aof: bool = True
     sweep_shards: int = 1
     metrics: bool = False
     metrics_registry: Any = None
@@ -261,6 +264,7 @@ class SagaSettings:
             approval_secrets=tuple(secrets),
             approval_ttl_ms=_seconds_ms("approval_ttl", raw["approval_ttl"]),
             allow_non_durable=_flag("allow_non_durable", raw["allow_non_durable"]),
+            require_aof=_flag("require_aof", raw["require_aof"]),
             sweep_shards=_shards(raw["sweep_shards"]),
             metrics=raw["metrics"] is not False and raw["metrics"] is not None,
             metrics_registry=_registry(raw["metrics"]),

@@ -41,10 +41,12 @@ __all__ = ["PerProcess", "Runtime", "hide_store_url", "open_configured_store", "
 logger = logging.getLogger("celery_sagas")
 
 def open_configured_store(target: str | Store, settings: SagaSettings) -> Store:
-    """The store a URL names, with the key or table prefix of the settings (or the store given)."""
+    """The store a URL names, with the key or table prefix and the AOF requirement of the
+    settings (or the store given)."""
     if not isinstance(target, str):
         return target
-    store = open_store(target, key_prefix=settings.key_prefix, table_prefix=settings.table_prefix)
+    store = open_store(target, key_prefix=settings.key_prefix, table_prefix=settings.table_prefix,
+                       require_aof=settings.require_aof)
     if not store.durable and not settings.allow_non_durable:
         logger.warning("saga store %s keeps nothing across restarts", target.split("://", 1)[0])
     return store

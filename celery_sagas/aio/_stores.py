@@ -66,9 +66,9 @@ def _redis_store(url: str, settings: SagaSettings) -> AsyncStore:
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
     from ..stores.redis._keys import DEFAULT_BUCKETS
-    from ..stores.redis.store import RedisStore, _split_buckets
+    from ..stores.redis.store import RedisStore, _split_store_options
 
-    url, buckets = _split_buckets(url)
+    url, buckets, aof_in_url = _split_store_options(url)
     scheme = url.split("://", 1)[0].lower()
     client: Any
     if scheme in CLUSTER_SCHEMES:
@@ -78,7 +78,8 @@ def _redis_store(url: str, settings: SagaSettings) -> AsyncStore:
     else:
         client = aredis.Redis.from_url(url)
     store: Any = RedisStore(BridgedRedis(client), prefix=settings.key_prefix,
-                       buckets=buckets if buckets is not None else DEFAULT_BUCKETS)
+                            buckets=buckets if buckets is not None else DEFAULT_BUCKETS,
+                            require_aof=settings.require_aof and aof_in_url is not False)
     store._owns_client = True  # closed with the async client
     # Cluster pub/sub of redis.asyncio varies by version: cluster waiters poll.
     listen = None if scheme in CLUSTER_SCHEMES else redis_listen(client, store.settle_channel)

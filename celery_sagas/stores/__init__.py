@@ -33,14 +33,16 @@ _BUILTIN: dict[str, tuple[tuple[str, str], str | None]] = {
 
 
 def open_store(url: str, *, key_prefix: str | None = None, table_prefix: str | None = None,
-               **options: Any) -> Store:
+               require_aof: bool = True, **options: Any) -> Store:
     """Open a store from a URL: memory://, redis://, rediss://, redis+cluster://,
     rediss+cluster://, sqlite://, postgresql+psycopg://, mysql+pymysql://, or a scheme
     registered in the ``celery_sagas.stores`` entry-point group. A malformed URL raises
     ``StoreUnavailable`` saying what is wrong (with a hint for the usual near-misses).
 
     ``key_prefix`` reaches a Redis store (as its ``prefix``), ``table_prefix`` a SQL store;
-    each is ignored by the other kinds. Other ``options`` go to the store as they are.
+    each is ignored by the other kinds; so is ``require_aof=False``, which lets a Redis store
+    accept a server without AOF (docs/guarantees.md#durability). Other ``options`` go to the
+    store as they are.
     """
     problem = url_problem(url, plugin_schemes())
     if problem is not None:
@@ -53,6 +55,8 @@ def open_store(url: str, *, key_prefix: str | None = None, table_prefix: str | N
         (module, name), extra = _BUILTIN[base]
         if (module, name) == _REDIS and key_prefix is not None:
             options.setdefault("prefix", key_prefix)
+        if (module, name) == _REDIS and not require_aof:
+            options["require_aof"] = False
         if (module, name) == _SQL and table_prefix is not None:
             options["table_prefix"] = table_prefix
         try:

@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 T = TypeVar("T")
 
-__all__ = ["CLUSTER_SCHEMES", "ClusterUrl", "HiddenUrl", "redact", "redact_text", "reveal",
-           "split_cluster", "url_problem"]
+__all__ = ["CLUSTER_SCHEMES", "ClusterUrl", "HiddenUrl", "flag_value", "redact", "redact_text",
+           "reveal", "split_cluster", "url_problem"]
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _REDIS_SCHEMES = {"redis", "rediss", "unix", *CLUSTER_SCHEMES}
@@ -32,7 +32,7 @@ _REDIS_OPTIONS = frozenset({
     "retry_on_timeout", "max_connections", "health_check_interval", "ssl_check_hostname",
     "ssl_min_version", "timeout", "protocol", "client_name", "username", "password",
     "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile",
-    "ssl_password", "buckets",
+    "ssl_password", "buckets", "require_aof",
 })
 # Options of the cluster client itself (not of each node's connections).
 CLUSTER_OPTIONS = {
@@ -173,6 +173,8 @@ def _redis_problem(url: str, scheme: str, shown: str) -> str | None:
             return f"store URL {shown!r}: unknown option {name!r}"
         if name in ("db", "buckets") and not value.isdigit():
             return f"store URL {shown!r}: {name}= must be a number, got {value[:20]!r}"
+        if name == "require_aof" and flag_value(value) is None:
+            return f"store URL {shown!r}: require_aof= must be true or false, got {value[:20]!r}"
     if scheme == "unix":
         return None if parts.path else f"store URL {shown!r} names no socket path"
     if scheme in CLUSTER_SCHEMES:
@@ -220,7 +222,7 @@ def split_cluster(url: str) -> ClusterUrl:
         if kind is None:
             if name == "db" and value != "0":
                 raise ValueError("a cluster has only database 0")
-            if name not in ("db", "buckets"):
+            if name not in ("db", "buckets", "require_aof"):
                 kept.append(f"{name}={value}")
             continue
         options[name] = _option(name, value, kind)
@@ -241,7 +243,17 @@ def _option(name: str, value: str, kind: str) -> bool | int:
         if not value.isdigit():
             raise ValueError(f"{name}= must be a number")
         return int(value)
-    lowered = value.lower()
-    if lowered not in ("true", "false", "yes", "no", "1", "0"):
+    flag = flag_value(value)
+    if flag is None:
         raise ValueError(f"{name}= must be true or false")
-    return lowered in ("true", "yes", "1")
+    return flag
+
+
+def flag_value(value: str) -> bool | None:
+    """A URL option's true/false (also yes/no, 1/0, any case); None for anything else."""
+    lowered = value.lower()
+    if lowered in ("true", "yes", "1"):
+        return True
+    if lowered in ("false", "no", "0"):
+        return False
+    return None

@@ -135,8 +135,13 @@ class Fence:
 class Store(Protocol):
     """Atomic primitives; each call is one atomic operation on the server."""
 
-    durable: bool
     buckets: int
+
+    @property
+    def durable(self) -> bool:
+        """Whether what the store acknowledged survives a restart of its server (False for the
+        memory store, and once a server was found to lose acknowledged writes)."""
+        ...
 
     def bucket_of(self, record_id: str) -> int:
         """The bucket a record id lives in (0..buckets-1), the same in every process."""

@@ -1,7 +1,9 @@
 """The shop's Celery app and Sagas, configured from the environment.
 
     SHOP_BROKER   broker URL   (default redis://127.0.0.1:6379/0)
-    SHOP_STORE    store URL    (default redis://127.0.0.1:6379/1)
+    SHOP_STORE    store URL    (default redis://127.0.0.1:6379/1: a Redis with an append-only
+                  file, ``redis-server --appendonly yes --appendfsync everysec``; add
+                  ``?require_aof=false`` for a development Redis without one)
     SHOP_APPROVAL_SECRET       secret that signs approval tokens (32+ bytes)
 
 Run a worker and beat with ``celery -A examples.shop.app worker -B -l INFO``.

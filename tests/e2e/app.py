@@ -106,7 +106,8 @@ def build(config: Config, **options: Any) -> Shop:
 
     # In app.conf (not a Sagas keyword) so `celery inspect conf` and `celery report` see them.
     app.conf.sagas_encryption_keys = list(config.encryption_keys)
-    store_options: dict[str, Any] = {}
+    # The test servers run without AOF; durability has its own tests (tests/stores/test_durability.py).
+    store_options: dict[str, Any] = {"require_aof": False}
     if config.store.startswith(("redis", "rediss")):
         store_options["key_prefix"] = config.prefix
     else:
@@ -121,8 +122,7 @@ def build(config: Config, **options: Any) -> Shop:
         ambiguity_grace=1.0,
         default_time_limit=30.0,
         sweep_lease=5.0,
-        **store_options,
-        **options,
+        **{**store_options, **options},
     )
 
 

@@ -53,7 +53,7 @@ def build(config: Config) -> Shop:
     sagas = Sagas(
         app, store=config.store, queue=config.queue, sweep_interval=config.sweep_interval,
         stale_after=config.stale_after, sweep_lease=5.0, approval_secrets=[options["secret"]],
-        approval_ttl=options["ttl"], **where,
+        approval_ttl=options["ttl"], require_aof=False, **where,
     )
 
     def note(op: str, saga: Any) -> None:

@@ -71,11 +71,15 @@ def _answers(port: int) -> bool:
 
 @dataclass
 class PrivateRedis:
-    """A redis-server of this run only: AOF with fsync on every write, on a free port."""
+    """A redis-server of this run only, on a free port: an append-only file fsynced every
+    second as in production (``appendfsync``: "always", or None for no AOF at all), started
+    with ``extra`` arguments too."""
 
     directory: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    appendfsync: str | None = "everysec"
+    extra: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -85,11 +89,12 @@ class PrivateRedis:
     def start(self) -> PrivateRedis:
         """Start (or restart) the server and wait until it answers."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        aof = ["--appendonly", "yes", "--appendfsync", self.appendfsync] if self.appendfsync \
+            else ["--appendonly", "no"]
         with open(self.directory / "redis.log", "ab") as log:
             self.proc = processes.spawn(
                 ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory),
-                 "--daemonize", "no"],
+                 *aof, "--dir", str(self.directory), "--daemonize", "no", *self.extra],
                 stdout=log, stderr=subprocess.STDOUT,
             )
         wait_until(lambda: _answers(self.port) or self.proc.poll() is not None,  # type: ignore[union-attr]

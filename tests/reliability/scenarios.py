@@ -143,7 +143,7 @@ def compensation_kills(workdir: Path, size: Size) -> Report:
 
 
 def redis_restarts(workdir: Path, size: Size) -> Report:
-    """SIGKILL the redis-server used as store and broker (AOF, fsync always), restart it."""
+    """SIGKILL the redis-server used as store and broker (AOF, fsync every second), restart it."""
     load = _load(size.n(40, 200), mixed_plan, size.n(3, 5), (faults.restart_redis, 1),
                  settle_timeout=120)
     return Chaos("redis-restarts", "redis SIGKILL + restart (store and broker)", load,

@@ -31,8 +31,8 @@ def _envelope(record_id: str, at_ms: int) -> Envelope:
 @pytest.fixture
 def stores(redis_url: str, unique_prefix: str) -> Iterator[tuple[RedisStore, RedisStore]]:
     """A scanning store and a writing store on one bucket of a fresh prefix."""
-    scanner = RedisStore.from_url(redis_url, prefix=unique_prefix, buckets=1)
-    writer = RedisStore.from_url(redis_url, prefix=unique_prefix, buckets=1)
+    scanner = RedisStore.from_url(redis_url, prefix=unique_prefix, buckets=1, require_aof=False)
+    writer = RedisStore.from_url(redis_url, prefix=unique_prefix, buckets=1, require_aof=False)
     yield scanner, writer
     client = redis.Redis.from_url(redis_url)
     keys = list(client.scan_iter(match=KeyLayout(unique_prefix).pattern(), count=1000))

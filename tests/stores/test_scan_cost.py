@@ -81,7 +81,9 @@ def counted_pair(redis_url: str, unique_prefix: str) -> Iterator[tuple[Counted, 
     pair = []
     for suffix in ("a", "b"):
         log = CommandLog()
-        pair.append(Counted(RedisStore(counting_client(redis_url, log), prefix=unique_prefix + suffix), log))
+        store = RedisStore(counting_client(redis_url, log), prefix=unique_prefix + suffix,
+                           require_aof=False)
+        pair.append(Counted(store, log))
     try:
         yield pair[0], pair[1]
     finally:

@@ -74,7 +74,9 @@ def build(config: Config) -> tuple[Celery, Sagas]:
     prefix = {"key_prefix": config.prefix} if config.store.startswith("redis") else {
         "table_prefix": config.prefix + "_"}
     # A short staleness limit lets a test's sweep send a lost message again within seconds.
-    sagas = Sagas(app, store=config.store, queue=config.queue, stale_after=2.0, **prefix)
+    # require_aof=False: the test Redis runs without AOF (a SQL store ignores it).
+    sagas = Sagas(app, store=config.store, queue=config.queue, stale_after=2.0,
+                  require_aof=False, **prefix)
 
     @sagas.step(compensate="shop.release", name="shop.reserve")
     def reserve(sku: str, qty: int) -> dict[str, str]:

@@ -45,6 +45,7 @@ def _app(**conf: Any) -> Celery:
         ("redis+cluster://127.0.0.1:7101,127.0.0.1/", "host:port"),
         ("redis+cluster://127.0.0.1:7101/3", "only database 0"),
         ("redis+cluster://127.0.0.1:7101/?require_full_coverage=maybe", "true or false"),
+        ("redis://127.0.0.1:6379/0?require_aof=maybe", "require_aof= must be true or false"),
         ("rediscluster://127.0.0.1:7101", "did you mean redis+cluster://"),
         ("just-a-word", "scheme://"),
     ],
@@ -66,6 +67,8 @@ def test_a_malformed_store_url_is_refused_at_sagas_with_what_is_wrong(url: str, 
         "unix:///tmp/redis.sock?db=2",
         "redis+cluster://127.0.0.1:7101,127.0.0.1:7102/",
         "rediss+cluster://u:pw@10.0.0.1:7000/?require_full_coverage=false&ssl_cert_reqs=none",
+        "redis://127.0.0.1:6379/1?require_aof=false",
+        "redis+cluster://127.0.0.1:7101/?require_aof=no&buckets=8",
         "sqlite:///tmp/sagas.db",
         "postgresql+psycopg://postgres@127.0.0.1:5432/db",
         "mysql+pymysql://root@127.0.0.1:3306/db",
@@ -83,7 +86,7 @@ def test_a_scheme_of_an_installed_plugin_passes() -> None:
 def test_a_cluster_url_names_every_node_and_keeps_client_options_apart() -> None:
     parsed = split_cluster(
         "rediss+cluster://u:pw@a:7000,b:7001,[::1]:7002/?require_full_coverage=no"
-        "&reinitialize_steps=3&socket_timeout=2&buckets=8"
+        "&reinitialize_steps=3&socket_timeout=2&buckets=8&require_aof=false"
     )
     assert parsed.nodes == (("a", 7000), ("b", 7001), ("::1", 7002))
     assert parsed.options == {"require_full_coverage": False, "reinitialize_steps": 3}
@@ -189,6 +192,9 @@ class _ClusterFailingClient:
 
     def hgetall(self, key: str) -> Any:
         raise RedisClusterException(f"Redis Cluster cannot be connected: redis://:{SECRET}@h:1/")
+
+    def info(self, section: str) -> dict[str, int]:
+        return {"aof_enabled": 1}  # the persistence check of the first use passes
 
 
 def test_cluster_exceptions_of_any_primitive_become_store_errors_without_the_password() -> None:

@@ -45,7 +45,7 @@ from ...errors import (
     StoreUnavailable,
 )
 from .._cursor import decode_cursor, encode_cursor
-from .._urls import CLUSTER_SCHEMES, redact, redact_text, split_cluster, url_problem
+from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -69,6 +69,7 @@ from ..base import (
 )
 from ._hints import scheme_hint
 from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout, check_buckets
+from ._persistence import Persistence
 from ._scripts import Scripts
 
 __all__ = ["RedisStore"]
@@ -78,21 +79,33 @@ _MOVED_RETRIES = 3
 _Position = tuple[int, int, int, str]  # (state index, bucket, score, id)
 _Slot = tuple[int, int, str]  # (state index, bucket, index key)
 _DUE = ["due"]  # the one "state" a due-scan cursor names
+_STORE_OPTIONS = frozenset({"buckets", "require_aof"})  # URL options the store reads itself
 
 
 class RedisStore:
-    """Envelopes and leases in Redis; every primitive is atomic on the server."""
+    """Envelopes and leases in Redis; every primitive is atomic on the server.
 
-    durable = True
+    On first use the store reads the server's persistence and refuses a server without an
+    append-only file (``NonDurableStoreError``) unless ``require_aof=False`` (``_persistence.py``).
+    """
 
     def __init__(
-        self, client: Any, *, prefix: str = DEFAULT_PREFIX, buckets: int = DEFAULT_BUCKETS
+        self, client: Any, *, prefix: str = DEFAULT_PREFIX, buckets: int = DEFAULT_BUCKETS,
+        require_aof: bool = True,
     ) -> None:
         self._layout = KeyLayout(prefix, buckets)
         self._client = client
         self._owns_client = False
         self._scripts = Scripts.register(client)
         self._hints = _StateHints(_HINTS)
+        self._persistence = Persistence(client, require_aof=require_aof)
+
+    @property
+    def durable(self) -> bool:
+        """Whether what the store acknowledged survives a crash of its server: False once the
+        server was found without AOF and accepted (``require_aof=False``); True otherwise, the
+        store refusing such a server on first use."""
+        return self._persistence.durable
 
     @classmethod
     def from_url(
@@ -101,15 +114,17 @@ class RedisStore:
         *,
         prefix: str = DEFAULT_PREFIX,
         buckets: int | None = None,
+        require_aof: bool = True,
         **client_options: Any,
     ) -> RedisStore:
         """Open a store on ``redis://``, ``rediss://``, ``unix://`` or, for Redis Cluster,
         ``redis+cluster://host:port[,host:port...]/`` and ``rediss+cluster://...``
-        (``?buckets=N`` sets the bucket count, default 16); ``close()`` closes the client."""
+        (``?buckets=N`` sets the bucket count, default 16; ``?require_aof=false`` accepts a
+        server without AOF, as ``require_aof=False`` does); ``close()`` closes the client."""
         problem = url_problem(url)
         if problem is not None:
             raise StoreUnavailable(problem)
-        url, in_url = _split_buckets(url)
+        url, in_url, aof_in_url = _split_store_options(url)
         count = check_buckets(buckets if buckets is not None else (in_url or DEFAULT_BUCKETS))
         KeyLayout(prefix, count)
         try:
@@ -121,7 +136,8 @@ class RedisStore:
                 f"cannot open a Redis client on {redact(url)}: {type(exc).__name__}"
                 + (f": {hint}" if hint else "")
             ) from exc
-        store = cls(client, prefix=prefix, buckets=count)
+        store = cls(client, prefix=prefix, buckets=count,
+                    require_aof=require_aof and aof_in_url is not False)
         store._owns_client = True
         return store
 
@@ -409,8 +425,11 @@ class RedisStore:
 
     @contextmanager
     def _driver(self, action: str, kind: str | None = None, record_id: str | None = None) -> Iterator[None]:
-        """The one place driver errors become project errors."""
+        """The one place driver errors become project errors; the first use checks the
+        server's persistence."""
         try:
+            if action != "close":
+                self._persistence.check()
             yield
         except (RedisError, RedisClusterException) as exc:
             if kind is not None and record_id is not None and _wrong_type(exc):
@@ -661,20 +680,25 @@ def _open_client(url: str, options: dict[str, Any]) -> Any:
                                  **{**parsed.options, **options})
 
 
-def _split_buckets(url: str) -> tuple[str, int | None]:
-    """Take ``buckets=N`` out of a URL's query (redis-py would refuse it)."""
+def _split_store_options(url: str) -> tuple[str, int | None, bool | None]:
+    """Take the store's own ``buckets=N`` and ``require_aof=`` out of a URL's query (redis-py
+    would refuse them): (the URL without them, buckets, require_aof), None where absent."""
     try:
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
-        return url, None
-    kept = [(k, v) for k, v in query if k != "buckets"]
-    found = [v for k, v in query if k == "buckets"]
-    if not found:
-        return url, None
-    if len(found) > 1 or not found[0].isdigit():
+        return url, None, None
+    kept = [(k, v) for k, v in query if k not in _STORE_OPTIONS]
+    if len(kept) == len(query):
+        return url, None, None
+    buckets = [v for k, v in query if k == "buckets"]
+    aof = [v for k, v in query if k == "require_aof"]
+    if len(buckets) > 1 or (buckets and not buckets[0].isdigit()):
         raise StoreError("the Redis store URL's buckets= must be one integer")
-    return urlunsplit(parts._replace(query=urlencode(kept))), int(found[0])
+    if len(aof) > 1 or (aof and flag_value(aof[0]) is None):
+        raise StoreError("the Redis store URL's require_aof= must be one of true or false")
+    return (urlunsplit(parts._replace(query=urlencode(kept))),
+            int(buckets[0]) if buckets else None, flag_value(aof[0]) if aof else None)
 
 
 def _text(value: object) -> str:

@@ -102,6 +102,7 @@ from ._dialects import (
     update_returning,
     update_returning_in_transaction,
 )
+from ._durability import commit_durability
 from ._schema import Tables, build_tables, upgrade_envelopes
 
 __all__ = ["SqlStore"]
@@ -114,7 +115,6 @@ _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 class SqlStore:
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB."""
 
-    durable: bool
     buckets: int = 1
 
     def __init__(
@@ -126,7 +126,8 @@ class SqlStore:
         self._engine = engine
         self._owns_engine = False
         self._password = engine.url.password
-        self.durable = not is_memory_sqlite(engine.url)
+        self._in_memory = is_memory_sqlite(engine.url)
+        self._commits = commit_durability(engine)
         if create_schema:
             self.create_schema()
 
@@ -151,6 +152,12 @@ class SqlStore:
         store._owns_engine = True
         _dispose_in_forked_children(engine)
         return store
+
+    @property
+    def durable(self) -> bool:
+        """Whether what the store acknowledged survives a crash: False for an in-memory SQLite,
+        and once the server was found to acknowledge commits it may lose (``_durability.py``)."""
+        return not self._in_memory and self._commits.durable
 
     @property
     def engine(self) -> Engine:
