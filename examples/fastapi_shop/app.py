@@ -1,7 +1,9 @@
 """The FastAPI shop's Celery app, steps and saga, configured from the environment.
 
     FASTAPI_SHOP_BROKER   broker URL  (default redis://127.0.0.1:6379/0)
-    FASTAPI_SHOP_STORE    store URL   (default redis://127.0.0.1:6379/1)
+    FASTAPI_SHOP_STORE    store URL   (default redis://127.0.0.1:6379/1: a Redis with an
+                          append-only file, ``--appendonly yes --appendfsync everysec``; add
+                          ``?require_aof=false`` for a development Redis without one)
     FASTAPI_SHOP_QUEUE    the queue the steps go to (default fastapi-shop)
     FASTAPI_SHOP_PREFIX   the store's key (Redis) or table (SQL) prefix (default fastapi_shop)
 

@@ -27,7 +27,9 @@ def test_a_cluster_url_to_a_plain_redis_says_cluster_mode_is_disabled_there(redi
 def test_a_plain_url_to_a_cluster_node_says_to_use_redis_cluster(redis_cluster_url: str) -> None:
     # given: one node of a Redis Cluster, written as a plain Redis URL
     first = redis_cluster_url.split("://", 1)[1].split("/", 1)[0].split(",")[0]
-    store: Any = open_store(f"redis://{first}/0", key_prefix="scheme" + uuid.uuid4().hex[:8])
+    # require_aof=False: the test cluster's nodes run without AOF (test_durability.py)
+    store: Any = open_store(f"redis://{first}/0", key_prefix="scheme" + uuid.uuid4().hex[:8],
+                            require_aof=False)
     try:
         # when: a record in each bucket is read (the buckets spread over the cluster's masters)
         layout = store.layout
