@@ -135,7 +135,10 @@ class Fence:
 class Store(Protocol):
     """Atomic primitives; each call is one atomic operation on the server."""
 
-    buckets: int
+    @property
+    def buckets(self) -> int:
+        """How many buckets records, scans and leases are split into (1 or more)."""
+        ...
 
     @property
     def durable(self) -> bool:

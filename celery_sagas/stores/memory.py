@@ -14,31 +14,10 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .._values import timestamp_ms
 from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor
-from .base import (
-    MAX_NOTES,
-    Envelope,
-    Fence,
-    Lease,
-    Page,
-    check_bucket,
-    check_count_args,
-    check_cursor,
-    check_envelope,
-    check_expected_version,
-    check_fence,
-    check_fenced_bucket,
-    check_key,
-    check_kind,
-    check_lease_args,
-    check_lease_times,
-    check_limit,
-    check_note,
-    check_prefix_scan_args,
-    check_scan_args,
-)
+from ._validating import ValidatingStore
+from .base import MAX_NOTES, Envelope, Fence, Lease, Page, check_kind, check_prefix_scan_args
 
 __all__ = ["MemoryStore"]
 
@@ -46,15 +25,18 @@ _Position = tuple[int, str]  # (updated_at_ms or due_at_ms, id)
 _LeaseKey = tuple[str, int]  # (name, bucket)
 
 
-class MemoryStore:
-    """Keeps every record in process memory behind one lock; loses everything on exit."""
+class MemoryStore(ValidatingStore):
+    """Keeps every record in process memory behind one lock; loses everything on exit.
+
+    Its arguments are checked by ``ValidatingStore`` (docs/design.md §4.4).
+    """
 
     durable = False
 
     def __init__(self, *, buckets: int = 1) -> None:
         if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= 1024:
             raise SagaValidationError(f"buckets must be an int in 1..1024, got {buckets!r}")
-        self.buckets = buckets
+        self._bucket_count = buckets
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], Envelope] = {}
         self._index: dict[tuple[object, ...], list[_Position]] = {}
@@ -62,34 +44,32 @@ class MemoryStore:
         self._fences: dict[_LeaseKey, int] = {}
         self._cursors: dict[_LeaseKey, str | None] = {}
 
+    @property
+    def buckets(self) -> int:
+        """How many buckets scans and leases are split into (fixed at construction)."""
+        return self._bucket_count
+
     def bucket_of(self, record_id: str) -> int:
         """CRC-32 of the id modulo the bucket count (as the Redis store)."""
         return zlib.crc32(record_id.encode("ascii")) % self.buckets
 
     # ------------------------------------------------------------------ records
 
-    def create(self, envelope: Envelope) -> bool:
+    def _create(self, envelope: Envelope) -> bool:
         """Insert if (kind, id) is absent; False if it exists."""
-        check_envelope(envelope)
         with self._lock:
             if (envelope.kind, envelope.id) in self._records:
                 return False
             self._put(envelope)
             return True
 
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope (with its notes) or None."""
-        check_key(kind, record_id)
+    def _get(self, kind: str, record_id: str) -> Envelope | None:
+        """The stored envelope (with its notes) or None."""
         with self._lock:
             return self._records.get((kind, record_id))
 
-    def compare_and_set(
-        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
+    def _compare_and_set(self, envelope: Envelope, expected_version: int, fence: Fence | None) -> bool:
         """Replace the record if its stored version is ``expected_version``; clears notes."""
-        check_envelope(envelope)
-        check_expected_version(envelope, expected_version)
-        self._check_fence(fence, envelope.id)
         with self._lock:
             self._refuse_fenced(fence)
             current = self._records.get((envelope.kind, envelope.id))
@@ -103,14 +83,9 @@ class MemoryStore:
             self._put(envelope)
             return True
 
-    def annotate(
-        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
-    ) -> Envelope | None:
+    def _annotate(self, kind: str, record_id: str, note: str, expected_version: int | None
+                  ) -> Envelope | None:
         """Append ``note`` and bump the version (only at ``expected_version`` when given)."""
-        check_key(kind, record_id)
-        check_note(note)
-        if expected_version is not None and type(expected_version) is not int:
-            raise SagaValidationError("expected_version must be an int or None")
         with self._lock:
             current = self._records.get((kind, record_id))
             if current is None or len(current.notes) >= MAX_NOTES:
@@ -121,14 +96,8 @@ class MemoryStore:
             self._records[(kind, record_id)] = noted  # same positions in every index
             return noted
 
-    def delete(
-        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
+    def _delete(self, kind: str, record_id: str, expected_version: int, fence: Fence | None) -> bool:
         """Remove the record and its index entries if its version matches."""
-        check_key(kind, record_id)
-        if type(expected_version) is not int:
-            raise SagaValidationError("expected_version must be an int")
-        self._check_fence(fence, record_id)
         with self._lock:
             self._refuse_fenced(fence)
             current = self._records.get((kind, record_id))
@@ -139,46 +108,26 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ scans
 
-    def scan(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        updated_before_ms: int | None = None,
-        bucket: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
+    def _scan(self, kind: str, states: list[str], label: str | None, updated_before_ms: int | None,
+              bucket: int | None, cursor: str | None, limit: int) -> Page:
         """Walk the indexes state by state in the order given, bucket by bucket, oldest first."""
-        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
-        first_state, after, (first_bucket,) = decode_cursor(cursor, wanted, extras=1)
+        first_state, after, (first_bucket,) = decode_cursor(cursor, states, extras=1)
         walk = self._buckets(bucket, first_bucket)
         items: list[Envelope] = []
         with self._lock:
-            for index in range(first_state, len(wanted)):
+            for index in range(first_state, len(states)):
                 for at in walk if index == first_state else self._buckets(bucket, None):
                     resume = after if (index, at) == (first_state, walk[0]) else None
-                    key = ("s", kind, wanted[index], label, at)
+                    key = ("s", kind, states[index], label, at)
                     for position in self._after(key, resume, updated_before_ms):
                         if len(items) == limit:
-                            return Page(tuple(items), encode_cursor(wanted, wanted[index], position, at))
+                            return Page(tuple(items), encode_cursor(states, states[index], position, at))
                         items.append(self._records[(kind, position[1])])
         return Page(tuple(items), None)
 
-    def scan_due(
-        self,
-        kind: str,
-        *,
-        due_before_ms: int,
-        bucket: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
+    def _scan_due(self, kind: str, due_before_ms: int, bucket: int | None, cursor: str | None,
+                  limit: int) -> Page:
         """Records whose due time is before ``due_before_ms``, bucket by bucket, earliest first."""
-        check_kind(kind)
-        timestamp_ms(due_before_ms, field="due_before_ms")
-        check_limit(limit)
         _, after, (first_bucket,) = decode_cursor(cursor, ["due"], extras=1)
         walk = self._buckets(bucket, first_bucket)
         items: list[Envelope] = []
@@ -191,22 +140,14 @@ class MemoryStore:
                     items.append(self._records[(kind, position[1])])
         return Page(tuple(items), None)
 
-    def count(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        updated_after_ms: int | None = None,
-        updated_before_ms: int | None = None,
-    ) -> int:
+    def _count(self, kind: str, states: list[str], label: str | None, updated_after_ms: int | None,
+               updated_before_ms: int | None) -> int:
         """Count the matching index entries of every bucket."""
-        wanted = check_count_args(kind, states, label, updated_after_ms, updated_before_ms)
         low = (updated_after_ms, "") if updated_after_ms is not None else None
         high = (updated_before_ms, "") if updated_before_ms is not None else None
         total = 0
         with self._lock:
-            for state in wanted:
+            for state in states:
                 for at in range(self.buckets):
                     positions = self._index.get(("s", kind, state, label, at), [])
                     start = bisect.bisect_left(positions, low) if low else 0
@@ -246,13 +187,10 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ leases
 
-    def acquire_lease(
-        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
-    ) -> Lease | None:
+    def _acquire_lease(self, name: str, owner: str, token: str, now_ms: int, expires_at_ms: int,
+                       bucket: int) -> Lease | None:
         """Grant the lease of ``bucket`` unless an unexpired one exists."""
-        check_lease_args(name, owner, token)
-        expires_at_ms = check_lease_times(now_ms, lease_ms)
-        key = (name, check_bucket(bucket, self.buckets))
+        key = (name, bucket)
         with self._lock:
             held = self._leases.get(key)
             if held is not None and held.expires_at_ms > now_ms:
@@ -263,10 +201,8 @@ class MemoryStore:
             self._leases[key] = lease
             return lease
 
-    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+    def _renew_lease(self, lease: Lease, now_ms: int, expires_at_ms: int) -> Lease | None:
         """Extend an unexpired lease held with this owner and token."""
-        self._check_lease(lease)
-        expires_at_ms = check_lease_times(now_ms, lease_ms)
         with self._lock:
             held = self._held(lease, now_ms)
             if held is None:
@@ -275,11 +211,8 @@ class MemoryStore:
             self._leases[(lease.name, lease.bucket)] = renewed
             return renewed
 
-    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+    def _checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
         """Save the cursor of an unexpired lease held with this owner and token."""
-        self._check_lease(lease)
-        check_cursor(cursor)
-        timestamp_ms(now_ms, field="now_ms")
         with self._lock:
             held = self._held(lease, now_ms)
             if held is None:
@@ -289,9 +222,8 @@ class MemoryStore:
             self._leases[key] = replace(held, cursor=cursor)
             return True
 
-    def release_lease(self, lease: Lease) -> bool:
+    def _release_lease(self, lease: Lease) -> bool:
         """Free the lease if held with this owner and token; the cursor stays."""
-        self._check_lease(lease)
         with self._lock:
             key = (lease.name, lease.bucket)
             held = self._leases.get(key)
@@ -307,7 +239,6 @@ class MemoryStore:
 
     def _buckets(self, bucket: int | None, start: int | None) -> list[int]:
         if bucket is not None:
-            check_bucket(bucket, self.buckets)
             if start not in (None, 0, bucket):
                 raise SagaValidationError("malformed scan cursor")
             return [bucket]
@@ -348,18 +279,9 @@ class MemoryStore:
             positions = self._index[key]
             del positions[bisect.bisect_left(positions, position)]
 
-    def _check_fence(self, fence: Fence | None, record_id: str) -> None:
-        if fence is not None:
-            check_fence(fence, self.buckets)
-            check_fenced_bucket(fence, self.bucket_of(record_id))
-
     def _refuse_fenced(self, fence: Fence | None) -> None:
         if fence is not None and self._fences.get((fence.lease, fence.bucket), 0) > fence.number:
             raise FencedWriteRefused(lease=fence.lease, fence=fence.number)
-
-    def _check_lease(self, lease: Lease) -> None:
-        check_lease_args(lease.name, lease.owner, lease.token)
-        check_bucket(lease.bucket, self.buckets)
 
     def _held(self, lease: Lease, now_ms: int) -> Lease | None:
         held = self._leases.get((lease.name, lease.bucket))

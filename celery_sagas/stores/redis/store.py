@@ -36,7 +36,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from ..._values import MAX_SAFE_INTEGER, timestamp_ms, token
+from ..._values import MAX_SAFE_INTEGER, token
 from ...errors import (
     FencedWriteRefused,
     InvalidRecordError,
@@ -46,27 +46,8 @@ from ...errors import (
 )
 from .._cursor import decode_cursor, encode_cursor
 from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
-from ..base import (
-    MAX_NOTES,
-    Envelope,
-    Fence,
-    Lease,
-    Page,
-    check_bucket,
-    check_count_args,
-    check_envelope,
-    check_expected_version,
-    check_fence,
-    check_fenced_bucket,
-    check_key,
-    check_kind,
-    check_lease_args,
-    check_lease_times,
-    check_limit,
-    check_note,
-    check_scan_args,
-    check_state,
-)
+from .._validating import ValidatingStore
+from ..base import MAX_NOTES, Envelope, Fence, Lease, Page, check_state
 from ._hints import scheme_hint
 from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout, check_buckets
 from ._persistence import Persistence
@@ -82,8 +63,9 @@ _DUE = ["due"]  # the one "state" a due-scan cursor names
 _STORE_OPTIONS = frozenset({"buckets", "require_aof"})  # URL options the store reads itself
 
 
-class RedisStore:
-    """Envelopes and leases in Redis; every primitive is atomic on the server.
+class RedisStore(ValidatingStore):
+    """Envelopes and leases in Redis; every primitive is atomic on the server (arguments are
+    checked by ``ValidatingStore``, docs/design.md §4.4).
 
     On first use the store reads the server's persistence and refuses a server without an
     append-only file (``NonDurableStoreError``) unless ``require_aof=False`` (``_persistence.py``).
@@ -157,9 +139,8 @@ class RedisStore:
 
     # ------------------------------------------------------------------ records
 
-    def create(self, envelope: Envelope) -> bool:
-        """Atomically insert if (kind, id) is absent; False if it exists. One EVALSHA."""
-        check_envelope(envelope)
+    def _create(self, envelope: Envelope) -> bool:
+        """Insert if (kind, id) is absent; False if it exists. One EVALSHA."""
         kind, record_id, state, label = envelope.kind, envelope.id, envelope.state, envelope.label
         state_index = self._layout.record_index(kind, record_id, state)
         keys = [
@@ -177,9 +158,8 @@ class RedisStore:
         self._hints.note(envelope)
         return True
 
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope (with its notes) or None. One HGETALL."""
-        check_key(kind, record_id)
+    def _get(self, kind: str, record_id: str) -> Envelope | None:
+        """The stored envelope (with its notes) or None. One HGETALL."""
         with self._driver("get", kind, record_id):
             fields = self._client.hgetall(self._layout.record(kind, record_id))
         if not fields:
@@ -188,17 +168,9 @@ class RedisStore:
         self._hints.note(envelope)
         return envelope
 
-    def compare_and_set(
-        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
-        """Atomically replace the record if its version is ``expected_version``; clears notes.
-
-        True also when the identical write was already applied (a retried call); raises
-        ``FencedWriteRefused`` when ``fence`` is older than its bucket's newest grant.
-        """
-        check_envelope(envelope)
-        check_expected_version(envelope, expected_version)
-        fence_keys, fence_args = self._fence(fence, envelope.id)
+    def _compare_and_set(self, envelope: Envelope, expected_version: int, fence: Fence | None) -> bool:
+        """One EVALSHA; a second one when the state the record leaves was guessed wrong."""
+        fence_keys, fence_args = self._fence(fence)
         kind, record_id, state, label = envelope.kind, envelope.id, envelope.state, envelope.label
         layout = self._layout
         args: list[str | int | bytes] = [
@@ -225,14 +197,9 @@ class RedisStore:
             believed = _stored_state(detail, kind, record_id)
         raise StoreError(f"{kind} {record_id!r} kept changing state during compare_and_set")
 
-    def annotate(
-        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
-    ) -> Envelope | None:
-        """Atomically append ``note`` and bump the version; the record as written. One EVALSHA."""
-        check_key(kind, record_id)
-        check_note(note)
-        if expected_version is not None and type(expected_version) is not int:
-            raise SagaValidationError("expected_version must be an int or None")
+    def _annotate(self, kind: str, record_id: str, note: str, expected_version: int | None
+                  ) -> Envelope | None:
+        """Append ``note`` and bump the version; the record as written. One EVALSHA."""
         expected = "" if expected_version is None else str(expected_version)
         args: list[str | int | bytes] = [record_id, _utf8(note), expected, MAX_NOTES]
         keys = [self._layout.record(kind, record_id)]
@@ -245,14 +212,9 @@ class RedisStore:
         self._hints.note(envelope)
         return envelope
 
-    def delete(
-        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
-        """Atomically remove the record and its index entries if its version matches."""
-        check_key(kind, record_id)
-        if type(expected_version) is not int:
-            raise SagaValidationError("expected_version must be an int")
-        fence_keys, fence_args = self._fence(fence, record_id)
+    def _delete(self, kind: str, record_id: str, expected_version: int, fence: Fence | None) -> bool:
+        """Remove the record and its index entries if its version matches. One EVALSHA."""
+        fence_keys, fence_args = self._fence(fence)
         layout = self._layout
         state, label = self._hints.at(kind, record_id, expected_version) or ("-", "")
         for _ in range(_MOVED_RETRIES):
@@ -280,23 +242,10 @@ class RedisStore:
 
     # ------------------------------------------------------------------ scans
 
-    def scan(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        updated_before_ms: int | None = None,
-        bucket: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
-        """Return up to ``limit`` records of ``kind`` in ``states`` (and ``label``); read-only.
-
-        Walks state by state, bucket by bucket, oldest first within a bucket; touches only the
-        indexes asked for, so its cost follows the matching records.
-        """
-        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
+    def _scan(self, kind: str, wanted: list[str], label: str | None, updated_before_ms: int | None,
+              bucket: int | None, cursor: str | None, limit: int) -> Page:
+        """Walks state by state, bucket by bucket, oldest first within a bucket; touches only the
+        indexes asked for, so its cost follows the matching records."""
         slots = [
             (i, b, self._layout.index(kind, state, b, label))
             for i, state in enumerate(wanted) for b in self._walked(bucket)
@@ -314,19 +263,9 @@ class RedisStore:
 
         return self._walk(kind, wanted, slots, cursor, updated_before_ms, limit, matches, still)
 
-    def scan_due(
-        self,
-        kind: str,
-        *,
-        due_before_ms: int,
-        bucket: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
+    def _scan_due(self, kind: str, due_before_ms: int, bucket: int | None, cursor: str | None,
+                  limit: int) -> Page:
         """Records whose due time is before ``due_before_ms``, bucket by bucket, earliest first."""
-        check_kind(kind)
-        timestamp_ms(due_before_ms, field="due_before_ms")
-        check_limit(limit)
         slots = [(0, b, self._layout.due(kind, b)) for b in self._walked(bucket)]
 
         def matches(envelope: Envelope, slot: int, score: int) -> bool:
@@ -338,17 +277,9 @@ class RedisStore:
 
         return self._walk(kind, _DUE, slots, cursor, due_before_ms, limit, matches, still)
 
-    def count(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        updated_after_ms: int | None = None,
-        updated_before_ms: int | None = None,
-    ) -> int:
+    def _count(self, kind: str, wanted: list[str], label: str | None, updated_after_ms: int | None,
+               updated_before_ms: int | None) -> int:
         """ZCOUNT every matching index of every bucket, in one pipeline."""
-        wanted = check_count_args(kind, states, label, updated_after_ms, updated_before_ms)
         low: int | str = updated_after_ms if updated_after_ms is not None else "-inf"
         high = f"({updated_before_ms}" if updated_before_ms is not None else "+inf"
         pipe = self._client.pipeline(transaction=False)
@@ -361,13 +292,10 @@ class RedisStore:
 
     # ------------------------------------------------------------------ leases
 
-    def acquire_lease(
-        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
-    ) -> Lease | None:
-        """Atomically grant the lease of ``bucket`` unless an unexpired one exists."""
-        check_lease_args(name, owner, token)
-        expires = check_lease_times(now_ms, lease_ms)
-        key = self._layout.lease(name, check_bucket(bucket, self.buckets))
+    def _acquire_lease(self, name: str, owner: str, token: str, now_ms: int, expires: int,
+                       bucket: int) -> Lease | None:
+        """Grant the lease of ``bucket`` unless an unexpired one exists. One EVALSHA."""
+        key = self._layout.lease(name, bucket)
         reply = self._run(self._scripts.acquire_lease, [key], [owner, token, now_ms, expires],
                           "acquire_lease")
         if not isinstance(reply, list) or len(reply) < 2 or _text(reply[0]) != "granted":
@@ -375,10 +303,9 @@ class RedisStore:
         cursor = _optional_text(reply[2]) if len(reply) > 2 else None
         return Lease(name, owner, token, expires, _integer(reply[1]), cursor, bucket)
 
-    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
-        """Atomically extend an unexpired lease held with the same owner and token."""
-        key = self._lease_key(lease)
-        expires = check_lease_times(now_ms, lease_ms)
+    def _renew_lease(self, lease: Lease, now_ms: int, expires: int) -> Lease | None:
+        """Extend an unexpired lease held with the same owner and token. One EVALSHA."""
+        key = self._layout.lease(lease.name, lease.bucket)
         reply = self._run(self._scripts.renew_lease, [key],
                           [lease.owner, lease.token, now_ms, expires], "renew_lease")
         if not isinstance(reply, list) or len(reply) < 2 or _text(reply[0]) != "renewed":
@@ -387,19 +314,16 @@ class RedisStore:
         return Lease(lease.name, lease.owner, lease.token, expires, _integer(reply[1]), cursor,
                      lease.bucket)
 
-    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
-        """Atomically save the scan cursor of an unexpired lease held with this token."""
-        key = self._lease_key(lease)
-        timestamp_ms(now_ms, field="now_ms")
-        if cursor is not None and not isinstance(cursor, str):
-            raise SagaValidationError("cursor must be a str or None")
+    def _checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+        """Save the scan cursor of an unexpired lease held with this token. One EVALSHA."""
+        key = self._layout.lease(lease.name, lease.bucket)
         flag = "0" if cursor is None else "1"
         args: list[str | int | bytes] = [lease.owner, lease.token, now_ms, flag, cursor or ""]
         return self._run(self._scripts.checkpoint_lease, [key], args, "checkpoint_lease") == 1
 
-    def release_lease(self, lease: Lease) -> bool:
-        """Atomically free the lease if held with this owner and token; keeps the cursor."""
-        key = self._lease_key(lease)
+    def _release_lease(self, lease: Lease) -> bool:
+        """Free the lease if held with this owner and token; keeps the cursor. One EVALSHA."""
+        key = self._layout.lease(lease.name, lease.bucket)
         reply = self._run(self._scripts.release_lease, [key], [lease.owner, lease.token],
                           "release_lease")
         return reply == 1
@@ -452,20 +376,11 @@ class RedisStore:
         return reply
 
     def _walked(self, bucket: int | None) -> range:
-        if bucket is None:
-            return range(self.buckets)
-        check_bucket(bucket, self.buckets)
-        return range(bucket, bucket + 1)
+        return range(self.buckets) if bucket is None else range(bucket, bucket + 1)
 
-    def _lease_key(self, lease: Lease) -> str:
-        check_lease_args(lease.name, lease.owner, lease.token)
-        return self._layout.lease(lease.name, check_bucket(lease.bucket, self.buckets))
-
-    def _fence(self, fence: Fence | None, record_id: str) -> tuple[list[str], list[str | int | bytes]]:
+    def _fence(self, fence: Fence | None) -> tuple[list[str], list[str | int | bytes]]:
         if fence is None:
             return [], []
-        check_fence(fence, self.buckets)
-        check_fenced_bucket(fence, self.bucket_of(record_id))
         return [self._layout.lease(fence.lease, fence.bucket)], [fence.number]
 
     def _cas_outcome(self, envelope: Envelope, status: str, detail: str, fence: Fence | None) -> bool:

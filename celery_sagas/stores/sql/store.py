@@ -59,7 +59,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.sql.dml import Update
 
-from ..._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms
+from ..._values import MAX_SAFE_INTEGER, identifier
 from ...errors import (
     FencedWriteRefused,
     InvalidRecordError,
@@ -68,26 +68,16 @@ from ...errors import (
     StoreUnavailable,
 )
 from .._cursor import decode_cursor, encode_cursor
+from .._validating import ValidatingStore
 from ..base import (
     MAX_NOTES,
     Envelope,
     Fence,
     Lease,
     Page,
-    check_bucket,
-    check_count_args,
-    check_cursor,
     check_envelope,
-    check_expected_version,
-    check_fence,
-    check_fenced_bucket,
-    check_key,
     check_kind,
-    check_lease_args,
-    check_limit,
-    check_note,
     check_prefix_scan_args,
-    check_scan_args,
     prefix_end,
 )
 from ._dialects import (
@@ -112,8 +102,9 @@ _SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it cr
 _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
-class SqlStore:
-    """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB."""
+class SqlStore(ValidatingStore):
+    """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB (arguments are
+    checked by ``ValidatingStore``, docs/design.md §4.4)."""
 
     buckets: int = 1
 
@@ -206,29 +197,22 @@ class SqlStore:
         """Always 0: a SQL store keeps every record in one bucket."""
         return 0
 
-    def create(self, envelope: Envelope) -> bool:
+    def _create(self, envelope: Envelope) -> bool:
         """Insert if (kind, id) is absent, one statement; False if it exists."""
-        check_envelope(envelope)
         with self._driver_errors("create"):
             return insert_if_absent(self._engine, self._tables.envelopes, _row(envelope))
 
-    def get(self, kind: str, record_id: str) -> Envelope | None:
-        """Return the stored envelope with its notes, or None; a corrupt row raises
+    def _get(self, kind: str, record_id: str) -> Envelope | None:
+        """The stored envelope with its notes, or None; a corrupt row raises
         InvalidRecordError."""
-        check_key(kind, record_id)
         with self._driver_errors("get"), self._engine.begin() as conn:
             row = conn.execute(self._statements.get, {"p_kind": kind, "p_id": record_id}).one_or_none()
         return None if row is None else _checked(kind, row)
 
-    def compare_and_set(
-        self, envelope: Envelope, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
+    def _compare_and_set(self, envelope: Envelope, expected_version: int, fence: Fence | None) -> bool:
         """Replace the record and clear its notes if its version is ``expected_version`` and its
         label is the envelope's: one conditional UPDATE (fenced: also no newer grant of
         ``fence.lease``); an already-applied retry is True."""
-        check_envelope(envelope)
-        check_expected_version(envelope, expected_version)
-        self._check_fence(fence, envelope.id)
         params: dict[str, Any] = {
             "p_kind": envelope.kind,
             "p_id": envelope.id,
@@ -251,36 +235,25 @@ class SqlStore:
             self._refuse_fenced(fence)
             return self._read(envelope.kind, envelope.id) == envelope
 
-    def annotate(
-        self, kind: str, record_id: str, note: str, *, expected_version: int | None = None
-    ) -> Envelope | None:
+    def _annotate(self, kind: str, record_id: str, note: str, expected_version: int | None
+                  ) -> Envelope | None:
         """Append ``note`` and bump the version (only at ``expected_version`` when given) in one
         ``UPDATE ... RETURNING`` (MySQL/MariaDB: the UPDATE and a SELECT in one transaction);
         the envelope as written, or None when the record is absent, at another version, or
         already holds ``MAX_NOTES`` notes."""
-        check_key(kind, record_id)
-        check_note(note)
         params: dict[str, Any] = {"p_kind": kind, "p_id": record_id, "p_note": note}
         statements = self._statements
         returning, plain = statements.annotate_returning, statements.annotate
         if expected_version is not None:
-            if type(expected_version) is not int:
-                raise SagaValidationError("expected_version must be an int or None")
             returning, plain = statements.annotate_at_returning, statements.annotate_at
             params["p_expected"] = expected_version
         with self._driver_errors("annotate"):
             row = update_returning_in_transaction(self._engine, returning, plain, statements.get, params)
         return None if row is None else _checked(kind, row)
 
-    def delete(
-        self, kind: str, record_id: str, expected_version: int, *, fence: Fence | None = None
-    ) -> bool:
+    def _delete(self, kind: str, record_id: str, expected_version: int, fence: Fence | None) -> bool:
         """Remove the record if its version matches: one conditional DELETE (fenced: also no
         newer grant of ``fence.lease``)."""
-        check_key(kind, record_id)
-        if type(expected_version) is not int:
-            raise SagaValidationError("expected_version must be an int")
-        self._check_fence(fence, record_id)
         params: dict[str, Any] = {"p_kind": kind, "p_id": record_id, "p_expected": expected_version}
         stmt = self._statements.delete
         if fence is not None:
@@ -293,18 +266,11 @@ class SqlStore:
             self._refuse_fenced(fence)
         return False
 
-    def delete_many(
-        self, items: Sequence[tuple[str, str, int]], *, fence: Fence | None = None
-    ) -> list[bool]:
+    def _delete_many(self, items: Sequence[tuple[str, str, int]], fence: Fence | None) -> list[bool]:
         """``delete`` for each (kind, id, expected version), in one transaction: one commit for
         the batch (the retention pass deletes a page at a time, docs/design.md §7)."""
-        checked = []
-        for kind, record_id, expected_version in items:
-            check_key(kind, record_id)
-            if type(expected_version) is not int:
-                raise SagaValidationError("expected_version must be an int")
-            self._check_fence(fence, record_id)
-            checked.append({"p_kind": kind, "p_id": record_id, "p_expected": expected_version})
+        checked = [{"p_kind": kind, "p_id": record_id, "p_expected": expected_version}
+                   for kind, record_id, expected_version in items]
         stmt = self._statements.delete
         if fence is not None:
             stmt = self._statements.fenced_delete
@@ -323,11 +289,6 @@ class SqlStore:
             row = conn.execute(self._statements.get, {"p_kind": kind, "p_id": record_id}).one_or_none()
         return None if row is None else _envelope(kind, row)
 
-    def _check_fence(self, fence: Fence | None, record_id: str) -> None:
-        if fence is not None:
-            check_fence(fence, self.buckets)
-            check_fenced_bucket(fence, self.bucket_of(record_id))
-
     def _refuse_fenced(self, fence: Fence | None) -> None:
         """After a refused fenced write: raise if the lease has a grant newer than the fence."""
         if fence is None:
@@ -339,21 +300,11 @@ class SqlStore:
 
     # ------------------------------------------------------------------ scans
 
-    def scan(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        updated_before_ms: int | None = None,
-        bucket: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
+    def _scan(self, kind: str, wanted: list[str], label: str | None, updated_before_ms: int | None,
+              bucket: int | None, cursor: str | None, limit: int) -> Page:
         """One index-backed query: up to ``limit`` records of ``kind`` in ``states`` (walked in
         the order given, oldest first) and ``label``, keyset-paged from the opaque ``cursor``."""
-        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
-        start, at = self._resume(cursor, wanted, bucket)
+        start, at = _resume(cursor, wanted)
         stmt = self._scan_statement(kind, wanted[start:], label, at, updated_before_ms, limit + 1)
         with self._driver_errors("scan"), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
@@ -366,21 +317,11 @@ class SqlStore:
         position = (following.updated_at_ms, following.id)
         return Page(items, encode_cursor(wanted, following.state, position, 0))
 
-    def scan_due(
-        self,
-        kind: str,
-        *,
-        due_before_ms: int,
-        bucket: int | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
+    def _scan_due(self, kind: str, due_before_ms: int, bucket: int | None, cursor: str | None,
+                  limit: int) -> Page:
         """One query on the due index: up to ``limit`` records of ``kind`` whose ``due_at_ms``
         is before ``due_before_ms``, earliest first, keyset-paged from the opaque ``cursor``."""
-        check_kind(kind)
-        timestamp_ms(due_before_ms, field="due_before_ms")
-        check_limit(limit)
-        _, at = self._resume(cursor, ["due"], bucket)
+        _, at = _resume(cursor, ["due"])
         table = self._tables.envelopes
         stmt = select(*_record_columns(table)).where(
             table.c.kind == kind, table.c.due_at_ms < due_before_ms
@@ -396,18 +337,10 @@ class SqlStore:
         following = rows[limit]
         return Page(items, encode_cursor(["due"], "due", (following.due_at_ms, following.id), 0))
 
-    def count(
-        self,
-        kind: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        updated_after_ms: int | None = None,
-        updated_before_ms: int | None = None,
-    ) -> int:
+    def _count(self, kind: str, wanted: list[str], label: str | None, updated_after_ms: int | None,
+               updated_before_ms: int | None) -> int:
         """How many records of ``kind`` in ``states`` (and ``label``) were updated in
         [``updated_after_ms``, ``updated_before_ms``): one ``SELECT COUNT(*)`` on an index."""
-        wanted = check_count_args(kind, states, label, updated_after_ms, updated_before_ms)
         table = self._tables.envelopes
         stmt = select(func.count()).select_from(table).where(
             table.c.kind == kind, table.c.state.in_(wanted)
@@ -456,18 +389,6 @@ class SqlStore:
             rows = conn.execute(self._statements.stored_states, {"p_kind": kind}).all()
         return [str(state) for (state,) in rows][:_MAX_STATES]
 
-    def _resume(
-        self, cursor: str | None, states: Sequence[str], bucket: int | None
-    ) -> tuple[int, tuple[int, str] | None]:
-        """The state index and position a scan resumes at; the cursor names bucket 0, the
-        only one."""
-        if bucket is not None:
-            check_bucket(bucket, self.buckets)
-        start, at, (cursor_bucket,) = decode_cursor(cursor, states, extras=1)
-        if cursor_bucket != 0:
-            raise SagaValidationError("malformed scan cursor")
-        return start, at
-
     def _scan_statement(
         self,
         kind: str,
@@ -500,17 +421,13 @@ class SqlStore:
 
     # ------------------------------------------------------------------ leases
 
-    def acquire_lease(
-        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *, bucket: int = 0
-    ) -> Lease | None:
+    def _acquire_lease(self, name: str, owner: str, token: str, now_ms: int, expires: int,
+                       bucket: int) -> Lease | None:
         """Grant the lease of ``bucket`` (only 0 exists) unless an unexpired one exists; the
         fence grows by one per grant.
 
         One conditional UPDATE; only the very first grant of a name inserts its row instead.
         """
-        check_lease_args(name, owner, token)
-        check_bucket(bucket, self.buckets)
-        expires = _expiry(now_ms, lease_ms)
         leases = self._tables.leases
         digest = _token_hash(token)
         grant = (
@@ -536,10 +453,8 @@ class SqlStore:
                 return Lease(name, owner, token, expires, 1, None, bucket)
         return None
 
-    def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+    def _renew_lease(self, lease: Lease, now_ms: int, expires: int) -> Lease | None:
         """Extend an unexpired lease held with this owner and token (one UPDATE)."""
-        self._check_lease(lease)
-        expires = _expiry(now_ms, lease_ms)
         leases = self._tables.leases
         held = self._holder(lease)
         stmt = (
@@ -553,11 +468,8 @@ class SqlStore:
             return None
         return Lease(lease.name, lease.owner, lease.token, expires, row.fence, row.scan_cursor, lease.bucket)
 
-    def checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
+    def _checkpoint_lease(self, lease: Lease, cursor: str | None, now_ms: int) -> bool:
         """Save the scan cursor of an unexpired lease held with this owner and token."""
-        self._check_lease(lease)
-        check_cursor(cursor)
-        timestamp_ms(now_ms, field="now_ms")
         leases = self._tables.leases
         stmt = (
             update(leases)
@@ -567,9 +479,8 @@ class SqlStore:
         with self._driver_errors("checkpoint_lease"), self._engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
 
-    def release_lease(self, lease: Lease) -> bool:
+    def _release_lease(self, lease: Lease) -> bool:
         """Free the lease if held with this owner and token; the fence and cursor stay."""
-        self._check_lease(lease)
         leases = self._tables.leases
         stmt = (
             update(leases)
@@ -578,10 +489,6 @@ class SqlStore:
         )
         with self._driver_errors("release_lease"), self._engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
-
-    def _check_lease(self, lease: Lease) -> None:
-        check_lease_args(lease.name, lease.owner, lease.token)
-        check_bucket(lease.bucket, self.buckets)
 
     def _holder(self, lease: Lease) -> Any:
         leases = self._tables.leases
@@ -780,17 +687,19 @@ def _scanned(kind: str, row: Row[Any]) -> Envelope:
                         at, "")
 
 
+def _resume(cursor: str | None, states: Sequence[str]) -> tuple[int, tuple[int, str] | None]:
+    """The state index and position a scan resumes at; the cursor names bucket 0, the only one."""
+    start, at, (cursor_bucket,) = decode_cursor(cursor, states, extras=1)
+    if cursor_bucket != 0:
+        raise SagaValidationError("malformed scan cursor")
+    return start, at
+
+
 def _from(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple[int, str]
           ) -> tuple[ColumnElement[bool], ...]:
     """Index order from ``at`` on, inclusive: a cursor names the first item of its page."""
     # ">=" is the index range; the OR only drops the ties before the cursor's id
     return position >= at[0], or_(position > at[0], record_id >= at[1])
-
-
-def _expiry(now_ms: int, lease_ms: int) -> int:
-    timestamp_ms(now_ms, field="now_ms")
-    duration_ms(lease_ms, field="lease_ms")
-    return timestamp_ms(now_ms + lease_ms, field="lease expiry")
 
 
 def _token_hash(lease_token: str) -> str:
