@@ -36,10 +36,11 @@ from .base import (
     check_lease_times,
     check_limit,
     check_note,
+    check_prefix_scan_args,
     check_scan_args,
 )
 
-__all__ = ["ValidatingStore"]
+__all__ = ["ValidatingPrefixScan", "ValidatingStateListing", "ValidatingStore"]
 
 
 class ValidatingStore(ABC):
@@ -232,3 +233,32 @@ class ValidatingStore(ABC):
 
     @abstractmethod
     def _release_lease(self, lease: Lease) -> bool: ...
+
+
+class ValidatingStateListing(ABC):
+    """The optional ``StateListing`` capability with its argument checked (a store that has
+    it subclasses this beside ``ValidatingStore``)."""
+
+    def stored_states(self, kind: str) -> list[str]:
+        """The distinct states of the records of ``kind``, from an index (never every record)."""
+        return self._stored_states(check_kind(kind))
+
+    @abstractmethod
+    def _stored_states(self, kind: str) -> list[str]: ...
+
+
+class ValidatingPrefixScan(ABC):
+    """The optional ``PrefixScan`` capability with its arguments checked (a store that has it
+    subclasses this beside ``ValidatingStore``)."""
+
+    def scan_prefix(self, kind: str, prefix: str, states: Sequence[str], *, label: str | None = None,
+                    cursor: str | None = None, limit: int = 100) -> Page:
+        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``) whose id starts
+        with ``prefix``, by id, from the id the opaque ``cursor`` names."""
+        wanted = check_prefix_scan_args(kind, prefix, states, limit, cursor, label)
+        return self._scan_prefix(kind, prefix, wanted, label, cursor, limit)
+
+    @abstractmethod
+    def _scan_prefix(self, kind: str, prefix: str, states: list[str], label: str | None,
+                     cursor: str | None, limit: int) -> Page:
+        """``states`` come without repeats; ``cursor``, when given, starts with ``prefix``."""

@@ -11,13 +11,12 @@ import bisect
 import hmac
 import threading
 import zlib
-from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor
-from ._validating import ValidatingStore
-from .base import MAX_NOTES, Envelope, Fence, Lease, Page, check_kind, check_prefix_scan_args
+from ._validating import ValidatingPrefixScan, ValidatingStateListing, ValidatingStore
+from .base import MAX_NOTES, Envelope, Fence, Lease, Page
 
 __all__ = ["MemoryStore"]
 
@@ -25,7 +24,7 @@ _Position = tuple[int, str]  # (updated_at_ms or due_at_ms, id)
 _LeaseKey = tuple[str, int]  # (name, bucket)
 
 
-class MemoryStore(ValidatingStore):
+class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
     """Keeps every record in process memory behind one lock; loses everything on exit.
 
     Its arguments are checked by ``ValidatingStore`` (docs/design.md §4.4).
@@ -155,19 +154,10 @@ class MemoryStore(ValidatingStore):
                     total += max(0, end - start)
         return total
 
-    def scan_prefix(
-        self,
-        kind: str,
-        prefix: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
-        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``) whose id starts
-        with ``prefix``, by id, from the id ``cursor`` names (``PrefixScan``)."""
-        wanted = set(check_prefix_scan_args(kind, prefix, states, limit, cursor, label))
+    def _scan_prefix(self, kind: str, prefix: str, states: list[str], label: str | None,
+                     cursor: str | None, limit: int) -> Page:
+        """The matching records of every bucket, sorted by id (``PrefixScan``)."""
+        wanted = set(states)
         start = cursor or prefix
         with self._lock:
             found = sorted(
@@ -178,9 +168,8 @@ class MemoryStore(ValidatingStore):
         following = found[limit].id if len(found) > limit else None
         return Page(tuple(found[:limit]), following)
 
-    def stored_states(self, kind: str) -> list[str]:
+    def _stored_states(self, kind: str) -> list[str]:
         """The distinct states of the records of ``kind``, sorted (from the state indexes)."""
-        check_kind(kind)
         with self._lock:
             return sorted({str(key[2]) for key, positions in self._index.items()
                            if key[:2] == ("s", kind) and positions})

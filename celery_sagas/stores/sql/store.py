@@ -68,7 +68,7 @@ from ...errors import (
     StoreUnavailable,
 )
 from .._cursor import decode_cursor, encode_cursor
-from .._validating import ValidatingStore
+from .._validating import ValidatingPrefixScan, ValidatingStateListing, ValidatingStore
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -76,8 +76,6 @@ from ..base import (
     Lease,
     Page,
     check_envelope,
-    check_kind,
-    check_prefix_scan_args,
     prefix_end,
 )
 from ._dialects import (
@@ -102,7 +100,7 @@ _SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it cr
 _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
-class SqlStore(ValidatingStore):
+class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4)."""
 
@@ -354,20 +352,11 @@ class SqlStore(ValidatingStore):
         with self._driver_errors("count"), self._engine.begin() as conn:
             return int(conn.execute(stmt).scalar_one())
 
-    def scan_prefix(
-        self,
-        kind: str,
-        prefix: str,
-        states: Sequence[str],
-        *,
-        label: str | None = None,
-        cursor: str | None = None,
-        limit: int = 100,
-    ) -> Page:
+    def _scan_prefix(self, kind: str, prefix: str, wanted: list[str], label: str | None,
+                     cursor: str | None, limit: int) -> Page:
         """One statement on the primary key (kind, id): up to ``limit`` records of ``kind`` in
         ``states`` (and ``label``) whose id is in [``prefix``, the next prefix), by id, from
         the id ``cursor`` names (``PrefixScan``)."""
-        wanted = check_prefix_scan_args(kind, prefix, states, limit, cursor, label)
         table = self._tables.envelopes
         stmt = select(*_record_columns(table)).where(
             table.c.kind == kind, table.c.id >= (cursor or prefix), table.c.id < prefix_end(prefix),
@@ -380,11 +369,10 @@ class SqlStore(ValidatingStore):
         items = tuple(_scanned(kind, row) for row in rows[:limit])
         return Page(items, str(rows[limit].id) if len(rows) > limit else None)
 
-    def stored_states(self, kind: str) -> list[str]:
+    def _stored_states(self, kind: str) -> list[str]:
         """The distinct ``state`` values of the records of ``kind``: one statement, a loose
         index scan (a recursive ``MIN(state) WHERE state > previous``): one index seek per
         state found, never a scan of the records."""
-        check_kind(kind)
         with self._driver_errors("stored_states"), self._engine.begin() as conn:
             rows = conn.execute(self._statements.stored_states, {"p_kind": kind}).all()
         return [str(state) for (state,) in rows][:_MAX_STATES]
