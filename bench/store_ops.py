@@ -35,7 +35,8 @@ from typing import Any
 from redis import Redis
 
 from bench.common import RESULTS, Progress, git_commit, machine, median, percentile, write_json
-from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState, saga_to_envelope
+from celery_sagas._codec import Codec
+from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas.stores import open_store
 from celery_sagas.stores.base import Envelope, Lease, Store
 
@@ -64,7 +65,7 @@ def saga_body() -> Envelope:
         for i in (1, 2, 3)
     )
     record = SagaRecord("bench-template", "bench-3", SagaState.RUNNING, {"i": 1}, now, now, steps)
-    return saga_to_envelope(record)
+    return Codec().saga_envelope(record)
 
 
 class Loop:
