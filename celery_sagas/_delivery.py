@@ -265,7 +265,7 @@ class Delivery:
             and self.effect_id == (step.compensation_effect_id if self.compensation else step.effect_id)
 
     def _announced(self, claimed: SagaRecord) -> SagaRecord:
-        self.engine.emit(claimed, self._step_of(claimed), self.stage, Phase.EXECUTING)
+        self.engine.announcer.emit(claimed, self._step_of(claimed), self.stage, Phase.EXECUTING)
         return claimed
 
     def _ours(self, saga: SagaRecord) -> StepRecord | None:
@@ -335,7 +335,7 @@ class Delivery:
         if not isinstance(verdict, Vanished):
             logger.info("saga %s step %s: attempt still running elsewhere", self.saga_id, self.step)
             return None
-        plan = engine.vanished(saga, verdict, engine.now())
+        plan = engine.planner.vanished(saga, verdict, engine.now())
         if verdict.retry and not verdict.compensation:
             return plan  # the caller claims the retry next
 
@@ -367,7 +367,7 @@ class Delivery:
                 too_large = lambda: Plan(after=oversized[0](saga), then=(oversized[1],))  # noqa: E731
             moved = move(saga)
             if merge:
-                return self._claim_next(moved, engine.continued(moved, announce, too_large),
+                return self._claim_next(moved, engine.planner.continued(moved, announce, too_large),
                                         inline_tag)
             return Plan(after=moved, then=(announce,), too_large=too_large)
 
@@ -425,7 +425,7 @@ class Delivery:
                 after = self._step_of(written)
                 phase = kind.phase if after.state is not StepState.EXECUTING else Phase.FAILED
                 duration = int((time.monotonic() - started) * 1000)
-                self.engine.emit(written, after, Stage.EXECUTION, phase, code, duration)
+                self.engine.announcer.emit(written, after, Stage.EXECUTION, phase, code, duration)
             return announce
 
         oversized = _Outcome(_Kind.ERRORED, error_code=codes.PAYLOAD_TOO_LARGE)
@@ -498,7 +498,8 @@ class Delivery:
             phase = Phase.FAILED if error else Phase.COMMITTED
             code = codes.COMPENSATION_FAILED if error else None
             duration = int((time.monotonic() - started) * 1000)
-            self.engine.emit(written, self._step_of(written), Stage.COMPENSATION, phase, code, duration)
+            self.engine.announcer.emit(written, self._step_of(written), Stage.COMPENSATION, phase,
+                                       code, duration)
 
         move = self._backward_move(claimed, step, error)
         return self._record_outcome(

@@ -32,7 +32,7 @@ class SagaDriver:
         self.sagas = sagas
         self.dispatcher = RecordingDispatcher()
         sagas.dispatcher = self.dispatcher
-        sagas.engine.dispatcher = self.dispatcher
+        sagas.engine.planner.dispatcher = self.dispatcher
 
     def take(self) -> list[Sent]:
         """Every message sent since the last take."""

@@ -17,13 +17,13 @@ def test_a_start_that_died_between_its_create_and_its_send_is_repaired_by_the_sw
     stack: Stack,
 ) -> None:
     # given: a client whose process "dies" right after the create (its send never happens)
-    engine = stack.sagas.engine
-    sent, engine.dispatcher = engine.dispatcher, RecordingDispatcher()
+    planner = stack.sagas.engine.planner
+    sent, planner.dispatcher = planner.dispatcher, RecordingDispatcher()
     try:
         created = stack.shop.order.start({"sku": "S", "amount": 3, "id": "s1"},
                                          saga_id="lost-send").record
     finally:
-        engine.dispatcher = sent
+        planner.dispatcher = sent
     assert [s.state for s in created.steps] == ["executing"]  # the intent is in the record
     assert created.steps[0].started_at_ms is None
 

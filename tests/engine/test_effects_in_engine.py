@@ -52,7 +52,7 @@ class CountingStore(MemoryStore):
 
 def effect(shop: Shop, effect_id: str, saga_id: str = "o-1") -> EffectRecord:
     """The effect of ``effect_id`` as the saga record says (it must exist)."""
-    found = [e for e in effects_of(shop.record(saga_id), shop.sagas.engine.capability)
+    found = [e for e in effects_of(shop.record(saga_id), shop.sagas.engine.announcer.capability)
              if e.effect_id == effect_id]
     assert found, f"no effect {effect_id}"
     return found[0]
@@ -61,7 +61,7 @@ def effect(shop: Shop, effect_id: str, saga_id: str = "o-1") -> EffectRecord:
 def has_effect(shop: Shop, effect_id: str, saga_id: str = "o-1") -> bool:
     """Whether the saga record has an effect of that id (a compensation that never began has none)."""
     return any(e.effect_id == effect_id
-               for e in effects_of(shop.record(saga_id), shop.sagas.engine.capability))
+               for e in effects_of(shop.record(saga_id), shop.sagas.engine.announcer.capability))
 
 
 # ------------------------------------------------------------------ what each effect says
@@ -410,6 +410,6 @@ def test_an_approval_gate_has_no_effect(store: MemoryStore, clock: FrozenClock) 
     # then
     record = sagas.engine.load("g-1")
     notify, gate, sync = record.steps
-    effects = {e.effect_id for e in effects_of(record, sagas.engine.capability)}
+    effects = {e.effect_id for e in effects_of(record, sagas.engine.announcer.capability)}
     assert gate.effect_id not in effects
     assert {notify.effect_id, sync.effect_id} <= effects

@@ -145,7 +145,7 @@ def run_every_path(shop: Shop) -> str:
 
 def effect_bodies(shop: Shop) -> list[str]:
     """Every effect of every saga, as the effect view derives it from the saga records."""
-    capability = shop.sagas.engine.capability
+    capability = shop.sagas.engine.announcer.capability
     return [repr(effect) for saga_id in ("m-1", "m-2", "m-3", "m-4", "m-5", "m-6")
             for effect in effects_of(shop.record(saga_id), capability)]
 
