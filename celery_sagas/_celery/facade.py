@@ -157,9 +157,18 @@ class Sagas:
     # ------------------------------------------------------------ this process's runtime
 
     def _runtime(self) -> Runtime:
-        store = open_configured_store(self._store_arg, self.settings)
+        return self._runtime_over(open_configured_store(self._store_arg, self.settings))
+
+    def _runtime_over(self, store: Store) -> Runtime:
         return Runtime(store, self.settings, self.registry, self.events, self.dispatcher,
                        default_clock(self.clock), trace_children=self.tracing)
+
+    def _send_through(self, dispatcher: Dispatcher) -> None:
+        """Send this process's saga messages through ``dispatcher`` from now on
+        (``testing.SagaDriver``): the runtime is built again around it, over the same store,
+        so every part of it is handed the dispatcher at construction."""
+        self.dispatcher = dispatcher
+        self._process.install(self._runtime_over(self._process.current.store))
 
     def _forget_runtime(self, **_: Any) -> None:
         self._process.forget()
@@ -604,6 +613,10 @@ class _Fixed:
 
     def forget(self) -> None:
         """Nothing to forget: the runtime belongs to whoever built it."""
+
+    def install(self, runtime: Runtime) -> None:
+        """Hand out ``runtime`` from now on."""
+        self.current = runtime
 
 
 def sagas_of(app: Celery) -> Sagas:

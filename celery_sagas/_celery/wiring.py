@@ -149,6 +149,11 @@ class PerProcess:
         """This process's engine."""
         return self.current.engine
 
+    def install(self, runtime: Runtime) -> None:
+        """Use ``runtime`` in this process from now on (built by the caller)."""
+        with self._lock:
+            self._runtime, self._pid = runtime, os.getpid()
+
     def forget(self) -> None:
         """Build afresh on next use (a forked pool child)."""
         with self._lock:

@@ -1,7 +1,7 @@
 """Drive sagas in-process for unit tests: messages are recorded, then delivered by hand.
 
     sagas = Sagas(app, store=MemoryStore(), allow_non_durable=True)
-    driver = SagaDriver(sagas)          # swaps in a RecordingDispatcher
+    driver = SagaDriver(sagas)          # messages now go to a RecordingDispatcher
     place_order.start(order, saga_id="o-1")
     driver.run_until_idle()             # deliver every message, as a worker would
     assert sagas.get("o-1").state == "completed"
@@ -26,13 +26,12 @@ __all__ = ["SagaDriver"]
 
 
 class SagaDriver:
-    """Replaces a Sagas instance's dispatcher and delivers its messages on demand."""
+    """Records a Sagas instance's messages and delivers them on demand."""
 
     def __init__(self, sagas: Sagas) -> None:
         self.sagas = sagas
         self.dispatcher = RecordingDispatcher()
-        sagas.dispatcher = self.dispatcher
-        sagas.engine.planner.dispatcher = self.dispatcher
+        sagas._send_through(self.dispatcher)  # its runtime is built again around the recorder
 
     def take(self) -> list[Sent]:
         """Every message sent since the last take."""

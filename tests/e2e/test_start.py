@@ -17,13 +17,14 @@ def test_a_start_that_died_between_its_create_and_its_send_is_repaired_by_the_sw
     stack: Stack,
 ) -> None:
     # given: a client whose process "dies" right after the create (its send never happens)
-    planner = stack.sagas.engine.planner
-    sent, planner.dispatcher = planner.dispatcher, RecordingDispatcher()
+    sagas = stack.sagas
+    sent = sagas.dispatcher
+    sagas._send_through(RecordingDispatcher())
     try:
         created = stack.shop.order.start({"sku": "S", "amount": 3, "id": "s1"},
                                          saga_id="lost-send").record
     finally:
-        planner.dispatcher = sent
+        sagas._send_through(sent)
     assert [s.state for s in created.steps] == ["executing"]  # the intent is in the record
     assert created.steps[0].started_at_ms is None
 

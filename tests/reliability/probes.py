@@ -148,8 +148,8 @@ def resume_race(workdir: Path, threads: int = 16) -> Report:
     def body(cluster: Cluster) -> Report:
         cluster.worker()
         report = Report(f"{threads} threads resume one saga")
-        counting = _CountingDispatcher(cluster.sagas.engine.planner.dispatcher)
-        cluster.sagas.engine.planner.dispatcher = counting
+        counting = _CountingDispatcher(cluster.sagas.dispatcher)
+        cluster.sagas._send_through(counting)
         started = [_forward_race(cluster, report, counting, threads),
                    _compensation_race(cluster, report, counting, threads)]
         expectations = list(report.problems)
