@@ -222,15 +222,10 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
             "p_body": envelope.body,
             "p_due": envelope.due_at_ms,
         }
-        stmt = self._statements.cas
-        if fence is not None:
-            stmt = self._statements.fenced_cas
-            params.update(p_lease=fence.lease, p_fence=fence.number)
+        statements = self._statements
         with self._driver_errors("compare_and_set"):
-            with self._engine.begin() as conn:
-                if conn.execute(stmt, params).rowcount == 1:
-                    return True
-            self._refuse_fenced(fence)
+            if self._write(statements.cas, statements.fenced_cas, params, fence):
+                return True
             return self._read(envelope.kind, envelope.id) == envelope
 
     def _annotate(self, kind: str, record_id: str, note: str, expected_version: int | None
@@ -253,16 +248,9 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
         """Remove the record if its version matches: one conditional DELETE (fenced: also no
         newer grant of ``fence.lease``)."""
         params: dict[str, Any] = {"p_kind": kind, "p_id": record_id, "p_expected": expected_version}
-        stmt = self._statements.delete
-        if fence is not None:
-            stmt = self._statements.fenced_delete
-            params.update(p_lease=fence.lease, p_fence=fence.number)
+        statements = self._statements
         with self._driver_errors("delete"):
-            with self._engine.begin() as conn:
-                if conn.execute(stmt, params).rowcount == 1:
-                    return True
-            self._refuse_fenced(fence)
-        return False
+            return self._write(statements.delete, statements.fenced_delete, params, fence)
 
     def _delete_many(self, items: Sequence[tuple[str, str, int]], fence: Fence | None) -> list[bool]:
         """``delete`` for each (kind, id, expected version), in one transaction: one commit for
@@ -286,6 +274,21 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
         with self._engine.begin() as conn:
             row = conn.execute(self._statements.get, {"p_kind": kind, "p_id": record_id}).one_or_none()
         return None if row is None else _envelope(kind, row)
+
+    def _write(self, plain: Update | Delete, fenced: Update | Delete, params: dict[str, Any],
+               fence: Fence | None) -> bool:
+        """One conditional write (``fenced`` when a fence is given): True when it changed the
+        row; when not, raises ``FencedWriteRefused`` if a newer grant of the fence's lease
+        refused it."""
+        stmt = plain
+        if fence is not None:
+            stmt = fenced
+            params.update(p_lease=fence.lease, p_fence=fence.number)
+        with self._engine.begin() as conn:
+            if conn.execute(stmt, params).rowcount == 1:
+                return True
+        self._refuse_fenced(fence)
+        return False
 
     def _refuse_fenced(self, fence: Fence | None) -> None:
         """After a refused fenced write: raise if the lease has a grant newer than the fence."""
