@@ -25,7 +25,7 @@ import os
 import random
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
@@ -307,16 +307,8 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
         the order given, oldest first) and ``label``, keyset-paged from the opaque ``cursor``."""
         start, at = _resume(cursor, wanted)
         stmt = self._scan_statement(kind, wanted[start:], label, at, updated_before_ms, limit + 1)
-        with self._driver_errors("scan"), self._engine.begin() as conn:
-            rows = conn.execute(stmt).all()
-        # A row of the wrong types comes back as a placeholder (as on Redis); the caller reports
-        # every bad record corrupt by id, so one bad row cannot stall every sweep.
-        items = tuple(_scanned(kind, row) for row in rows[:limit])
-        if len(rows) <= limit:
-            return Page(items, None)
-        following = rows[limit]
-        position = (following.updated_at_ms, following.id)
-        return Page(items, encode_cursor(wanted, following.state, position, 0))
+        return self._page("scan", kind, stmt, limit, lambda following: encode_cursor(
+            wanted, following.state, (following.updated_at_ms, following.id), 0))
 
     def _scan_due(self, kind: str, due_before_ms: int, bucket: int | None, cursor: str | None,
                   limit: int) -> Page:
@@ -330,13 +322,8 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
         if at is not None:
             stmt = stmt.where(*_from(table.c.due_at_ms, table.c.id, at))
         stmt = stmt.order_by(table.c.due_at_ms, table.c.id).limit(limit + 1)
-        with self._driver_errors("scan_due"), self._engine.begin() as conn:
-            rows = conn.execute(stmt).all()
-        items = tuple(_scanned(kind, row) for row in rows[:limit])
-        if len(rows) <= limit:
-            return Page(items, None)
-        following = rows[limit]
-        return Page(items, encode_cursor(["due"], "due", (following.due_at_ms, following.id), 0))
+        return self._page("scan_due", kind, stmt, limit, lambda following: encode_cursor(
+            ["due"], "due", (following.due_at_ms, following.id), 0))
 
     def _count(self, kind: str, wanted: list[str], label: str | None, updated_after_ms: int | None,
                updated_before_ms: int | None) -> int:
@@ -367,10 +354,18 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
         if label is not None:
             stmt = stmt.where(table.c.label == label)
         stmt = stmt.order_by(table.c.id).limit(limit + 1)
-        with self._driver_errors("scan_prefix"), self._engine.begin() as conn:
+        return self._page("scan_prefix", kind, stmt, limit, lambda following: str(following.id))
+
+    def _page(self, operation: str, kind: str, stmt: Select[Any], limit: int,
+              cursor_of: Callable[[Row[Any]], str]) -> Page:
+        """Run a page's query (``limit + 1`` rows): the first ``limit`` rows as envelopes and
+        ``cursor_of`` the row after them. A row of the wrong types comes back as a placeholder
+        (as on Redis); the caller reports every bad record corrupt by id, so one bad row cannot
+        stall every sweep."""
+        with self._driver_errors(operation), self._engine.begin() as conn:
             rows = conn.execute(stmt).all()
         items = tuple(_scanned(kind, row) for row in rows[:limit])
-        return Page(items, str(rows[limit].id) if len(rows) > limit else None)
+        return Page(items, cursor_of(rows[limit]) if len(rows) > limit else None)
 
     def _stored_states(self, kind: str) -> list[str]:
         """The distinct ``state`` values of the records of ``kind``: one statement, a loose
