@@ -107,7 +107,9 @@ class Delivery:
         self.stage = Stage.COMPENSATION if compensation else Stage.EXECUTION
         # Runs the next step here when its saga continues inline (docs/design.md §3.2).
         self.inline = inline
-        self._next: tuple[SagaRecord, StepRecord, str] | None = None
+        # The step this delivery's settle claimed to run here: its record, step, claim tag,
+        # and the settle's effects when they wait until its body ran (see _record_outcome).
+        self._next: tuple[SagaRecord, StepRecord, str, Callable[[], None] | None] | None = None
         # The task's hard time limit (None: as far as the record or the settings say), counted
         # from here: a delivery that waited long for its store must leave the body time to run.
         self.time_limit_ms = time_limit_ms
@@ -147,11 +149,15 @@ class Delivery:
         if written is None:
             return
         if self._next is not None:
-            claimed, step, tag = self._next
+            claimed, step, tag, deferred = self._next
             self._next = None
             assert self.inline is not None
             with holding(step.effect_id, claimed, tag):
-                self.inline.run(claimed, step)
+                try:
+                    self.inline.run(claimed, step)
+                finally:
+                    if deferred is not None:
+                        deferred()
             return
         if not _nothing_follows(written) or written.parent is not None:
             self.engine.advance(self.saga_id, written)
@@ -382,9 +388,14 @@ class Delivery:
         if step is None:
             plan.run_effects(written)
             return written
+        if _appended(claimed, written) == [step.name]:
+            # Its body starts before anything else runs: a crash between the write and the
+            # body is as unlikely as between a sent step's claim and its body.
+            self._next = (written, step, inline_tag, lambda: plan.run_effects(written))
+            return written
         with holding(step.effect_id, written, inline_tag):
             plan.run_effects(written)  # every effect but sending the step this process runs
-        self._next = (written, step, inline_tag)
+        self._next = (written, step, inline_tag, None)
         return written
 
     def _claim_next(self, moved: SagaRecord, plan: Plan, tag: str) -> Plan:
@@ -604,6 +615,12 @@ def _safe_backoff(backoff: Callable[[int], int], attempt: int, saga_id: str) -> 
         logger.error("saga %s: invalid_retry_policy: backoff(%d) returned an invalid delay",
                      saga_id, attempt)
     return delay
+
+
+def _appended(before: SagaRecord, after: SagaRecord) -> list[str]:
+    """The names of the steps ``after`` has that ``before`` had not."""
+    known = {s.name for s in before.steps}
+    return [s.name for s in after.steps if s.name not in known]
 
 
 def _claimed_here(saga: SagaRecord, tag: str) -> StepRecord | None:

@@ -40,6 +40,7 @@ from tests.e2e.app import worker_app
 from tests.reliability.recording import SkewedClock, TracingStore, append_line
 
 DEFINITION = "rel-order"
+INLINE_DEFINITION = "rel-order-inline"  # the same run, its steps inline (docs/design.md §3.2)
 CHILD_DEFINITION = "rel-payment"
 STEP_NAMES = {
     "reserve": "rel.reserve", "charge": "rel.charge", "charge_idem": "rel.charge_idem",
@@ -277,8 +278,7 @@ def build(config: Config) -> Shop:
         charge_task = charge_idem if plan.get("idempotent") else charge
         return ctx.step(charge_task, data["amount"], plan)
 
-    @sagas.saga(DEFINITION)
-    def order(ctx: Any, data: dict[str, Any]) -> None:
+    def run_order(ctx: Any, data: dict[str, Any]) -> None:
         """Reserve, charge, ship; with ``parallel`` a second reservation runs beside the
         charge. The plan in the input scripts the providers; ``nap`` sleeps (ms, a durable
         timer) and ``signal`` waits for the signal "go" (``signal_timeout`` s, then goes on)
@@ -301,6 +301,8 @@ def build(config: Config) -> Shop:
             ctx.parallel(charging)
         ctx.step(ship, data["id"], plan)
 
+    order = sagas.saga(DEFINITION)(run_order)
+    sagas.saga(INLINE_DEFINITION, inline=True)(run_order)
     return Shop(app, sagas, order, store)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from celery_sagas._records import CHILD_TASK, SagaRecord
 from celery_sagas.errors import SagaError
-from tests.reliability.app import DEFINITION
+from tests.reliability.app import DEFINITION, INLINE_DEFINITION
 from tests.reliability.cluster import Cluster
 from tests.reliability.invariants import SETTLED, Violation, check, fence_stats
 from tests.reliability.recording import append_line, read_lines
@@ -319,7 +319,8 @@ def _submit(cluster: Cluster, load: Load, rng: random.Random, tracker: Tracker) 
         saga_id = f"{cluster.config.prefix}-{index}"
         data = {"sku": f"sku{index}", "amount": index + 1, "id": f"o{index}",
                 "plan": load.plans(rng, index)}
-        retrying(lambda s=saga_id, d=data: cluster.sagas.start(DEFINITION, d, saga_id=s),
+        definition = INLINE_DEFINITION if data["plan"].get("inline") else DEFINITION
+        retrying(lambda s=saga_id, d=data, n=definition: cluster.sagas.start(n, d, saga_id=s),
                  f"start {saga_id}")
         tracker.add(saga_id)
         _signal_later(cluster, saga_id, data["plan"], rng)

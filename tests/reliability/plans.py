@@ -81,3 +81,8 @@ def waiting_plan(rng: random.Random, index: int) -> dict[str, Any]:
     if rng.random() < 0.33:
         plan["child"] = True
     return plan
+
+
+def inline_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """``mixed_plan`` for the saga whose steps run inline (``@sagas.saga(inline=True)``)."""
+    return {**mixed_plan(rng, index), "inline": True}

@@ -28,6 +28,7 @@ from tests.reliability.harness import Injector, Load, PlanFactory, Report, run_l
 from tests.reliability.plans import (
     compensation_plan,
     hanging_plan,
+    inline_plan,
     mixed_plan,
     slow_plan,
     waiting_plan,
@@ -122,6 +123,16 @@ def pool_kills(workdir: Path, size: Size, broker: str | None = None,
                  (faults.kill_random_child, 0.4))
     return Chaos("pool-kills", f"pool-child SIGKILL{label}", load, "kill-child-in-body",
                  build).run(workdir)
+
+
+def inline_kills(workdir: Path, size: Size) -> Report:
+    """Sagas whose steps run inline while pool children are SIGKILLed in bodies (inline ones
+    included) and anywhere (during the write that settles one step and claims the next too)."""
+    build, label = _stack(None, None)
+    load = _load(size.n(50, 300), inline_plan, 0.6, (faults.kill_in_body(), 0.6),
+                 (faults.kill_random_child, 0.4))
+    return Chaos("inline-kills", f"inline steps, pool-child SIGKILL{label}", load,
+                 "kill-child-in-body", build).run(workdir)
 
 
 def worker_kills(workdir: Path, size: Size, broker: str | None = None,
@@ -341,6 +352,7 @@ def waiting_cancels(workdir: Path, size: Size) -> Report:
 
 SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "pool-kills": pool_kills,
+    "inline-kills": inline_kills,
     "worker-kills": worker_kills,
     "compensation-kills": compensation_kills,
     "redis-restarts": redis_restarts,

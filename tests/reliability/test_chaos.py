@@ -30,6 +30,12 @@ def test_pool_children_killed_mid_body_leave_reviews_never_double_runs(tmp_path:
     assert report.outcomes["completed"] > 0
 
 
+def test_inline_steps_killed_mid_body_or_mid_settle_keep_every_invariant(tmp_path: Path) -> None:
+    report = _clean(scenarios.inline_kills(tmp_path, scenarios.CI))
+    assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation"}, report.summary()
+    assert report.outcomes["completed"] > 0
+
+
 def test_a_whole_worker_killed_and_restarted_loses_no_saga(tmp_path: Path) -> None:
     report = _clean(scenarios.worker_kills(tmp_path, scenarios.CI))
     assert report.outcomes["lost"] == 0
