@@ -115,7 +115,8 @@ class Engine:
         self.announcer = Announcer(self.events, registry)
         self.planner = Planner(registry, dispatcher, self.announcer, self.topology, self.children,
                                clock=self.clock, timing=self.settings.timing, new_id=new_id,
-                               gates=gates)
+                               gates=gates, inline=self.settings.inline,
+                               inline_max_seconds=self.settings.inline_max_seconds)
 
     # ------------------------------------------------------------ records
 

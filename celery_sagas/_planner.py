@@ -93,7 +93,8 @@ class Planner:
 
     def __init__(self, registry: Registry, dispatcher: Dispatcher, announcer: Announcer,
                  topology: Topology, children: ChildSteps, *, clock: Clock, timing: Timing,
-                 new_id: Callable[[], str], gates: GateOpener | None = None) -> None:
+                 new_id: Callable[[], str], gates: GateOpener | None = None,
+                 inline: bool = False, inline_max_seconds: float = 60.0) -> None:
         self.registry = registry
         self.dispatcher = dispatcher
         self.announcer = announcer
@@ -103,6 +104,8 @@ class Planner:
         self.timing = timing
         self.new_id = new_id
         self.gates = gates
+        self.inline = inline  # sagas_inline_steps: the default of @sagas.saga(inline=...)
+        self.inline_max_seconds = inline_max_seconds
 
     def first_write(self, fresh: SagaRecord) -> Plan:
         """Replay ``run`` in this process up to its first step: the record to create (version 1),
@@ -202,8 +205,7 @@ class Planner:
             for step in decision.steps:
                 self.announcer.emit(written, step, Stage.EXECUTION, Phase.INTENT)
                 if step.state is StepState.EXECUTING and not inline.held(step.effect_id):
-                    self._send(partial(self.dispatcher.send_step, written.saga_id, step,
-                                       written.version, trace_parent=written.trace_parent))
+                    self._send(self._step_sender(written, step))
             self.children.start_all(written, decision.steps)
 
         reason = "the arguments of the next step would exceed the payload limit"
@@ -228,10 +230,26 @@ class Planner:
             if compensation:
                 self._send(self._compensator_sender(written, step))
             else:
-                self._send(lambda: self.dispatcher.send_step(
-                    written.saga_id, step, written.version, trace_parent=written.trace_parent))
+                self._send(self._step_sender(written, step))
 
         return send
+
+    def _step_sender(self, written: SagaRecord, step: StepRecord) -> Callable[[], None]:
+        """Send a step's task; a step of an inline saga with room for its chain (§3.2)."""
+        return partial(self.dispatcher.send_step, written.saga_id, step, written.version,
+                       trace_parent=written.trace_parent,
+                       time_limit_s=self._inline_room(written, step))
+
+    def _inline_room(self, saga: SagaRecord, step: StepRecord) -> float | None:
+        """The hard limit (s) a step of an inline saga is sent with: its own limit plus
+        ``sagas_inline_max_seconds``, so that the chain of inline steps it may run fits; the
+        task enforces the body's own limit itself. None for every other step."""
+        definition = self.registry.definitions.get(saga.definition)
+        options = self.registry.steps.get(step.task)
+        if definition is None or options is None or not options.inline or not options.time_limit_ms:
+            return None
+        chosen = definition.inline if definition.inline is not None else self.inline
+        return options.time_limit_ms / 1000 + self.inline_max_seconds if chosen else None
 
     def _compensator_sender(self, written: SagaRecord, step: StepRecord) -> Callable[[], None]:
         """Send a step's compensator; a child step's "compensator" reopens the child (§3.7)."""

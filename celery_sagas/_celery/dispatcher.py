@@ -20,20 +20,23 @@ class CeleryDispatcher:
         self.tracing = tracing or NoTracing()
 
     def _send(self, task_name: str, task_id: str, saga_id: str, step: str, version: int,
-              trace_parent: str | None) -> None:
+              trace_parent: str | None, time_limit_s: float | None = None) -> None:
         kwargs = {SAGA_REF: saga_ref(saga_id, step, version)}
         task = self.app.tasks.get(task_name)
         with self.tracing.sending(saga_id, trace_parent, step) as headers:
-            options = {"headers": headers} if headers else {}
+            options: dict[str, object] = {"headers": headers} if headers else {}
+            if time_limit_s is not None:
+                options["time_limit"] = time_limit_s
             if task is not None:
                 task.apply_async(args=(), kwargs=kwargs, task_id=task_id, **options)
             else:
                 self.app.send_task(task_name, args=(), kwargs=kwargs, task_id=task_id, **options)
 
     def send_step(self, saga_id: str, step: StepRecord, version: int, *,
-                  trace_parent: str | None = None) -> None:
+                  trace_parent: str | None = None, time_limit_s: float | None = None) -> None:
         """Send the step's own task; its task id is the step's effect id."""
-        self._send(step.task, step.effect_id, saga_id, step.name, version, trace_parent)
+        self._send(step.task, step.effect_id, saga_id, step.name, version, trace_parent,
+                   time_limit_s)
 
     def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
                           trace_parent: str | None = None) -> None:

@@ -317,15 +317,13 @@ class Sagas:
             )
 
         def decorate(func: Callable[..., Any]) -> Any:
-            task = register_step(
+            return register_step(
                 self.app, self.registry, self._step_base, func, compensate=compensate,
                 idempotent=idempotent, not_committed_on=not_committed_on, retries=retries,
                 backoff=backoff, capability=capability, task_options=task_options,
                 default_time_limit_s=self.settings.timing.default_time_limit_ms / 1000,
                 retry_on=retry_on, compensate_unknown=compensate_unknown, inline=inline,
             )
-            self._widen_for_inline()
-            return task
 
         return decorate(fn) if fn is not None else decorate
 
@@ -366,22 +364,9 @@ class Sagas:
             definition = register_definition(self.registry, name, run, max_attempts=max_attempts,
                                              backoff=backoff, capability=checked,
                                              compensation=compensation, inline=inline)
-            self._widen_for_inline()
             return Saga(self, definition)
 
         return decorate
-
-    def _widen_for_inline(self) -> None:
-        """Once any saga runs inline, Celery's hard limit on each step task is its own limit
-        plus ``sagas_inline_max_seconds``, so a chain of inline steps fits in the task that
-        runs it; each body's own limit is then enforced by the task (docs/design.md §3.2)."""
-        if not self.settings.inline_steps and not any(
-                d.inline for d in self.registry.definitions.values()):
-            return
-        for options in self.registry.steps.values():
-            task = self.app.tasks.get(options.task)
-            if task is not None and options.time_limit_ms:
-                task.time_limit = options.time_limit_ms / 1000 + self.settings.inline_max_seconds
 
     # ------------------------------------------------------------ operations
 

@@ -6,11 +6,11 @@ A step runs inline when its saga chose it (``@sagas.saga(inline=True)`` or
 where the broker would have delivered it to this very worker: the same queue as the task
 running now, no rate limit, the prefork pool's main thread. A chain of inline steps is bounded
 by ``sagas_inline_max_steps`` and ``sagas_inline_max_seconds``, and each step's own time limit
-must fit in what is left of the running task's hard limit: so that an inline chain fits, the
-hard limit Celery enforces on a step task of an inline saga is its own limit plus
-``sagas_inline_max_seconds``, and each body's own limit is enforced here, with ``SIGALRM``, as
-Celery enforces a soft limit (the body sees ``StepTimeLimitExceeded``; its outcome is unknown,
-code ``time_limit``).
+must fit in what is left of the running task's hard limit: so that an inline chain fits, a
+step of an inline saga is sent with a hard limit of its own limit plus
+``sagas_inline_max_seconds`` (``Engine._inline_room``), and each body's own limit is enforced
+here, with ``SIGALRM``, as Celery enforces a soft limit (the body sees
+``StepTimeLimitExceeded``; its outcome is unknown, code ``time_limit``).
 
 The inline step runs through its task's ``__call__`` with its own request (task id = its effect
 id): its delivery, tracing span, logs and Celery's ``task_prerun``, ``task_postrun``,

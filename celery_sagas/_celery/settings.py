@@ -59,7 +59,7 @@ SETTING_DOCS: dict[str, tuple[Any, str]] = {
                             "step before it (the default of @sagas.saga(inline=...))"),
     "inline_max_steps": (16, "consecutive steps one task may run inline before sending the next"),
     "inline_max_seconds": (60.0, "seconds one task may go on running inline steps (also widens the "
-                                 "hard limit of an inline saga's step tasks)"),
+                                 "hard limit an inline saga's steps are sent with)"),
     "notify": (True, "publish each settled saga's id (Redis PUBLISH, PostgreSQL NOTIFY) so "
                      "async waits wake at once: one round trip per saga, not per step"),
     "history_limit": (DEFAULT_HISTORY_LIMIT, "history entries kept per saga; older ones are folded "

@@ -114,10 +114,10 @@ class BridgedDispatcher:
         self._inner = inner
 
     def send_step(self, saga_id: str, step: StepRecord, version: int, *,
-                  trace_parent: str | None = None) -> None:
+                  trace_parent: str | None = None, time_limit_s: float | None = None) -> None:
         """Send the step's task (a thread publishes; the loop goes on meanwhile)."""
         _awaited(asyncio.to_thread(self._inner.send_step, saga_id, step, version,
-                                   trace_parent=trace_parent))
+                                   trace_parent=trace_parent, time_limit_s=time_limit_s))
 
     def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
                           trace_parent: str | None = None) -> None:

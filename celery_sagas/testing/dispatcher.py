@@ -31,7 +31,7 @@ class RecordingDispatcher:
         self.sent: list[Sent] = []
 
     def send_step(self, saga_id: str, step: StepRecord, version: int, *,
-                  trace_parent: str | None = None) -> None:
+                  trace_parent: str | None = None, time_limit_s: float | None = None) -> None:
         """Record a step message."""
         self._add(Sent("step", saga_id, step.name, step.effect_id, version, step.task))
 

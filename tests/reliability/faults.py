@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 
 from celery_sagas.errors import SagaError
 from tests.redis_cluster import NODE_TIMEOUT_S, RedisCluster
-from tests.reliability.cluster import Cluster, PrivatePostgres, PrivateRedis
+from tests.reliability.cluster import Cluster, PrivatePostgres, PrivateRedis, children_of
 from tests.reliability.harness import FaultLog, Injector
 from tests.reliability.recording import read_lines
 
@@ -146,8 +146,9 @@ def kill_worker_and_restart(cluster: Cluster, rng: random.Random, log: FaultLog)
         return
     process, env = rng.choice(live)
     cluster.retire(process)
+    pool = children_of(process.pid)  # killed with it: their claims are the fault's
     process.kill()
-    log.add("kill-worker", f"pid {process.pid}")
+    log.add("kill-worker", f"pid {process.pid} children {' '.join(map(str, pool))}".rstrip())
     cluster.worker(env=env)
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,9 +296,9 @@ def run_load(cluster: Cluster, load: Load, scenario: str) -> Report:
     report.settle_s = None if settled_at is None else max(0.0, settled_at - last_fault)
     report.duration_s = time.monotonic() - began
     _stop_processes(cluster)
-    _collect(cluster, tracker, report)
     report.faults = log.counts()
-    report.fault_log = list(log.faults)
+    report.fault_log = list(log.faults)  # before _collect: the invariants read what was killed
+    _collect(cluster, tracker, report)
     for fault in log.faults:  # kept beside the logs for post-mortems
         append_line(cluster.config.workdir / "faults.jsonl",
                     {"kind": fault.kind, "at": fault.at, "wall": fault.wall, "detail": fault.detail})
@@ -385,6 +386,17 @@ def started_children(record: SagaRecord | None) -> list[str]:
             if step.task == CHILD_TASK and step.error_code != "not_started"]
 
 
+def killed_pids(faults: Iterable[Fault]) -> frozenset[int]:
+    """Every process a fault SIGKILLed: pool children, and whole workers with their pool."""
+    found: set[int] = set()
+    for fault in faults:
+        if fault.kind.startswith("kill-"):
+            found.update(int(pid) for pid in re.findall(r"\bpid (\d+)", fault.detail))
+            for group in re.findall(r"\bchildren ([\d ]+)", fault.detail):
+                found.update(int(pid) for pid in group.split())
+    return frozenset(found)
+
+
 def _collect(cluster: Cluster, tracker: Tracker, report: Report) -> None:
     records = {
         saga_id: retrying(lambda s=saga_id: cluster.sagas.get(s), "read back")
@@ -407,4 +419,5 @@ def _collect(cluster: Cluster, tracker: Tracker, report: Report) -> None:
     if stopped:
         report.fences["sweeps_stopped"] = stopped
     killed = [f.body for f in report.fault_log if f.body is not None]
-    report.violations = check(tracker.started, records, ledger, trace, killed)
+    report.violations = check(tracker.started, records, ledger, trace, killed,
+                              killed_pids=killed_pids(report.fault_log))

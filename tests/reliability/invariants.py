@@ -23,7 +23,9 @@ store says at the end. Together they must show:
    provider never applied, and must then find nothing to undo;
 7. no spurious review: every ambiguity left for an operator traces to a body that really began
    (a ledger ``<op>.start`` of its effect id and attempt), never to a claim whose body never
-   ran (a lost claim reply, a worker without the encryption key).
+   ran (a lost claim reply, a worker without the encryption key), unless a fault SIGKILLed
+   the claiming process: a claim whose process died before its body began cannot be told
+   from one that died in the body, and the system never guesses, so that review is honest.
 """
 
 from __future__ import annotations
@@ -251,9 +253,10 @@ def _unguessed(killed: Iterable[Mapping[str, Any]], records: Mapping[str, SagaRe
 
 
 def _spurious_reviews(records: Mapping[str, SagaRecord | None],
-                      ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
+                      ops: Mapping[str, list[Mapping[str, Any]]],
+                      killed_pids: frozenset[int] = frozenset()) -> list[Violation]:
     """Every ambiguous step or compensation has a body that began under its effect id and
-    attempt (the providers' ledger)."""
+    attempt (the providers' ledger), or a claimer a fault SIGKILLed."""
     began = {(line["effect_id"], line["attempt"]) for key, lines in ops.items()
              if key.endswith(".start") for line in lines}
     found = []
@@ -267,19 +270,27 @@ def _spurious_reviews(records: Mapping[str, SagaRecord | None],
                 attempt = (step.compensation_effect_id, step.compensation_attempts)
             else:
                 continue
-            if attempt not in began:
+            if attempt not in began and _claimer_pid(step.claimed_by) not in killed_pids:
                 found.append(Violation("spurious-review", saga_id,
                                        f"{step.name} is {step.state} ({step.error_code}) but no "
                                        f"body began for {attempt[0]} attempt {attempt[1]}"))
     return found
 
 
+def _claimer_pid(claimed_by: str | None) -> int | None:
+    """The pid of a claim tag (``host:pid/nonce``), if it has one."""
+    pid = (claimed_by or "").split("/", 1)[0].rpartition(":")[2]
+    return int(pid) if pid.isdigit() else None
+
+
 def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
           ledger: Iterable[Mapping[str, Any]], trace: Iterable[Mapping[str, Any]],
-          killed: Iterable[Mapping[str, Any]] = ()) -> list[Violation]:
+          killed: Iterable[Mapping[str, Any]] = (),
+          killed_pids: frozenset[int] = frozenset()) -> list[Violation]:
     """Every invariant violation of a run (an empty list when the run was correct).
 
-    ``killed``: ledger ``.start`` lines of bodies a fault SIGKILLed while they ran.
+    ``killed``: ledger ``.start`` lines of bodies a fault SIGKILLed while they ran;
+    ``killed_pids``: every process a fault SIGKILLed.
     """
     ops = _by_op(ledger)
     return [
@@ -288,7 +299,7 @@ def check(started: Iterable[str], records: Mapping[str, SagaRecord | None],
         *_compensation_rules(records, ops),
         *_orphans(records, ops),
         *_unguessed(killed, records, ops),
-        *_spurious_reviews(records, ops),
+        *_spurious_reviews(records, ops, killed_pids),
         *stale_fenced_writes(trace),
         *unfenced_sweep_writes(trace),
     ]
