@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Table
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
@@ -24,13 +25,7 @@ _DIALECTS = {"postgresql": postgresql.dialect, "mysql": mysql.dialect, "sqlite":
 
 def create_tables(apps: Any, schema_editor: Any) -> None:
     """Create the envelopes and leases tables with their indexes (forward migration)."""
-    target = _target(schema_editor)
-    if target is None:
-        return
-    tables, dialect, existing = target
-    for table in (tables.envelopes, tables.leases):
-        if table.name in existing:
-            continue
+    for table, dialect in _saga_tables(schema_editor, present=False):
         schema_editor.execute(str(CreateTable(table).compile(dialect=dialect)))
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             schema_editor.execute(str(CreateIndex(index).compile(dialect=dialect)))
@@ -38,13 +33,19 @@ def create_tables(apps: Any, schema_editor: Any) -> None:
 
 def drop_tables(apps: Any, schema_editor: Any) -> None:
     """Drop both tables (backward migration): every saga record goes with them."""
+    for table, dialect in reversed(_saga_tables(schema_editor, present=True)):
+        schema_editor.execute(str(DropTable(table).compile(dialect=dialect)))
+
+
+def _saga_tables(schema_editor: Any, *, present: bool) -> list[tuple[Table, Dialect]]:
+    """The saga tables (envelopes first) the connection has (``present``) or lacks, each with
+    the connection's dialect; none on a database other than the saga store's."""
     target = _target(schema_editor)
     if target is None:
-        return
+        return []
     tables, dialect, existing = target
-    for table in (tables.leases, tables.envelopes):
-        if table.name in existing:
-            schema_editor.execute(str(DropTable(table).compile(dialect=dialect)))
+    return [(table, dialect) for table in (tables.envelopes, tables.leases)
+            if (table.name in existing) == present]
 
 
 def _target(schema_editor: Any) -> tuple[Tables, Dialect, set[str]] | None:
