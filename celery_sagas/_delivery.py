@@ -20,12 +20,15 @@ from enum import Enum
 from typing import Any
 
 from . import _values as values
+from ._announcer import Announcer
+from ._clock import Clock, now_ms
 from ._context import CompensationReason, StepContext
-from ._definitions import Backoff, StepOptions
-from ._engine import Engine
+from ._definitions import Backoff, Registry, StepOptions
+from ._engine import Engine, EngineSettings
 from ._events import Phase, Stage
 from ._inline import InlineRunner, holding, take_claim
 from ._liveness import claim_tag, dead_effects
+from ._planner import Planner
 from ._protocol import codes, moves
 from ._protocol.compensation import (
     check_backoff,
@@ -37,7 +40,7 @@ from ._protocol.decide import judge_in_flight
 from ._protocol.decisions import Vanished
 from ._protocol.notes import ClaimNote
 from ._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
-from ._repository import Plan, unanswered
+from ._repository import Plan, SagaRepository, unanswered
 from .errors import (
     IllegalTransition,
     SagaNotFound,
@@ -48,7 +51,7 @@ from .errors import (
     UndecryptableRecord,
 )
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "DeliveryParts"]
 
 logger = logging.getLogger("celery_sagas.execution")
 
@@ -92,13 +95,41 @@ class _Outcome:
     exception: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryParts:
+    """What every delivery of one runtime works with, built once beside its engine
+    (``_celery/wiring.Runtime``)."""
+
+    repository: SagaRepository
+    planner: Planner
+    announcer: Announcer
+    registry: Registry
+    settings: EngineSettings
+    clock: Clock
+    draw: Callable[[], float]  # a fraction in [0, 1): the jitter of default backoffs
+    advance: Callable[[str, SagaRecord], SagaRecord]  # drive a saga on (``Engine.advance``)
+
+    @classmethod
+    def of(cls, engine: Engine) -> DeliveryParts:
+        """The parts of deliveries beside ``engine``."""
+        return cls(engine.repository, engine.planner, engine.announcer, engine.registry,
+                   engine.settings, engine.clock, engine.draw, engine.advance)
+
+
 class Delivery:
     """One delivery of the task whose task id is ``effect_id`` (a step's or its compensator's)."""
 
-    def __init__(self, engine: Engine, saga_id: str, step: str, effect_id: str,
+    def __init__(self, parts: DeliveryParts, saga_id: str, step: str, effect_id: str,
                  version: int | None, *, compensation: bool,
                  inline: InlineRunner | None = None, time_limit_ms: int | None = None) -> None:
-        self.engine = engine
+        self.repository = parts.repository
+        self.planner = parts.planner
+        self.announcer = parts.announcer
+        self.registry = parts.registry
+        self.settings = parts.settings
+        self.clock = parts.clock
+        self.draw = parts.draw
+        self.advance = parts.advance
         self.saga_id = saga_id
         self.step = step
         self.effect_id = effect_id
@@ -115,6 +146,9 @@ class Delivery:
         self.time_limit_ms = time_limit_ms
         self._began = time.monotonic()
         self._waited_for_store = False
+
+    def _now(self) -> int:
+        return now_ms(self.clock)
 
     # ------------------------------------------------------------ the two kinds of body
 
@@ -160,7 +194,7 @@ class Delivery:
                         deferred()
             return
         if not _nothing_follows(written) or written.parent is not None:
-            self.engine.advance(self.saga_id, written)
+            self.advance(self.saga_id, written)
 
     # ------------------------------------------------------------ claim
 
@@ -195,21 +229,21 @@ class Delivery:
         expected = self._blind_version() if blind else None
         if expected is not None:
             note = self._claim_note(tag)
-            claimed = self.engine.repository.note(self.saga_id, note, expected,
-                                                  take_back_unreadable=True)
+            claimed = self.repository.note(self.saga_id, note, expected,
+                                           take_back_unreadable=True)
             if claimed is not None and self._claimed_by(claimed, tag):
                 return self._announced(claimed)
         # a vanished attempt settled for a retry, or our own claim taken back, then the claim
         for _ in range(3):
             try:
-                record, plan = self.engine.repository.update(
+                record, plan = self.repository.update(
                     self.saga_id, lambda s: self._judge(s, tag, retrying))
             except SagaNotFound:
                 logger.warning("saga %s: no such record; message dropped", self.saga_id)
                 return None
             if plan is None:
                 if not self.compensation and record.rolling_back and record.state is SagaState.RUNNING:
-                    self.engine.advance(self.saga_id, record)
+                    self.advance(self.saga_id, record)
                 return None
             plan.run_effects(record)
             if plan.note is not None:
@@ -238,11 +272,11 @@ class Delivery:
         """The task's hard time limit, else the step's as far as this process knows it."""
         if self.time_limit_ms:
             return self.time_limit_ms
-        known = self.engine.repository.known(self.saga_id)
+        known = self.repository.known(self.saga_id)
         step = None if known is None else known.step(self.step)
         if step is not None and not self.compensation and step.time_limit_ms:
             return step.time_limit_ms
-        return self.engine.settings.timing.default_time_limit_ms
+        return self.settings.timing.default_time_limit_ms
 
     def _undecryptable(self) -> None:
         """No configured key opens the saga's payloads: the body cannot run here, and no claim
@@ -254,12 +288,12 @@ class Delivery:
                      self.saga_id, values.printable(self.step))
 
     def _claim_note(self, tag: str) -> str:
-        return ClaimNote(self.step, self.effect_id, tag, self.engine.now()).text()
+        return ClaimNote(self.step, self.effect_id, tag, self._now()).text()
 
     def _blind_version(self) -> int | None:
         """The version to claim on without reading: the message's (its intent was written at
         it), or a newer one this process wrote if that record shows the step claimable."""
-        known = self.engine.repository.known(self.saga_id)
+        known = self.repository.known(self.saga_id)
         if known is None or (self.version is not None and known.version < self.version):
             return self.version
         return known.version if self._claimable(known, retrying=False) else None
@@ -271,7 +305,7 @@ class Delivery:
             and self.effect_id == (step.compensation_effect_id if self.compensation else step.effect_id)
 
     def _announced(self, claimed: SagaRecord) -> SagaRecord:
-        self.engine.announcer.emit(claimed, self._step_of(claimed), self.stage, Phase.EXECUTING)
+        self.announcer.emit(claimed, self._step_of(claimed), self.stage, Phase.EXECUTING)
         return claimed
 
     def _ours(self, saga: SagaRecord) -> StepRecord | None:
@@ -288,7 +322,7 @@ class Delivery:
         if step is None or not self._live(saga, step) or step.started_at_ms is not None:
             return False
         due = step.next_attempt_at_ms
-        return retrying or due is None or self.engine.now() >= due
+        return retrying or due is None or self._now() >= due
 
     def _judge(self, saga: SagaRecord, tag: str, retrying: bool) -> Plan | None:
         """What a delivery that could not claim blindly does with the record it read: its own
@@ -318,7 +352,7 @@ class Delivery:
         start time: the time limit counts from the body's real start)."""
         ref = AttemptRef.compensation(step) if self.compensation else AttemptRef.execution(step)
         try:
-            after = moves.withdraw_claim(saga, ref, tag, self.engine.now())
+            after = moves.withdraw_claim(saga, ref, tag, self._now())
         except IllegalTransition:
             return None
         logger.info("saga %s step %s: own claim found after a lost reply; taken back",
@@ -334,19 +368,19 @@ class Delivery:
 
     def _vanished(self, saga: SagaRecord, step: StepRecord) -> Plan | None:
         """A started attempt found by a new delivery: settle it if its claimer is gone."""
-        engine = self.engine
-        policy = engine.registry.policy(engine.definition_of(saga), engine.settings.timing)
-        verdict = judge_in_flight(step, engine.now(), policy, dead_effects(saga.steps),
+        policy = self.registry.policy(self.registry.definition(saga.definition),
+                                      self.settings.timing)
+        verdict = judge_in_flight(step, self._now(), policy, dead_effects(saga.steps),
                                   rolling_back=saga.rolling_back)
         if not isinstance(verdict, Vanished):
             logger.info("saga %s step %s: attempt still running elsewhere", self.saga_id, self.step)
             return None
-        plan = engine.planner.vanished(saga, verdict, engine.now())
+        plan = self.planner.vanished(saga, verdict, self._now())
         if verdict.retry and not verdict.compensation:
             return plan  # the caller claims the retry next
 
         def advance(written: SagaRecord) -> None:
-            engine.advance(written.saga_id, written)
+            self.advance(written.saga_id, written)
 
         return Plan(after=plan.after, then=(*plan.then, advance))
 
@@ -363,8 +397,6 @@ class Delivery:
         """Write an outcome (merged with what follows when ``merge``; ``oversized`` when the
         outcome itself is over the payload limit); None when the saga moved on so that this
         outcome no longer applies."""
-        engine = self.engine
-
         inline_tag = claim_tag()
 
         def decide(saga: SagaRecord) -> Plan:
@@ -373,13 +405,13 @@ class Delivery:
                 too_large = lambda: Plan(after=oversized[0](saga), then=(oversized[1],))  # noqa: E731
             moved = move(saga)
             if merge:
-                return self._claim_next(moved, engine.planner.continued(moved, announce, too_large),
+                return self._claim_next(moved, self.planner.continued(moved, announce, too_large),
                                         inline_tag)
             return Plan(after=moved, then=(announce,), too_large=too_large)
 
         try:
-            written, plan = engine.repository.update(self.saga_id, decide, known=claimed,
-                                                     wait_for_store=True)
+            written, plan = self.repository.update(self.saga_id, decide, known=claimed,
+                                                   wait_for_store=True)
         except IllegalTransition:
             logger.warning("saga %s moved on; outcome of %s not recorded here", self.saga_id, self.step)
             return None
@@ -411,14 +443,14 @@ class Delivery:
         step = fresh[0]
         if not self._inline_allowed(after, step) or not self.inline.eligible(after, step):
             return plan
-        claimed = moves.claim_step(after, step.name, step.effect_id, tag, self.engine.now())
+        claimed = moves.claim_step(after, step.name, step.effect_id, tag, self._now())
         return replace(plan, after=replace(claimed, version=after.version))
 
     def _inline_allowed(self, saga: SagaRecord, step: StepRecord) -> bool:
         """The saga's choice (or ``sagas_inline_steps``) and the step's (``inline=False``)."""
-        registry = self.engine.registry
+        registry = self.registry
         definition = registry.definition(saga.definition)
-        chosen = definition.inline if definition.inline is not None else self.engine.settings.inline
+        chosen = definition.inline if definition.inline is not None else self.settings.inline
         return chosen and registry.step(step.task).inline
 
     # ------------------------------------------------------------ forward
@@ -426,7 +458,7 @@ class Delivery:
     def _attempt(self, claimed: SagaRecord, body: StepBody) -> SagaRecord | None:
         """Run the body once and record its outcome; None when it could not be recorded."""
         step = self._step_of(claimed)
-        options = self.engine.registry.step(step.task)
+        options = self.registry.step(step.task)
         ctx = StepContext(claimed.saga_id, step.name, self.effect_id, step.attempts, self.stage)
         started = time.monotonic()
         outcome = _run_step_body(body, ctx, step, options)
@@ -436,7 +468,7 @@ class Delivery:
                 after = self._step_of(written)
                 phase = kind.phase if after.state is not StepState.EXECUTING else Phase.FAILED
                 duration = int((time.monotonic() - started) * 1000)
-                self.engine.announcer.emit(written, after, Stage.EXECUTION, phase, code, duration)
+                self.announcer.emit(written, after, Stage.EXECUTION, phase, code, duration)
             return announce
 
         oversized = _Outcome(_Kind.ERRORED, error_code=codes.PAYLOAD_TOO_LARGE)
@@ -453,7 +485,7 @@ class Delivery:
         return lambda s: moves.with_exception(move(s), step.name, outcome.exception)
 
     def _forward_only(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
-        ref, now = AttemptRef.execution(step), self.engine.now()
+        ref, now = AttemptRef.execution(step), self._now()
         if outcome.kind is _Kind.COMMITTED:
             return lambda s: moves.commit_step(s, ref, outcome.result, now)
         code = outcome.error_code or codes.STEP_ERROR
@@ -487,7 +519,7 @@ class Delivery:
         due = step.next_attempt_at_ms
         if step.state is not StepState.EXECUTING or step.started_at_ms is not None or due is None:
             return None
-        delay = max(0, due - self.engine.now())
+        delay = max(0, due - self._now())
         return delay if delay <= _INLINE_RETRY_MAX_MS else None
 
     # ------------------------------------------------------------ backward
@@ -509,8 +541,8 @@ class Delivery:
             phase = Phase.FAILED if error else Phase.COMMITTED
             code = codes.COMPENSATION_FAILED if error else None
             duration = int((time.monotonic() - started) * 1000)
-            self.engine.announcer.emit(written, self._step_of(written), Stage.COMPENSATION, phase,
-                                       code, duration)
+            self.announcer.emit(written, self._step_of(written), Stage.COMPENSATION, phase, code,
+                                duration)
 
         move = self._backward_move(claimed, step, error)
         return self._record_outcome(
@@ -519,10 +551,10 @@ class Delivery:
         )
 
     def _backward_move(self, saga: SagaRecord, step: StepRecord, error: bool) -> Move:
-        ref, now = AttemptRef.compensation(step), self.engine.now()
+        ref, now = AttemptRef.compensation(step), self._now()
         if not error:
             return lambda s: moves.compensation_succeeded(s, ref, now)
-        backoff: Backoff = self.engine.definition_of(saga).backoff
+        backoff: Backoff = self.registry.definition(saga.definition).backoff
         delay = self._retry_delay(backoff, step.compensation_attempts)
         if delay is None:
             reason = f"backoff of saga {saga.definition!r} returned an invalid delay"
@@ -541,7 +573,7 @@ class Delivery:
         reuses it on every compare-and-set retry, and replays and sweeps read it back."""
         delay = check_backoff(_safe_backoff(backoff, attempt, self.saga_id))
         if delay is not None and backoff is default_backoff_ms:
-            delay = full_jitter_ms(delay, self.engine.draw())
+            delay = full_jitter_ms(delay, self.draw())
         return delay
 
 

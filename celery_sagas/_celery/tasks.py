@@ -18,7 +18,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from .._context import StepContext, signature_of, step_accepts
-from .._delivery import Delivery
+from .._delivery import Delivery, DeliveryParts
 from .._engine import Engine
 from .._protocol import codes
 from ..errors import SagaConfigurationError, SagaUsageError, StepNotCommitted
@@ -31,11 +31,16 @@ logger = logging.getLogger("celery_sagas.execution")
 
 
 class EngineSource(Protocol):
-    """Where a task finds this process's engine."""
+    """Where a task finds this process's engine and what its deliveries work with."""
 
     @property
     def engine(self) -> Engine:
         """The engine (opened lazily, and again after a fork)."""
+        ...
+
+    @property
+    def deliveries(self) -> DeliveryParts:
+        """What this process's deliveries work with (built beside the engine)."""
         ...
 
 
@@ -87,14 +92,14 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
         if self.engines is None:
             raise SagaConfigurationError(f"task {self.name!r} is not bound to a Sagas instance")
         parsed = parse_ref(ref)
-        engine = self.engines.engine
+        parts = self.engines.deliveries
         runner = None
         if not compensation:
             budget = getattr(self.request, "inline_budget", None) or first_budget(
-                self, engine.settings.inline_max_steps, engine.settings.inline_max_seconds)
-            runner = CeleryInline(self, engine.registry, budget)
+                self, parts.settings.inline_max_steps, parts.settings.inline_max_seconds)
+            runner = CeleryInline(self, parts.registry, budget)
         hard = hard_limit(self)
-        return Delivery(engine, parsed.saga_id, parsed.step, self.request.id,
+        return Delivery(parts, parsed.saga_id, parsed.step, self.request.id,
                         parsed.version, compensation=compensation, inline=runner,
                         time_limit_ms=None if hard is None else int(hard * 1000))
 

@@ -21,6 +21,7 @@ from .._children import ChildTrace
 from .._clock import Clock, SystemClock
 from .._codec import Codec
 from .._definitions import Registry
+from .._delivery import DeliveryParts
 from .._dispatch import Dispatcher
 from .._engine import Engine, EngineSettings
 from .._events import EventBus
@@ -74,6 +75,7 @@ class Runtime:
                                     inline_max_seconds=settings.inline_max_seconds),
             trace_children=trace_children,
         )
+        self.deliveries = DeliveryParts.of(self.engine)
         self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None
         self.scans = Scans(store, codec)
         self.views = Scans(store, codec, display=True)
@@ -153,6 +155,11 @@ class PerProcess:
         """Use ``runtime`` in this process from now on (built by the caller)."""
         with self._lock:
             self._runtime, self._pid = runtime, os.getpid()
+
+    @property
+    def deliveries(self) -> DeliveryParts:
+        """What this process's deliveries work with."""
+        return self.current.deliveries
 
     def forget(self) -> None:
         """Build afresh on next use (a forked pool child)."""

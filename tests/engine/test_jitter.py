@@ -6,6 +6,8 @@ ceiling, drawn once by the engine when the retry is scheduled and stored as
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,6 +27,13 @@ class Draws:
     def __call__(self) -> float:
         self.count += 1
         return self.value
+
+
+def drawing(shop: Shop, draw: Callable[[], float]) -> None:
+    """This process's deliveries draw from ``draw`` (they are handed it at construction, so
+    the parts are replaced whole)."""
+    runtime = shop.sagas._process.current
+    runtime.deliveries = replace(runtime.deliveries, draw=draw)
 
 
 def no_draw() -> float:
@@ -50,7 +59,7 @@ def test_a_compensation_retry_under_the_default_backoff_waits_the_drawn_part_of_
         shop: Shop) -> None:
     # given: the engine draws 0.25
     draws = Draws(0.25)
-    shop.sagas.engine.draw = draws
+    drawing(shop, draws)
 
     # when: the first compensator call fails
     decline_after_reserve(shop)
@@ -65,7 +74,7 @@ def test_a_compensation_retry_under_the_default_backoff_waits_the_drawn_part_of_
 def test_the_stored_retry_time_is_read_back_by_sweeps_not_drawn_again(shop: Shop) -> None:
     # given: a compensation retry scheduled with a draw of 0.5
     draws = Draws(0.5)
-    shop.sagas.engine.draw = draws
+    drawing(shop, draws)
     decline_after_reserve(shop)
     due = shop.step("shop.reserve", "j-1").next_attempt_at_ms
     assert due == shop.clock.now_ms() + 50
@@ -94,7 +103,7 @@ def test_the_stored_retry_time_is_read_back_by_sweeps_not_drawn_again(shop: Shop
 
 def test_a_backoff_of_the_definitions_own_is_not_jittered(shop: Shop) -> None:
     # given
-    shop.sagas.engine.draw = no_draw
+    drawing(shop, no_draw)
 
     # when
     decline_after_reserve(shop, backoff=lambda attempt: 0.7)  # seconds
@@ -109,7 +118,7 @@ def test_a_forward_retry_under_the_default_backoff_waits_the_drawn_part_of_its_c
     # given: an idempotent step under the default backoff that fails once
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
-    shop.sagas.engine.draw = Draws(draw)
+    drawing(shop, Draws(draw))
 
     @shop.sagas.step(name="shop.ping", compensate=None, idempotent=True, retries=2)
     def ping(*, saga: Any = None) -> Any:

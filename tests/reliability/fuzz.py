@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from celery_sagas import MemoryStore, Sagas, StepNotCommitted
 from celery_sagas._celery.settings import SETTING_DOCS
-from celery_sagas._delivery import Delivery
+from celery_sagas._delivery import Delivery, DeliveryParts
 from celery_sagas.errors import SagaError
 from celery_sagas.testing.dispatcher import RecordingDispatcher
 from tests.reliability.harness import Report
@@ -100,10 +100,11 @@ def _deliver(sagas: Sagas, saga_id: str, compensation: bool, body: Callable[...,
     record = engine.load(saga_id)
     step = next(s for s in reversed(record.steps) if s.state in ("executing", "compensating"))
     if compensation:
-        Delivery(engine, saga_id, step.name, step.compensation_effect_id, None,
+        Delivery(DeliveryParts.of(engine), saga_id, step.name, step.compensation_effect_id, None,
                  compensation=True).run_compensation(body)
     else:
-        Delivery(engine, saga_id, step.name, step.effect_id, None, compensation=False).run_step(body)
+        Delivery(DeliveryParts.of(engine), saga_id, step.name, step.effect_id, None,
+                 compensation=False).run_step(body)
 
 
 def prepare() -> Target:
