@@ -662,8 +662,12 @@ def _claimed_here(saga: SagaRecord, tag: str) -> StepRecord | None:
 
 def _nothing_follows(saga: SagaRecord) -> bool:
     """Whether a replay of ``run`` would find nothing to do: the saga settled, or every step
-    not yet done is sent and unclaimed or running (replay stops at it and waits)."""
+    not yet done is sent and unclaimed or running (replay stops at it and waits). A saga
+    rolling back is always driven on: its unclaimed steps are abandoned at once."""
     if saga.state is not SagaState.RUNNING:
         return saga.state is not SagaState.COMPENSATING
-    return all(s.state in (StepState.COMMITTED, StepState.EXECUTING) for s in saga.steps) and any(
-        s.state is StepState.EXECUTING for s in saga.steps)
+    if saga.rolling_back:
+        return False
+    states = [s.state for s in saga.steps]
+    return StepState.EXECUTING in states and all(
+        state in (StepState.COMMITTED, StepState.EXECUTING) for state in states)
