@@ -25,7 +25,7 @@ from ._clock import Clock, SystemClock, now_ms
 from ._definitions import Registry, SagaDefinition, Timing
 from ._dispatch import Dispatcher
 from ._events import EventBus, Phase, Stage
-from ._planner import GateOutcome, Planner
+from ._planner import GateOpener, GateOutcome, Planner
 from ._protocol import codes, moves
 from ._protocol.due import due_at
 from ._protocol.limits import Limits, signal_room
@@ -71,12 +71,9 @@ class EngineSettings:
     inline_max_seconds: float = 60.0  # how long one task may go on running inline steps
 
 
-class Gates(Protocol):
-    """What the engine needs of approval gates (``_approvals.saga_gates`` implements it)."""
-
-    def open(self, saga_id: str, gate: StepRecord) -> None:
-        """Create the pending approval of a gate step before the step is recorded."""
-        ...
+class Gates(GateOpener, Protocol):
+    """What the engine needs of approval gates (``_approvals.saga_gates`` implements it):
+    the planner opens them, the engine reads their outcome."""
 
     def outcome(self, saga_id: str, gate: StepRecord, fence: Fence | None) -> GateOutcome | None:
         """What the gate's approval record says now (expiring it first when due), or None
