@@ -156,7 +156,7 @@ def compensation_kills(workdir: Path, size: Size) -> Report:
 def redis_restarts(workdir: Path, size: Size) -> Report:
     """SIGKILL the redis-server used as store and broker (AOF, fsync every second), restart it."""
     load = _load(size.n(40, 200), mixed_plan, size.n(3, 5), (faults.restart_redis, 1),
-                 settle_timeout=120)
+                 settle_timeout=120, faults_after_load=3.5)  # a quiet machine ends the load early
     return Chaos("redis-restarts", "redis SIGKILL + restart (store and broker)", load,
                  "redis-sigkill").run(workdir)
 
@@ -175,8 +175,11 @@ def store_stalls(workdir: Path, size: Size) -> Report:
             server.close()
             raise
 
-    load = _load(size.n(30, 150), mixed_plan, size.n(4, 6),
-                 (faults.stall_store(server, (1.5, 4.0)), 1), settle_timeout=120)
+    # The first stall 2 s in, and stalls go on for 3 s past the load: on a quiet machine the
+    # CI-sized load is over in about 3 s, and a stall must land while sagas are in flight.
+    load = _load(size.n(30, 150), mixed_plan, size.n(2, 6),
+                 (faults.stall_store(server, (1.5, 4.0)), 1), settle_timeout=120,
+                 faults_after_load=3.0)
     try:
         return Chaos("store-stall", f"store SIGSTOP past the {STORE_SOCKET_TIMEOUT_S} s socket timeout",
                      load, "store-sigstop", build).run(workdir)
@@ -281,8 +284,8 @@ def pg_crashes(workdir: Path, size: Size) -> Report:
             server.close()
             raise
 
-    load = _load(size.n(30, 150), mixed_plan, size.n(5, 6), (faults.crash_postgres(server), 1),
-                 settle_timeout=120)
+    load = _load(size.n(30, 150), mixed_plan, size.n(3, 6), (faults.crash_postgres(server), 1),
+                 settle_timeout=120, faults_after_load=3.5)  # a quiet machine ends the load early
     try:
         return Chaos("pg-crash", "PostgreSQL stop -m immediate + restart (private cluster)", load,
                      "pg-immediate-stop", build).run(workdir)
