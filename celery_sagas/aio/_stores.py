@@ -25,6 +25,8 @@ __all__ = ["ASYNC_SQL_DRIVERS", "AsyncStore", "open_async_store"]
 # The async driver of each SQLAlchemy backend (the extra ``aio`` installs them).
 ASYNC_SQL_DRIVERS = {"postgresql": "psycopg", "mysql": "aiomysql", "mariadb": "aiomysql",
                      "sqlite": "aiosqlite"}
+_POOL_SIZE = 100  # connections per event loop (a max_connections= in the URL wins)
+_POOL_WAIT_S = 30.0
 _SQL = {"postgresql", "postgres", "mysql", "mariadb", "sqlite"}
 _REDIS = {"redis", "rediss", "unix", *CLUSTER_SCHEMES}
 
@@ -76,7 +78,11 @@ def _redis_store(url: str, settings: SagaSettings) -> AsyncStore:
         nodes = [ClusterNode(host, port) for host, port in parsed.nodes[1:]]
         client = RedisCluster.from_url(parsed.node_url, startup_nodes=nodes, **parsed.options)
     else:
-        client = aredis.Redis.from_url(url)
+        # A request that finds every connection busy waits for one (up to _POOL_WAIT_S) instead
+        # of failing: an async web tier runs far more concurrent calls than it has connections.
+        pool = aredis.BlockingConnectionPool.from_url(url, max_connections=_POOL_SIZE,
+                                                      timeout=_POOL_WAIT_S)
+        client = aredis.Redis(connection_pool=pool)
     store: Any = RedisStore(BridgedRedis(client), prefix=settings.key_prefix,
                             buckets=buckets if buckets is not None else DEFAULT_BUCKETS,
                             require_aof=settings.require_aof and aof_in_url is not False)
