@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,8 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.conftest import wait_until  # noqa: E402 - after the importorskips
+
 pytestmark = [pytest.mark.e2e, pytest.mark.redis]
 
 
@@ -30,17 +31,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _poll(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -68,9 +58,10 @@ def shop(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, dict[str, str]]]
             with open(logs[name], "wb") as out:
                 procs.append(processes.spawn(command, cwd=ROOT, env=env, stdout=out,
                                              stderr=subprocess.STDOUT))
-        _poll(lambda: "ready." in logs["worker"].read_text(errors="replace"), 60, "worker ready")
-        _poll(lambda: "Uvicorn running" in logs["web"].read_text(errors="replace"), 60,
-              "uvicorn running")
+        wait_until(lambda: "ready." in logs["worker"].read_text(errors="replace"), 60,
+                   "worker ready")
+        wait_until(lambda: "Uvicorn running" in logs["web"].read_text(errors="replace"), 60,
+                   "uvicorn running")
         yield f"http://127.0.0.1:{port}", {k: str(v) for k, v in logs.items()}
     finally:
         for proc in procs:
@@ -94,8 +85,9 @@ def test_an_order_started_and_paid_through_async_routes_completes(shop: Any) -> 
         assert started.json() == {"saga_id": "fa-1", "state": "running"}
         assert http.post("/orders", json={"id": "fa-1", "sku": "A", "qty": 2}).status_code == 202
         assert http.post("/orders", json={"id": "fa-1", "sku": "B", "qty": 2}).status_code == 409
-        _poll(lambda: ["fastapi_shop.reserve", "committed"] in http.get("/orders/fa-1").json()["steps"],
-              60, "reservation committed")
+        wait_until(
+            lambda: ["fastapi_shop.reserve", "committed"] in http.get("/orders/fa-1").json()["steps"],
+            60, "reservation committed")
         for _ in range(2):  # the provider retries its webhook: one signal
             paid = http.post("/webhooks/payment",
                              json={"order_id": "fa-1", "delivery_id": "d-1", "status": "succeeded"})
