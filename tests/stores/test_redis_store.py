@@ -668,26 +668,6 @@ def test_scan_cost_follows_matching_records_not_records_kept(
 # ====================================================================== scripts reload, restarts
 
 
-@pytest.mark.redis
-def test_script_flush_between_calls_is_survived(rstore: RedisStore, raw: redis.Redis) -> None:
-    first = envelope("order-1")
-    rstore.create(envelope("order-0"))
-    raw.script_flush()
-    assert rstore.create(first) is True
-    raw.script_flush()
-    assert rstore.compare_and_set(bump(first, state="completed"), 1) is True
-    raw.script_flush()
-    lease = rstore.acquire_lease("sweep", "a", "tok", T0, 100)
-    assert lease is not None
-    for call in (
-        lambda: rstore.renew_lease(lease, T0 + 1, 100),
-        lambda: rstore.checkpoint_lease(lease, "c", T0 + 2),
-        lambda: rstore.release_lease(lease),
-    ):
-        raw.script_flush()
-        assert call()
-
-
 class PrivateRedis:
     """A redis-server of our own on a free loopback port, durable on every write."""
 
@@ -748,6 +728,32 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.kill()
+
+
+@pytest.mark.redis
+def test_script_flush_between_calls_is_survived(private_redis: PrivateRedis) -> None:
+    """SCRIPT FLUSH empties the server-wide script cache: it runs on a Redis of its own, so
+    the flushes never race another test's EVALSHA on the shared server."""
+    rstore = RedisStore.from_url(private_redis.url, prefix="flush")
+    raw = redis.Redis.from_url(private_redis.url)
+    first = envelope("order-1")
+    rstore.create(envelope("order-0"))
+    raw.script_flush()
+    assert rstore.create(first) is True
+    raw.script_flush()
+    assert rstore.compare_and_set(bump(first, state="completed"), 1) is True
+    raw.script_flush()
+    lease = rstore.acquire_lease("sweep", "a", "tok", T0, 100)
+    assert lease is not None
+    for call in (
+        lambda: rstore.renew_lease(lease, T0 + 1, 100),
+        lambda: rstore.checkpoint_lease(lease, "c", T0 + 2),
+        lambda: rstore.release_lease(lease),
+    ):
+        raw.script_flush()
+        assert call()
+    raw.close()
+    rstore.close()
 
 
 @pytest.mark.redis
