@@ -2,9 +2,9 @@
 
 Both run the same commands against the ``Sagas`` created on the app (``sagas_of(app)``):
 ``list``, ``show``, ``history``, ``export``, ``findings``, ``resolve``, ``approve``, ``deny``,
-``cancel``, ``resume`` and ``sweep``, plus ``web`` (the operator web UI). Output is a table for
-people, or JSON with ``--json``. Acting commands take ``--actor`` (default: the OS user) and
-``--reason``, kept in the saga's history. Exit codes:
+``cancel``, ``resume``, ``sweep``, ``reseal`` and ``reindex``, plus ``web`` (the operator web
+UI). Output is a table for people, or JSON with ``--json``. Acting commands take ``--actor``
+(default: the OS user) and ``--reason``, kept in the saga's history. Exit codes:
 
     0  done                      3  no such saga or approval
     1  refused (nothing changed) 4  the store or the broker failed
@@ -31,7 +31,7 @@ from . import _history_format as hfmt
 from ._celery.facade import Sagas, sagas_of
 from ._cli_export import export_line, export_target
 from ._findings import REPORTS
-from ._records import SagaHistory, SagaRecord, SagaState
+from ._records import SAGA, SagaHistory, SagaRecord, SagaState
 from .errors import (
     InvalidRecordError,
     SagaConfigurationError,
@@ -40,7 +40,7 @@ from .errors import (
     SagaValidationError,
     StoreError,
 )
-from .stores.base import MAX_SCAN_LIMIT
+from .stores.base import MAX_SCAN_LIMIT, IdIndexing
 
 __all__ = [
     "EXIT_NOT_FOUND",
@@ -607,6 +607,23 @@ def reseal(ctx: click.Context, state: str | None, limit: int, cursor: str | None
         raise click.exceptions.Exit(EXIT_REFUSED)
 
 
+@click.command("reindex")
+@json_option
+@click.pass_context
+@_operation
+def reindex(ctx: click.Context, as_json: bool) -> None:
+    """Add sagas written before the store kept an id index to it (once after an upgrade).
+
+    The web UI's id-prefix search reads that index. On Redis, sagas created by a version
+    without it are found only after this command (idempotent: run it again once the last
+    process was upgraded); SQL and memory stores need nothing (it reports 0).
+    """
+    store = _session(ctx).sagas.store
+    added = store.index_ids(SAGA, [str(s) for s in SagaState]) \
+        if isinstance(store, IdIndexing) else 0
+    _emit(as_json, {"indexed": added}, f"indexed {added} saga ids")
+
+
 @click.command("web")
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8025, show_default=True,
@@ -630,7 +647,7 @@ def web(ctx: click.Context, host: str, port: int) -> None:
 
 
 COMMANDS = (list_sagas, show, history, findings, replay_check, resolve, approve, deny, cancel, resume,
-            signal, sweep, reseal)
+            signal, sweep, reseal, reindex)
 
 
 # ---------------------------------------------------------------- the two entry points

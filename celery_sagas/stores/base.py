@@ -43,6 +43,7 @@ __all__ = [
     "MAX_SCAN_LIMIT",
     "Envelope",
     "Fence",
+    "IdIndexing",
     "Lease",
     "Notifying",
     "Page",
@@ -268,9 +269,10 @@ class Notifying(Protocol):
 @runtime_checkable
 class PrefixScan(Protocol):
     """An optional store capability: the records of a kind whose id starts with a prefix, in
-    id order, from the primary key (its cost follows the ids with that prefix, never every
-    record). The SQL and memory stores have it; on Redis no index orders ids, so callers
-    filter a scan instead."""
+    id order, from an index on the ids (its cost follows the ids with that prefix, never every
+    record). Every built-in store has it: SQL and memory from the primary key, Redis from an id
+    index per bucket that ``create`` and ``delete`` maintain (records written before it
+    existed are added by ``IdIndexing.index_ids``, ``celery sagas reindex``)."""
 
     def scan_prefix(
         self,
@@ -284,6 +286,16 @@ class PrefixScan(Protocol):
     ) -> Page:
         """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``) whose id starts
         with ``prefix``, by id, from the id the opaque ``cursor`` names."""
+        ...
+
+
+@runtime_checkable
+class IdIndexing(Protocol):
+    """An optional store capability: add records written before the store kept an id index
+    to it (Redis; the other stores read their primary key and lack the method)."""
+
+    def index_ids(self, kind: str, states: Sequence[str]) -> int:
+        """Index the ids of the records of ``kind`` in ``states``; how many were added."""
         ...
 
 

@@ -496,6 +496,33 @@ class StoreConformance:
         with pytest.raises(SagaValidationError):
             store.scan_prefix("saga", prefix, [state], cursor="elsewhere")
 
+    def test_a_prefix_scan_no_longer_finds_a_deleted_record(self) -> None:
+        store = self._store()
+        if not isinstance(store, PrefixScan):
+            pytest.skip("this store has no prefix scan (PrefixScan is optional)")
+        state, prefix = _fresh("st"), f"d{uuid.uuid4().hex[:8]}-"
+        kept, gone = (self._created(_envelope(f"{prefix}{n}", state, T0)) for n in range(2))
+        assert store.delete("saga", gone.id, gone.version) is True
+        page = store.scan_prefix("saga", prefix, [state])
+        assert [e.id for e in page.items] == [kept.id] and page.cursor is None
+
+    def test_a_prefix_scan_finds_every_match_among_many_ids_of_every_bucket(self) -> None:
+        store = self._store()
+        if not isinstance(store, PrefixScan):
+            pytest.skip("this store has no prefix scan (PrefixScan is optional)")
+        state, prefix = _fresh("st"), f"m{uuid.uuid4().hex[:6]}"
+        made = [self._created(_envelope(f"{prefix}-{n:03d}", state, T0 + n)).id
+                for n in range(60)]
+        wanted = sorted(i for i in made if i.startswith(f"{prefix}-01"))
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = store.scan_prefix("saga", f"{prefix}-01", [state], cursor=cursor, limit=4)
+            seen += [e.id for e in page.items]
+            if (cursor := page.cursor) is None:
+                break
+        assert seen == wanted and len(wanted) == 10
+
     def test_scan_of_a_state_without_records_is_empty(self) -> None:
         page = self._store().scan("saga", [_fresh("empty")])
         assert page.items == () and page.cursor is None

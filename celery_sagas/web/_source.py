@@ -11,10 +11,10 @@ list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
   stale, not those waiting by design: ``_attention``) and pending approvals whose gate still
   waits;
 - the sagas list is one page of ``sagas.browse(states, definition=...)``: the store filters
-  by state and definition. An id prefix is one page of the store's prefix scan where it has
-  one (``PrefixScan``: SQL, memory); elsewhere (Redis) it is filtered here, on the envelopes
-  of the store's scan (only matches are decoded), at most ``PREFIX_READ`` per request, with a
-  cursor to go on from there; so is an error code;
+  by state and definition. An id prefix is one page of the store's prefix scan
+  (``PrefixScan``: every built-in store; Redis from its id index); with a store without it the
+  prefix is filtered here, on the envelopes of the store's scan (only matches are decoded), at
+  most ``PREFIX_READ`` per request, with a cursor to go on from there; so is an error code;
 - one saga is one ``sagas.get``; the queue is one page of ``sagas.findings("sagas")``.
 
 Where the facade has no call, this module uses the store and two internal modules (named in

@@ -880,3 +880,28 @@ class TestMarshallingOnFakeRedis:
         assert fake.create(first) is True
         fields = fake._client.hgetall(fake.layout.record("saga", "n"))
         assert fields[b"version"] == b"9" and fields[b"updated_at_ms"] == b"1699999999999"
+
+
+# ====================================================================== id index (PrefixScan)
+
+
+def test_index_ids_backfills_records_written_before_the_id_index(
+        rstore: RedisStore, raw: redis.Redis, unique_prefix: str) -> None:
+    for n in range(30):
+        assert rstore.create(envelope(f"old-{n:02d}", "running" if n % 2 else "completed"))
+    layout = KeyLayout(unique_prefix)
+    raw.delete(*(layout.ids("saga", b) for b in range(layout.buckets)))  # as before the index
+    assert rstore.scan_prefix("saga", "old-", ["running", "completed"]).items == ()
+    assert rstore.index_ids("saga", ["running", "completed"]) == 30
+    assert rstore.index_ids("saga", ["running", "completed"]) == 0  # idempotent
+    page = rstore.scan_prefix("saga", "old-1", ["running"], limit=100)
+    assert [e.id for e in page.items] == [f"old-{n}" for n in range(11, 20, 2)]
+
+
+def test_a_prefix_scan_page_of_rare_matches_reads_on_until_full(rstore: RedisStore) -> None:
+    for n in range(40):
+        assert rstore.create(envelope(f"mix-{n:02d}", "running" if n % 10 == 0 else "completed"))
+    page = rstore.scan_prefix("saga", "mix-", ["running"], limit=3)
+    assert [e.id for e in page.items] == ["mix-00", "mix-10", "mix-20"]
+    rest = rstore.scan_prefix("saga", "mix-", ["running"], cursor=page.cursor, limit=3)
+    assert [e.id for e in rest.items] == ["mix-30"] and rest.cursor is None

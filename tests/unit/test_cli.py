@@ -1218,3 +1218,12 @@ def test_export_runs_as_the_console_script_too(shop: Shop) -> None:
     # then
     assert result.exit_code == 0, result.output
     assert [r["saga_id"] for r in lines(result.stdout)] == ["o-1"]
+
+
+def test_reindex_reports_nothing_to_add_on_a_store_reading_its_primary_key(shop: Shop) -> None:
+    completed(shop, "o-done")
+
+    result = plugin(shop, "reindex", "--json")
+
+    assert result.exit_code == 0, result.output
+    assert as_json(result) == {"indexed": 0}

@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "renew_lease",
     "checkpoint_lease",
     "release_lease",
+    "index_id",
 )
 
 
@@ -55,6 +56,7 @@ class Scripts:
     renew_lease: Script
     checkpoint_lease: Script
     release_lease: Script
+    index_id: Script
 
     @classmethod
     def register(cls, client: Redis) -> Scripts:

@@ -46,12 +46,21 @@ from ...errors import (
 )
 from .._cursor import decode_cursor, encode_cursor
 from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
-from .._validating import ValidatingStore
-from ..base import MAX_NOTES, Envelope, Fence, Lease, Page, check_state
+from .._validating import ValidatingPrefixScan, ValidatingStore
+from ..base import (
+    MAX_NOTES,
+    Envelope,
+    Fence,
+    Lease,
+    Page,
+    check_scan_args,
+    check_state,
+    prefix_end,
+)
 from ._hints import scheme_hint
 from ._keys import DEFAULT_BUCKETS, DEFAULT_PREFIX, KeyLayout, check_buckets
 from ._persistence import Persistence
-from ._scripts import Scripts
+from ._scripts import Scripts, script_text
 
 __all__ = ["RedisStore"]
 
@@ -61,9 +70,11 @@ _Position = tuple[int, int, int, str]  # (state index, bucket, score, id)
 _Slot = tuple[int, int, str]  # (state index, bucket, index key)
 _DUE = ["due"]  # the one "state" a due-scan cursor names
 _STORE_OPTIONS = frozenset({"buckets", "require_aof"})  # URL options the store reads itself
+_PREFIX_ROUNDS = 8  # id-index reads one prefix-scan page makes at most to fill itself
+_BACKFILL_BATCH = 1000  # ids one backfill round trip indexes
 
 
-class RedisStore(ValidatingStore):
+class RedisStore(ValidatingStore, ValidatingPrefixScan):
     """Envelopes and leases in Redis; every primitive is atomic on the server (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4).
 
@@ -148,6 +159,7 @@ class RedisStore(ValidatingStore):
             state_index,
             self._layout.record_index(kind, record_id, state, label) if label else state_index,
             self._layout.due(kind, self.bucket_of(record_id)),
+            self._layout.ids(kind, self.bucket_of(record_id)),
         ]
         args: list[str | int | bytes] = [
             record_id, envelope.version, state, envelope.updated_at_ms, _utf8(envelope.body),
@@ -222,7 +234,8 @@ class RedisStore(ValidatingStore):
             keys = [
                 layout.record(kind, record_id), state_index,
                 layout.record_index(kind, record_id, state, label) if label else state_index,
-                layout.due(kind, self.bucket_of(record_id)), *fence_keys,
+                layout.due(kind, self.bucket_of(record_id)),
+                layout.ids(kind, self.bucket_of(record_id)), *fence_keys,
             ]
             args: list[str | int | bytes] = [record_id, expected_version, state, label, *fence_args]
             status, detail = _status(self._run(self._scripts.delete, keys, args, "delete"),
@@ -289,6 +302,77 @@ class RedisStore(ValidatingStore):
         with self._driver("count"):
             replies = pipe.execute()
         return sum(int(n) for n in replies)
+
+    def _scan_prefix(self, kind: str, prefix: str, wanted: list[str], label: str | None,
+                     cursor: str | None, limit: int) -> Page:
+        """Ids from every bucket's id index (``ZRANGE BYLEX`` of [cursor or prefix, next
+        prefix), one pipeline), merged by id; their records fetched in one more, those of other
+        states or labels dropped. Reads again until the page is full or the ids run out, at
+        most ``_PREFIX_ROUNDS`` times (a page can hold fewer than ``limit``; its cursor goes
+        on). Records written before the id index existed need ``index_ids`` once."""
+        start, end = cursor or prefix, prefix_end(prefix)
+        items: list[Envelope] = []
+        for _ in range(_PREFIX_ROUNDS):
+            ids = self._ids_from(kind, start, end, limit + 1)
+            for n, envelope in self._prefixed(kind, ids[:limit], wanted, label):
+                items.append(envelope)
+                if len(items) == limit:
+                    return Page(tuple(items), ids[n + 1] if n + 1 < len(ids) else None)
+            if len(ids) <= limit:
+                return Page(tuple(items), None)
+            start = ids[limit]
+        return Page(tuple(items), start)
+
+    def _ids_from(self, kind: str, start: str, end: str, want: int) -> list[str]:
+        """The first ``want`` ids in [start, end) over every bucket's id index."""
+        pipe = self._client.pipeline(transaction=False)
+        for bucket in range(self.buckets):
+            pipe.zrangebylex(self._layout.ids(kind, bucket), f"[{start}", f"({end}", 0, want)
+        with self._driver("scan"):
+            replies = pipe.execute()
+        return sorted(_text(member) for reply in replies for member in reply)[:want]
+
+    def _prefixed(self, kind: str, ids: list[str], wanted: list[str], label: str | None
+                  ) -> Iterator[tuple[int, Envelope]]:
+        """(position in ``ids``, record) of the records of ``ids`` in ``wanted`` states (and
+        ``label``), corrupt ones as placeholders; ids whose record is gone are skipped."""
+        for n, (record_id, fields) in enumerate(zip(ids, self._fetch(kind, ids), strict=True)):
+            envelope = _scanned(kind, wanted[0], 0, record_id, fields)
+            if envelope is not None and (envelope.version == 0 or (
+                    envelope.state in wanted and label in (None, envelope.label))):
+                yield n, envelope
+
+    def index_ids(self, kind: str, states: Sequence[str]) -> int:
+        """Add the records of ``kind`` in ``states`` to their bucket's id index, which
+        ``scan_prefix`` reads: once after upgrading a store holding records written before the
+        index existed (``celery sagas reindex``); idempotent, never indexes a record deleted
+        meanwhile. A record moved between states while it runs can be missed: run it again
+        after the last process was upgraded. Returns how many ids it added."""
+        wanted = check_scan_args(kind, states, 1, None)
+        added = 0
+        for bucket in range(self.buckets):
+            for state in wanted:
+                key = self._layout.index(kind, state, bucket)
+                start: tuple[int, str] | None = None
+                while True:
+                    found = self._index_range(key, start, None, _BACKFILL_BATCH + 1)
+                    added += self._index_batch(kind, bucket, [m for _, m in found[:_BACKFILL_BATCH]])
+                    if len(found) <= _BACKFILL_BATCH:
+                        break
+                    start = found[_BACKFILL_BATCH]
+        return added
+
+    def _index_batch(self, kind: str, bucket: int, ids: list[str]) -> int:
+        """Run ``index_id`` for each id in one pipeline (EVAL: a cluster pipeline has no
+        script cache to fall back on); how many were added."""
+        if not ids:
+            return 0
+        text, index = script_text("index_id"), self._layout.ids(kind, bucket)
+        pipe = self._client.pipeline(transaction=False)
+        for record_id in ids:
+            pipe.eval(text, 2, self._layout.record(kind, record_id), index, record_id)
+        with self._driver("index_ids"):
+            return sum(int(n) for n in pipe.execute())
 
     # ------------------------------------------------------------------ leases
 

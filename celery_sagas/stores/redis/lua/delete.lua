@@ -5,21 +5,22 @@
 -- KEYS[2]  index of the believed state    {<prefix>:<b>}:s:<kind>:<ARGV[3]>
 -- KEYS[3]  label index, believed state    {<prefix>:<b>}:l:<kind>:<ARGV[3]>:<ARGV[4]> (if labelled)
 -- KEYS[4]  due index                      {<prefix>:<b>}:d:<kind>
--- KEYS[5]  optional: the lease hash       {<prefix>:<b>}:lease:<name> the delete is fenced by
+-- KEYS[5]  id index                       {<prefix>:<b>}:i:<kind>
+-- KEYS[6]  optional: the lease hash       {<prefix>:<b>}:lease:<name> the delete is fenced by
 -- ARGV[1]  record id
 -- ARGV[2]  expected stored version (decimal integer)
 -- ARGV[3]  the state the caller believes is stored
 -- ARGV[4]  the label the caller believes is stored ('' for none)
--- ARGV[5]  with KEYS[5] only: the fencing number of the writer's grant
+-- ARGV[5]  with KEYS[6] only: the fencing number of the writer's grant
 --
 -- Returns {status, detail}; only 'deleted' wrote anything: {'deleted', ''}, {'stale', ''},
 -- {'absent', ''}, {'fenced', n}, {'moved', state + '\n' + label} (call again with those),
 -- {'corrupt', why}.
 
-if #KEYS == 5 then
-  local newest = tonumber(redis.call('HGET', KEYS[5], 'fence') or '0')
+if #KEYS == 6 then
+  local newest = tonumber(redis.call('HGET', KEYS[6], 'fence') or '0')
   if newest == nil then
-    return redis.error_reply('fence of ' .. KEYS[5] .. ' is not an integer')
+    return redis.error_reply('fence of ' .. KEYS[6] .. ' is not an integer')
   end
   if newest > tonumber(ARGV[5]) then
     return {'fenced', tostring(newest)}
@@ -48,5 +49,6 @@ if label ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
 redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('DEL', KEYS[1])
 return {'deleted', ''}
