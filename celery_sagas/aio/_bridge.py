@@ -90,6 +90,10 @@ class BridgedRedis:
         """HGETALL."""
         return _awaited(self.client.hgetall(key))
 
+    def hmget(self, key: str, fields: list[str]) -> Any:
+        """HMGET (a lease's holder)."""
+        return _awaited(self.client.hmget(key, fields))
+
     def zrange(self, key: str, start: Any, end: Any, **options: Any) -> Any:
         """ZRANGE with redis-py's options."""
         return _awaited(self.client.zrange(key, start, end, **options))

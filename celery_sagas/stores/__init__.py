@@ -8,11 +8,21 @@ from typing import Any
 
 from ..errors import StoreUnavailable
 from ._urls import redact, url_problem
-from .base import Envelope, Fence, Lease, Page, PrefixScan, StateListing, Store
+from .base import (
+    Envelope,
+    Fence,
+    Lease,
+    LeaseHolder,
+    LeaseTakeover,
+    Page,
+    PrefixScan,
+    StateListing,
+    Store,
+)
 from .memory import MemoryStore
 
-__all__ = ["Envelope", "Fence", "Lease", "MemoryStore", "Page", "PrefixScan", "StateListing", "Store",
-           "open_store"]
+__all__ = ["Envelope", "Fence", "Lease", "LeaseHolder", "LeaseTakeover", "MemoryStore", "Page",
+           "PrefixScan", "StateListing", "Store", "open_store"]
 
 ENTRY_POINT_GROUP = "celery_sagas.stores"
 

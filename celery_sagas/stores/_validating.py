@@ -22,6 +22,7 @@ from .base import (
     Envelope,
     Fence,
     Lease,
+    LeaseHolder,
     Page,
     check_bucket,
     check_count_args,
@@ -33,6 +34,8 @@ from .base import (
     check_key,
     check_kind,
     check_lease_args,
+    check_lease_name,
+    check_lease_takeover_args,
     check_lease_times,
     check_limit,
     check_note,
@@ -40,7 +43,8 @@ from .base import (
     check_scan_args,
 )
 
-__all__ = ["ValidatingPrefixScan", "ValidatingStateListing", "ValidatingStore"]
+__all__ = ["ValidatingLeaseTakeover", "ValidatingPrefixScan", "ValidatingStateListing",
+           "ValidatingStore"]
 
 
 class ValidatingStore(ABC):
@@ -262,3 +266,35 @@ class ValidatingPrefixScan(ABC):
     def _scan_prefix(self, kind: str, prefix: str, states: list[str], label: str | None,
                      cursor: str | None, limit: int) -> Page:
         """``states`` come without repeats; ``cursor``, when given, starts with ``prefix``."""
+
+
+class ValidatingLeaseTakeover(ABC):
+    """The optional ``LeaseTakeover`` capability with its arguments checked (a store that has
+    it subclasses this beside ``ValidatingStore``)."""
+
+    @property
+    @abstractmethod
+    def buckets(self) -> int:
+        """How many buckets leases are split into."""
+
+    def lease_holder(self, name: str, *, bucket: int = 0) -> LeaseHolder | None:
+        """The holder of the lease of ``bucket`` (expired or not), or None when nobody holds it."""
+        check_lease_name(name)
+        return self._lease_holder(name, check_bucket(bucket, self.buckets))
+
+    def take_over_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *,
+                        expected_fence: int, bucket: int = 0) -> Lease | None:
+        """Atomically grant the lease of ``bucket`` (fence bumped, cursor kept) while its
+        newest grant is still ``expected_fence``; None otherwise."""
+        fence = check_lease_takeover_args(name, owner, token, expected_fence)
+        expires_at_ms = check_lease_times(now_ms, lease_ms)
+        check_bucket(bucket, self.buckets)
+        return self._take_over_lease(name, owner, token, expires_at_ms, fence, bucket)
+
+    @abstractmethod
+    def _lease_holder(self, name: str, bucket: int) -> LeaseHolder | None: ...
+
+    @abstractmethod
+    def _take_over_lease(self, name: str, owner: str, token: str, expires_at_ms: int,
+                         expected_fence: int, bucket: int) -> Lease | None:
+        """``expires_at_ms`` is ``now_ms + lease_ms``, checked."""

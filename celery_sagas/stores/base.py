@@ -45,6 +45,8 @@ __all__ = [
     "Fence",
     "IdIndexing",
     "Lease",
+    "LeaseHolder",
+    "LeaseTakeover",
     "Notifying",
     "Page",
     "PrefixScan",
@@ -60,6 +62,7 @@ __all__ = [
     "check_kind",
     "check_lease_args",
     "check_lease_name",
+    "check_lease_takeover_args",
     "check_lease_times",
     "check_note",
     "check_prefix_scan_args",
@@ -116,6 +119,15 @@ class Lease:
     fence: int
     cursor: str | None = None
     bucket: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHolder:
+    """Who holds a bucket's lease (never its token): owner, fencing number and expiry."""
+
+    owner: str
+    fence: int
+    expires_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +275,28 @@ class Notifying(Protocol):
 
     def notify_settled(self, record_id: str) -> None:
         """Publish ``record_id`` on the store's settle channel; best effort, never raises."""
+        ...
+
+
+@runtime_checkable
+class LeaseTakeover(Protocol):
+    """An optional store capability: read who holds a lease, and take it over from that
+    holder at once, before it expires (docs/design.md §5: the sweep lease of a process known
+    to be gone, by the rule of step claims). The shipped stores have it; without it a lease
+    whose holder died waits for its expiry."""
+
+    def lease_holder(self, name: str, *, bucket: int = 0) -> LeaseHolder | None:
+        """The holder of the lease of ``bucket`` (expired or not), or None when nobody holds
+        it (never granted, or released)."""
+        ...
+
+    def take_over_lease(
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *,
+        expected_fence: int, bucket: int = 0,
+    ) -> Lease | None:
+        """Atomically grant the lease of ``bucket`` to ``owner`` (fence bumped, cursor kept),
+        expired or not, but only while its newest grant is still ``expected_fence``; None
+        otherwise (another grant came first, or the lease was never granted)."""
         ...
 
 
@@ -462,6 +496,16 @@ def check_lease_times(now_ms: int, lease_ms: int) -> int:
     timestamp_ms(now_ms, field="now_ms")
     duration_ms(lease_ms, field="lease_ms")
     return timestamp_ms(now_ms + lease_ms, field="lease expiry")
+
+
+def check_lease_takeover_args(name: str, owner: str, lease_token: str,
+                              expected_fence: object) -> int:
+    """Refuse a takeover's names and tokens as ``check_lease_args`` does, and a fencing number
+    that no grant can have (grants are numbered from 1); return the fence."""
+    check_lease_args(name, owner, lease_token)
+    if type(expected_fence) is not int or not 1 <= expected_fence <= MAX_SAFE_INTEGER:
+        raise SagaValidationError(f"expected_fence must be an int in 1..2**53-1: {expected_fence!r}")
+    return expected_fence
 
 
 def check_cursor(cursor: str | None) -> None:

@@ -15,8 +15,13 @@ from dataclasses import replace
 
 from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor
-from ._validating import ValidatingPrefixScan, ValidatingStateListing, ValidatingStore
-from .base import MAX_NOTES, Envelope, Fence, Lease, Page
+from ._validating import (
+    ValidatingLeaseTakeover,
+    ValidatingPrefixScan,
+    ValidatingStateListing,
+    ValidatingStore,
+)
+from .base import MAX_NOTES, Envelope, Fence, Lease, LeaseHolder, Page
 
 __all__ = ["MemoryStore"]
 
@@ -24,7 +29,8 @@ _Position = tuple[int, str]  # (updated_at_ms or due_at_ms, id)
 _LeaseKey = tuple[str, int]  # (name, bucket)
 
 
-class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
+class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
+                  ValidatingLeaseTakeover):
     """Keeps every record in process memory behind one lock; loses everything on exit.
 
     Its arguments are checked by ``ValidatingStore`` (docs/design.md §4.4).
@@ -220,6 +226,25 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan)
                 return False
             del self._leases[key]
             return True
+
+    def _lease_holder(self, name: str, bucket: int) -> LeaseHolder | None:
+        """The holder of the lease of ``bucket``, expired or not (``LeaseTakeover``)."""
+        with self._lock:
+            held = self._leases.get((name, bucket))
+        return None if held is None else LeaseHolder(held.owner, held.fence, held.expires_at_ms)
+
+    def _take_over_lease(self, name: str, owner: str, token: str, expires_at_ms: int,
+                         expected_fence: int, bucket: int) -> Lease | None:
+        """Grant the lease while its newest grant is ``expected_fence`` (``LeaseTakeover``)."""
+        key = (name, bucket)
+        with self._lock:
+            if self._fences.get(key, 0) != expected_fence:
+                return None
+            self._fences[key] = expected_fence + 1
+            lease = Lease(name, owner, token, expires_at_ms, expected_fence + 1,
+                          self._cursors.get(key), bucket)
+            self._leases[key] = lease
+            return lease
 
     def close(self) -> None:
         """Nothing to release."""

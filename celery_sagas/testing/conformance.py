@@ -58,6 +58,8 @@ from ..stores.base import (
     Envelope,
     Fence,
     Lease,
+    LeaseHolder,
+    LeaseTakeover,
     PrefixScan,
     StateListing,
     Store,
@@ -767,6 +769,129 @@ class StoreConformance:
             self._store().checkpoint_lease(lease, "c", -1)
         assert self._store().release_lease(lease) is True
         assert self._granted(lease.name, "bob", T0 + 2).cursor is None
+
+    # ------------------------------------------------------------ lease takeover (optional)
+
+    def _takeover(self) -> LeaseTakeover:
+        store = self._store()
+        if not isinstance(store, LeaseTakeover):
+            pytest.skip("this store cannot take a lease over (LeaseTakeover is optional)")
+        return store
+
+    def _take_over(self, name: str, owner: str, at_ms: int, expected_fence: int,
+                   lease_ms: int = 1000, bucket: int = 0) -> Lease | None:
+        return self._takeover().take_over_lease(name, owner, uuid.uuid4().hex, at_ms, lease_ms,
+                                                expected_fence=expected_fence, bucket=bucket)
+
+    def test_lease_holder_names_the_holder_until_it_releases(self) -> None:
+        store, name = self._takeover(), _fresh("lease")
+        assert store.lease_holder(name) is None
+        lease = self._granted(name, "alice", T0)
+        assert store.lease_holder(name) == LeaseHolder("alice", lease.fence, T0 + 1000)
+        renewed = self._store().renew_lease(lease, T0 + 10, 5000)
+        assert renewed is not None
+        assert store.lease_holder(name) == LeaseHolder("alice", lease.fence, T0 + 5010)
+        assert self._store().release_lease(lease) is True
+        assert store.lease_holder(name) is None
+
+    def test_lease_holder_still_names_an_expired_holder(self) -> None:
+        store, name = self._takeover(), _fresh("lease")
+        lease = self._granted(name, "alice", T0)
+        assert store.lease_holder(name) == LeaseHolder("alice", lease.fence, T0 + 1000)
+
+    def test_a_lease_is_taken_over_before_it_expires_with_a_newer_fence_and_its_cursor(self) -> None:
+        name = _fresh("lease")
+        record = self._created(_envelope(_fresh("r"), "running", T0))
+        bucket = self._store().bucket_of(record.id)
+        old = self._granted(name, "alice", T0, lease_ms=60_000, bucket=bucket)
+        assert self._store().checkpoint_lease(old, "cursor-t", T0 + 1) is True
+        new = self._take_over(name, "bob", T0 + 2, old.fence, bucket=bucket)
+        assert new is not None
+        assert (new.owner, new.expires_at_ms, new.cursor) == ("bob", T0 + 1002, "cursor-t")
+        assert new.fence > old.fence and new.bucket == bucket
+        holder = self._takeover().lease_holder(name, bucket=bucket)
+        assert holder == LeaseHolder("bob", new.fence, T0 + 1002)
+        # the old holder, should it wake up, has lost everything
+        assert self._store().renew_lease(old, T0 + 3, 60_000) is None
+        assert self._store().checkpoint_lease(old, "stale", T0 + 3) is False
+        assert self._store().release_lease(old) is False
+        with pytest.raises(FencedWriteRefused):
+            self._store().compare_and_set(_next(record), 1, fence=Fence.of(old))
+        assert self._store().compare_and_set(_next(record), 1, fence=Fence.of(new)) is True
+        assert self._acquire(name, "carol", T0 + 3, bucket=bucket) is None
+
+    def test_a_takeover_naming_an_older_fence_is_refused_and_changes_nothing(self) -> None:
+        name = _fresh("lease")
+        first = self._granted(name, "alice", T0)
+        assert self._store().release_lease(first) is True
+        second = self._granted(name, "bob", T0 + 1, lease_ms=60_000)
+        assert self._take_over(name, "carol", T0 + 2, first.fence) is None
+        assert self._take_over(name, "carol", T0 + 2, second.fence + 1) is None
+        holder = self._takeover().lease_holder(name)
+        assert holder == LeaseHolder("bob", second.fence, T0 + 60_001)
+        assert self._store().renew_lease(second, T0 + 3, 60_000) is not None
+
+    def test_a_lease_never_granted_cannot_be_taken_over(self) -> None:
+        name = _fresh("lease")
+        assert self._take_over(name, "bob", T0, 1) is None
+        assert self._takeover().lease_holder(name) is None
+        assert self._granted(name, "alice", T0).fence >= 1
+
+    def test_a_taken_over_lease_is_granted_again_after_its_new_expiry(self) -> None:
+        name = _fresh("lease")
+        old = self._granted(name, "alice", T0, lease_ms=60_000)
+        new = self._take_over(name, "bob", T0 + 1, old.fence)
+        assert new is not None
+        assert self._acquire(name, "carol", T0 + 1000) is None
+        later = self._granted(name, "carol", T0 + 1001)
+        assert later.fence > new.fence
+
+    def test_concurrent_takers_of_one_grant_exactly_one_wins(self) -> None:
+        name = _fresh("lease")
+        old = self._granted(name, "alice", T0, lease_ms=60_000)
+        results = race(lambda i: self._take_over(name, f"owner{i}", T0 + 1, old.fence))
+        winners = [r for r in results if isinstance(r, Lease)]
+        assert len(winners) == 1 and results.count(None) == THREADS - 1, results
+        holder = self._takeover().lease_holder(name)
+        assert holder is not None and (holder.owner, holder.fence) == (winners[0].owner,
+                                                                       winners[0].fence)
+
+    def test_leases_of_other_buckets_are_not_taken_over(self) -> None:
+        store = self._takeover()
+        if self._store().buckets < 2:
+            pytest.skip("this store has one bucket")
+        name = _fresh("lease")
+        zero = self._granted(name, "alice", T0, lease_ms=60_000, bucket=0)
+        one = self._granted(name, "bob", T0, lease_ms=60_000, bucket=1)
+        taken = self._take_over(name, "carol", T0 + 1, one.fence, bucket=1)
+        assert taken is not None and taken.bucket == 1
+        assert store.lease_holder(name, bucket=0) == LeaseHolder("alice", zero.fence, T0 + 60_000)
+        assert self._store().renew_lease(zero, T0 + 2, 60_000) is not None
+
+    @pytest.mark.parametrize("expected_fence", [0, -1, True, 1.5, "1", None, 2**53], ids=repr)
+    def test_a_takeover_with_a_bad_fence_is_refused(self, expected_fence: Any) -> None:
+        name = _fresh("lease")
+        self._granted(name, "alice", T0)
+        with pytest.raises(SagaValidationError):
+            self._takeover().take_over_lease(name, "bob", "tok", T0 + 1, 1000,
+                                             expected_fence=expected_fence)
+
+    @pytest.mark.parametrize(
+        "args",
+        [("bad name", "owner", "tok"), ("name", "bad owner", "tok"), ("name", "owner", "t\nk"),
+         ("na{me}", "owner", "tok")],
+        ids=repr,
+    )
+    def test_bad_takeover_arguments_are_refused(self, args: tuple[str, str, str]) -> None:
+        store = self._takeover()
+        with pytest.raises(SagaValidationError):
+            store.take_over_lease(*args, T0, 1000, expected_fence=1)
+        with pytest.raises(SagaValidationError):
+            store.lease_holder(args[0] if args[0] != "name" else "bad name")
+        with pytest.raises(SagaValidationError):
+            store.take_over_lease("name", "owner", "tok", T0, 0, expected_fence=1)
+        with pytest.raises(SagaValidationError):
+            store.lease_holder("name", bucket=self._store().buckets)
 
     # ------------------------------------------------------------ labels
 

@@ -1,11 +1,15 @@
 """StoreProxy: a Store that hands every primitive to another one, to wrap in tests and tools
-(count calls, make racers read together, inject faults) by overriding only what they watch."""
+(count calls, make racers read together, inject faults) by overriding only what they watch.
+
+It forwards the ``LeaseTakeover`` capability too; over a store without it, nobody is ever
+found holding a lease, so a lease waits for its expiry as it would on that store.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..stores.base import Envelope, Fence, Lease, Page, Store
+from ..stores.base import Envelope, Fence, Lease, LeaseHolder, LeaseTakeover, Page, Store
 
 __all__ = ["StoreProxy"]
 
@@ -90,6 +94,22 @@ class StoreProxy:
     def release_lease(self, lease: Lease) -> bool:
         """Delegate."""
         return self.inner.release_lease(lease)
+
+    def lease_holder(self, name: str, *, bucket: int = 0) -> LeaseHolder | None:
+        """Delegate (None when the wrapped store cannot tell)."""
+        if not isinstance(self.inner, LeaseTakeover):
+            return None
+        return self.inner.lease_holder(name, bucket=bucket)
+
+    def take_over_lease(
+        self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *,
+        expected_fence: int, bucket: int = 0,
+    ) -> Lease | None:
+        """Delegate (None when the wrapped store cannot take a lease over)."""
+        if not isinstance(self.inner, LeaseTakeover):
+            return None
+        return self.inner.take_over_lease(name, owner, token, now_ms, lease_ms,
+                                          expected_fence=expected_fence, bucket=bucket)
 
     def close(self) -> None:
         """The wrapped store is the caller's to close."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from celery_sagas.errors import FencedWriteRefused
 from celery_sagas.stores import open_store
-from celery_sagas.stores.base import Envelope, Fence, Lease, Page, Store
+from celery_sagas.stores.base import Envelope, Fence, Lease, LeaseHolder, LeaseTakeover, Page, Store
 from tests.files import read_json_lines
 
 Listener = Callable[[Envelope, int, bool], None]
@@ -184,6 +184,24 @@ class TracingStore:
         lease = self.inner.acquire_lease(name, owner, token, now_ms, lease_ms, bucket=bucket)
         if lease is not None:
             self._log("grant", lease=_lease(name, bucket), fence=lease.fence, t1=time.monotonic_ns())
+        return lease
+
+    def lease_holder(self, name: str, *, bucket: int = 0) -> LeaseHolder | None:
+        """Pass through."""
+        inner = self.inner
+        return inner.lease_holder(name, bucket=bucket) if isinstance(inner, LeaseTakeover) else None
+
+    def take_over_lease(self, name: str, owner: str, token: str, now_ms: int, lease_ms: int, *,
+                        expected_fence: int, bucket: int = 0) -> Lease | None:
+        """Pass through; a takeover is a grant, traced as one (with the fence it replaced)."""
+        inner = self.inner
+        if not isinstance(inner, LeaseTakeover):
+            return None
+        lease = inner.take_over_lease(name, owner, token, now_ms, lease_ms,
+                                      expected_fence=expected_fence, bucket=bucket)
+        if lease is not None:
+            self._log("grant", lease=_lease(name, bucket), fence=lease.fence, t1=time.monotonic_ns(),
+                      replaced=expected_fence)
         return lease
 
     def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:

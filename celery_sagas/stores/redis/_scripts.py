@@ -28,6 +28,7 @@ SCRIPT_NAMES = (
     "checkpoint_lease",
     "release_lease",
     "index_id",
+    "take_over_lease",
 )
 
 
@@ -57,6 +58,7 @@ class Scripts:
     checkpoint_lease: Script
     release_lease: Script
     index_id: Script
+    take_over_lease: Script
 
     @classmethod
     def register(cls, client: Redis) -> Scripts:

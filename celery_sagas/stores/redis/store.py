@@ -46,12 +46,13 @@ from ...errors import (
 )
 from .._cursor import decode_cursor, encode_cursor
 from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
-from .._validating import ValidatingPrefixScan, ValidatingStore
+from .._validating import ValidatingLeaseTakeover, ValidatingPrefixScan, ValidatingStore
 from ..base import (
     MAX_NOTES,
     Envelope,
     Fence,
     Lease,
+    LeaseHolder,
     Page,
     check_scan_args,
     check_state,
@@ -74,7 +75,7 @@ _PREFIX_ROUNDS = 8  # id-index reads one prefix-scan page makes at most to fill 
 _BACKFILL_BATCH = 1000  # ids one backfill round trip indexes
 
 
-class RedisStore(ValidatingStore, ValidatingPrefixScan):
+class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover):
     """Envelopes and leases in Redis; every primitive is atomic on the server (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4).
 
@@ -411,6 +412,27 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan):
         reply = self._run(self._scripts.release_lease, [key], [lease.owner, lease.token],
                           "release_lease")
         return reply == 1
+
+    def _lease_holder(self, name: str, bucket: int) -> LeaseHolder | None:
+        """The holder of the lease of ``bucket``, expired or not: one HMGET (``LeaseTakeover``)."""
+        key = self._layout.lease(name, bucket)
+        with self._driver("lease_holder"):
+            owner, fence, expires = self._client.hmget(key, ["owner", "fence", "expires_at_ms"])
+        if owner is None or fence is None or expires is None:
+            return None
+        return LeaseHolder(_text(owner), _integer(fence), _integer(expires))
+
+    def _take_over_lease(self, name: str, owner: str, token: str, expires: int,
+                         expected_fence: int, bucket: int) -> Lease | None:
+        """Grant the lease while its newest grant is ``expected_fence``, in the lease key's
+        slot. One EVALSHA (``LeaseTakeover``)."""
+        key = self._layout.lease(name, bucket)
+        reply = self._run(self._scripts.take_over_lease, [key],
+                          [owner, token, expected_fence, expires], "take_over_lease")
+        if not isinstance(reply, list) or len(reply) < 2 or _text(reply[0]) != "granted":
+            return None
+        cursor = _optional_text(reply[2]) if len(reply) > 2 else None
+        return Lease(name, owner, token, expires, _integer(reply[1]), cursor, bucket)
 
     @property
     def settle_channel(self) -> str:

@@ -68,12 +68,18 @@ from ...errors import (
     StoreUnavailable,
 )
 from .._cursor import decode_cursor, encode_cursor
-from .._validating import ValidatingPrefixScan, ValidatingStateListing, ValidatingStore
+from .._validating import (
+    ValidatingLeaseTakeover,
+    ValidatingPrefixScan,
+    ValidatingStateListing,
+    ValidatingStore,
+)
 from ..base import (
     MAX_NOTES,
     Envelope,
     Fence,
     Lease,
+    LeaseHolder,
     Page,
     check_envelope,
     prefix_end,
@@ -100,7 +106,8 @@ _SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it cr
 _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
-class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
+class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
+               ValidatingLeaseTakeover):
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4)."""
 
@@ -475,6 +482,33 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan):
         )
         with self._driver_errors("release_lease"), self._engine.begin() as conn:
             return conn.execute(stmt).rowcount == 1
+
+    def _lease_holder(self, name: str, bucket: int) -> LeaseHolder | None:
+        """The holder of the lease, expired or not: one SELECT by name (``LeaseTakeover``)."""
+        leases = self._tables.leases
+        query = (select(leases.c.owner, leases.c.fence, leases.c.expires_at_ms)
+                 .where(leases.c.name == name, leases.c.owner.is_not(None)))
+        with self._driver_errors("lease_holder"), self._engine.connect() as conn:
+            row = conn.execute(query).one_or_none()
+        return None if row is None else LeaseHolder(row.owner, row.fence, row.expires_at_ms)
+
+    def _take_over_lease(self, name: str, owner: str, token: str, expires: int,
+                         expected_fence: int, bucket: int) -> Lease | None:
+        """Grant the lease while its newest grant is ``expected_fence``: one
+        ``UPDATE ... WHERE fence = :expected`` (``LeaseTakeover``)."""
+        leases = self._tables.leases
+        digest = _token_hash(token)
+        grant = (
+            update(leases)
+            .where(leases.c.name == name, leases.c.fence == expected_fence)
+            .values(owner=owner, token_hash=digest, expires_at_ms=expires, fence=leases.c.fence + 1)
+        )
+        ours = and_(leases.c.name == name, leases.c.token_hash == digest)
+        with self._driver_errors("take_over_lease"), self._engine.begin() as conn:
+            row = update_returning(conn, grant, _lease_columns(leases), ours)
+        if row is None:
+            return None
+        return Lease(name, owner, token, expires, row.fence, row.scan_cursor, bucket)
 
     def _holder(self, lease: Lease) -> Any:
         leases = self._tables.leases
