@@ -15,22 +15,32 @@ grant exists::
         lease = leases.renew(lease, lease_ms=30_000)  # LeaseLost: stop at once
 
 Renewal and checkpoint failures raise ``LeaseLost``: the holder must stop immediately.
+
+A lease held by a process known to be gone (an owner that is a claimer id of this host whose
+pid no longer runs: the rule of step claims, ``_liveness.py``) is taken over at once instead
+of after its expiry, on a store with the ``LeaseTakeover`` capability (docs/design.md §5). The
+takeover names the dead holder's fence, so of two processes taking over at once exactly one
+wins, and the new grant's fence refuses the old holder's writes as any newer grant does.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ._clock import Clock, now_ms
+from ._liveness import process_gone
 from ._values import duration_ms, principal_id, timestamp_ms
 from .errors import LeaseLost, SagaValidationError
-from .stores.base import Lease, Store, check_lease_args
+from .stores.base import Lease, LeaseTakeover, Store, check_lease_args
 
 __all__ = ["MAX_CURSOR_LENGTH", "Leases", "new_lease_token"]
 
 MAX_CURSOR_LENGTH = 1024
+
+logger = logging.getLogger("celery_sagas.sweep")
 
 
 def new_lease_token() -> str:
@@ -69,13 +79,35 @@ class Leases:
 
     def acquire(self, name: str, lease_ms: int, *, bucket: int = 0) -> Lease | None:
         """Grant ``name`` of ``bucket`` to this owner for ``lease_ms``, or None while another
-        holds it."""
+        holds it (a holder known to be gone has it taken over at once)."""
         lease_token = new_lease_token()
         check_lease_args(name, self.owner, lease_token)
         duration = duration_ms(lease_ms, field="lease_ms")
         now = now_ms(self.clock)
         timestamp_ms(now + duration, field="lease expiry")
-        return self.store.acquire_lease(name, self.owner, lease_token, now, duration, bucket=bucket)
+        lease = self.store.acquire_lease(name, self.owner, lease_token, now, duration, bucket=bucket)
+        if lease is None:
+            return self._take_over_from_the_gone(name, lease_token, now, duration, bucket)
+        return lease
+
+    def _take_over_from_the_gone(self, name: str, lease_token: str, now: int, duration: int,
+                                 bucket: int) -> Lease | None:
+        """The lease taken over from a holder whose process is known to be gone, or None: the
+        holder may be alive (another host, a live pid), the store cannot take a lease over, or
+        another process took it first (docs/design.md §5)."""
+        if not isinstance(self.store, LeaseTakeover):
+            return None
+        holder = self.store.lease_holder(name, bucket=bucket)
+        if holder is None or not process_gone(holder.owner):
+            return None
+        lease = self.store.take_over_lease(name, self.owner, lease_token, now, duration,
+                                           expected_fence=holder.fence, bucket=bucket)
+        if lease is not None:
+            logger.info("lease %s bucket=%d taken over from %s (its process is gone): fence %d "
+                        "replaces %d, owner=%s", name, bucket, holder.owner, lease.fence,
+                        holder.fence, self.owner,
+                        extra={"bucket": bucket, "fence": lease.fence})
+        return lease
 
     def renew(self, lease: Lease, lease_ms: int) -> Lease:
         """Extend the lease to now + ``lease_ms``; raise LeaseLost if it expired or moved on."""

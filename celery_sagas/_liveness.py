@@ -1,4 +1,4 @@
-"""Who claimed an effect, and whether that claimer is known to be gone.
+"""Who claimed an effect (or holds a sweep lease), and whether that process is known to be gone.
 
 A claim records ``host:pid`` of the process that started the body. On the same host a dead
 pid proves the attempt vanished (a killed pool child): its outcome is unknown and the label
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from ._records import StepRecord, StepState
 
-__all__ = ["claim_tag", "claimer_id", "dead_effects"]
+__all__ = ["claim_tag", "claimer_id", "dead_effects", "process_gone"]
 
 
 def _pid_namespace() -> str:
@@ -57,10 +57,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _gone(claimer: str) -> bool:
-    """Whether the process that wrote ``claimer`` is known to be gone: another process of this
-    host whose pid no longer runs. This process is alive (it is asking), and a process of
-    another host is never judged by its pid: for both, the time limit decides."""
+def process_gone(claimer: str) -> bool:
+    """Whether the process that wrote ``claimer`` (a claim tag, or a claimer id such as a sweep
+    lease's owner) is known to be gone: another process of this host whose pid no longer runs.
+    This process is alive (it is asking), and a process of another host is never judged by its
+    pid: for both, the time limit (a lease's expiry) decides."""
     host, _, pid_text = claimer.split("/", 1)[0].rpartition(":")
     if host != _HOST or not pid_text.isdigit():
         return False
@@ -78,6 +79,6 @@ def dead_effects(steps: Iterable[StepRecord]) -> frozenset[str]:
         if step.state is not StepState.EXECUTING and not compensating:
             continue
         effect = step.compensation_effect_id if compensating else step.effect_id
-        if _gone(step.claimed_by):
+        if process_gone(step.claimed_by):
             dead.add(effect)
     return frozenset(dead)

@@ -32,13 +32,26 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["at_end", "forget", "install", "kill_all", "spawn", "tracked"]
+__all__ = ["at_end", "forget", "install", "kill_all", "spawn", "tracked", "unused_pid"]
 
 _PR_SET_PDEATHSIG = 1
 _groups: set[int] = set()
 _lock = threading.Lock()
 _installed = False
 _at_end: list[Callable[[], None]] = []
+
+
+def unused_pid(start: int = 4_000_000) -> int:
+    """A pid no process of this pid namespace has (a process known to be gone)."""
+    pid = start
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 1
 
 
 def tracked() -> set[int]:

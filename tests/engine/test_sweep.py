@@ -11,6 +11,7 @@ from celery import Celery
 from celery_sagas import MemoryStore, Sagas
 from celery_sagas._codec import Codec
 from celery_sagas._leases import Leases
+from celery_sagas._liveness import claimer_id
 from celery_sagas._protocol.findings import FindingKind
 from celery_sagas._records import SagaState
 from celery_sagas._scans import Scans
@@ -18,6 +19,7 @@ from celery_sagas._sweep import SWEEP_LEASE, Sweeper, SweepReport
 from celery_sagas.stores.base import Envelope
 from celery_sagas.testing import FrozenClock
 from tests.engine.conftest import Shop, kinds
+from tests.processes import unused_pid
 
 
 def sweeper(shop: Shop, owner: str, on_page: Any = None) -> Sweeper:
@@ -110,6 +112,26 @@ def test_an_expired_lease_of_a_vanished_sweeper_can_be_taken_over(shop: Shop) ->
 
     # then
     assert report.acquired and report.complete
+
+
+def test_the_lease_of_a_sweeper_killed_on_this_host_is_taken_over_at_once(shop: Shop) -> None:
+    # given: a lost step message, and the lease held for another minute by a sweeper of this
+    # host that was SIGKILLed mid-sweep (its pid is gone)
+    shop.start_order()
+    shop.driver.take()
+    shop.clock.advance(shop.sagas.settings.timing.stale_ms + 1)
+    dead = f"{claimer_id().rpartition(':')[0]}:{unused_pid()}"
+    held = Leases(shop.sagas.store, shop.clock, owner=dead).acquire(SWEEP_LEASE, 60_000)
+    assert held is not None
+
+    # when: the next sweep, well before the lease expires
+    shop.clock.advance(1)
+    report = shop.sagas.sweep()
+
+    # then: it took the bucket over under a newer fence and re-sent the lost message
+    assert report.acquired and report.complete
+    assert report.fence is not None and report.fence > held.fence
+    assert [m.kind for m in shop.driver.take()] == ["step"]
 
 
 def _write_garbage(store: MemoryStore, clock: FrozenClock, record_id: str, body: str) -> None:

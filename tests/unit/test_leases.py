@@ -1,16 +1,24 @@
-"""Lease semantics over the store primitives: grant, renew, checkpoint, release."""
+"""Lease semantics over the store primitives: grant, renew, checkpoint, release, and takeover
+from a holder whose process is gone."""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from typing import Any
 
 import pytest
 
 from celery_sagas._leases import Leases
+from celery_sagas._liveness import claimer_id
 from celery_sagas.errors import FencedWriteRefused, LeaseLost, SagaValidationError
-from celery_sagas.stores.base import Envelope, Fence
+from celery_sagas.stores.base import Envelope, Fence, Lease, LeaseHolder
 from celery_sagas.stores.memory import MemoryStore
 from celery_sagas.testing import FrozenClock
+from celery_sagas.testing.proxy import StoreProxy
+from celery_sagas.testing.racing import race
+from tests.processes import unused_pid
 
 T0 = 1_700_000_000_000
 
@@ -264,3 +272,117 @@ def test_a_bucket_the_store_does_not_have_is_refused(bucketed: MemoryStore, cloc
                                                      bucket: Any) -> None:
     with pytest.raises(SagaValidationError):
         Leases(bucketed, clock, owner="alice").acquire("sweep", 1000, bucket=bucket)
+
+
+# ------------------------------------------------------------------ a holder whose process is gone
+
+
+def _this_host(pid: int) -> str:
+    """The claimer id a process of this host with ``pid`` has (as a sweep's owner)."""
+    return f"{claimer_id().rpartition(':')[0]}:{pid}"
+
+
+def _held_by(store: MemoryStore, clock: FrozenClock, owner: str, bucket: int = 0) -> Lease:
+    lease = Leases(store, clock, owner=owner).acquire("sweep", 60_000, bucket=bucket)
+    assert lease is not None
+    return lease
+
+
+def test_a_lease_whose_holder_is_alive_waits_for_its_expiry(
+    store: MemoryStore, clock: FrozenClock, bob: Leases
+) -> None:
+    # given: the lease held by a live process of this host (our parent) and by this process
+    for pid in (os.getppid(), os.getpid()):
+        held = _held_by(store, clock, _this_host(pid))
+
+        # when / then: refused until it expires, and the holder keeps it
+        clock.advance(59_999)
+        assert bob.acquire("sweep", 1000) is None
+        assert store.lease_holder("sweep") == LeaseHolder(held.owner, held.fence, held.expires_at_ms)
+        clock.advance(1)
+        taken = bob.acquire("sweep", 1000)
+        assert taken is not None and bob.release(taken)
+
+
+def test_a_lease_of_another_host_is_never_judged_by_its_pid(
+    store: MemoryStore, clock: FrozenClock, bob: Leases
+) -> None:
+    _held_by(store, clock, f"elsewhere:{unused_pid()}")
+    assert bob.acquire("sweep", 1000) is None
+
+
+def test_a_lease_whose_holder_died_is_taken_over_at_once(
+    store: MemoryStore, clock: FrozenClock, bob: Leases, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given: a sweeper of this host that checkpointed, then was SIGKILLed (its pid is gone)
+    record = Envelope("saga", "s1", 1, "running", T0, "{}")
+    assert store.create(record)
+    dead = Leases(store, clock, owner=_this_host(unused_pid()))
+    held = _held_by(store, clock, dead.owner)
+    dead.checkpoint(held, "page-7")
+
+    # when
+    clock.advance(1)
+    with caplog.at_level(logging.INFO, logger="celery_sagas.sweep"):
+        taken = bob.acquire("sweep", 1000)
+
+    # then: a newer grant now, from the checkpoint, logged with owner ids (never a token)
+    assert taken is not None and taken.owner == "bob"
+    assert taken.fence > held.fence and taken.cursor == "page-7"
+    [line] = [r.getMessage() for r in caplog.records if "taken over" in r.getMessage()]
+    assert dead.owner in line and "owner=bob" in line and f"replaces {held.fence}" in line
+    assert held.token not in caplog.text and taken.token not in caplog.text
+    # and the old holder, were it somehow alive, is fenced out
+    with pytest.raises(LeaseLost):
+        dead.renew(held, 60_000)
+    with pytest.raises(FencedWriteRefused):
+        store.compare_and_set(Envelope("saga", "s1", 2, "running", T0, "{}"), 1, fence=Fence.of(held))
+    assert store.compare_and_set(Envelope("saga", "s1", 2, "running", T0, "{}"), 1,
+                                 fence=Fence.of(taken))
+
+
+def test_a_dead_holders_lease_is_taken_over_in_its_own_bucket_only(
+    bucketed: MemoryStore, clock: FrozenClock
+) -> None:
+    dead = _this_host(unused_pid())
+    held = [_held_by(bucketed, clock, dead, bucket=b) for b in (0, 1)]
+    alive = _held_by(bucketed, clock, _this_host(os.getppid()), bucket=2)
+    bob = Leases(bucketed, clock, owner="bob")
+
+    taken = [bob.acquire("sweep", 1000, bucket=b) for b in (0, 1, 2)]
+
+    assert [t is not None and t.fence > held[b].fence for b, t in enumerate(taken[:2])] == [True] * 2
+    assert taken[2] is None
+    assert bucketed.lease_holder("sweep", bucket=2) == LeaseHolder(alive.owner, alive.fence,
+                                                                   alive.expires_at_ms)
+
+
+class _HolderReadTogether(StoreProxy):
+    """Every racer reads the dead holder before any of them takes the lease over."""
+
+    def __init__(self, store: MemoryStore, parties: int) -> None:
+        super().__init__(store)
+        self._barrier = threading.Barrier(parties, timeout=60)
+
+    def lease_holder(self, name: str, *, bucket: int = 0) -> LeaseHolder | None:
+        found = super().lease_holder(name, bucket=bucket)
+        self._barrier.wait()
+        return found
+
+
+def test_of_racers_taking_over_a_dead_holders_lease_exactly_one_wins(
+    store: MemoryStore, clock: FrozenClock
+) -> None:
+    # given: a dead holder; 16 sweepers all see it dead before any takes the lease over
+    held = _held_by(store, clock, _this_host(unused_pid()))
+    racing = _HolderReadTogether(store, 16)
+
+    # when
+    results = race(lambda i: Leases(racing, clock, owner=f"racer{i}").acquire("sweep", 1000), 16)
+
+    # then
+    winners = [r for r in results if isinstance(r, Lease)]
+    assert len(winners) == 1 and results.count(None) == 15, results
+    assert winners[0].fence == held.fence + 1
+    holder = store.lease_holder("sweep")
+    assert holder is not None and holder.owner == winners[0].owner

@@ -12,19 +12,7 @@ import pytest
 
 from celery_sagas._liveness import claim_tag, claimer_id, dead_effects
 from celery_sagas._records import StepRecord, StepState
-
-
-def _no_pid(start: int = 4_000_000) -> int:
-    """A pid no process of this namespace has."""
-    pid = start
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return pid
-        except PermissionError:
-            pass
-        pid -= 1
+from tests.processes import unused_pid
 
 
 def _claimed(claimer: str) -> StepRecord:
@@ -47,7 +35,7 @@ def _other_namespace_claimer() -> str:
 
 def test_a_claim_by_a_dead_pid_of_this_host_is_gone() -> None:
     host = claimer_id().rpartition(":")[0]
-    step = _claimed(f"{host}:{_no_pid()}/abcd")
+    step = _claimed(f"{host}:{unused_pid()}/abcd")
     assert dead_effects([step]) == {"fx-1"}
 
 
@@ -63,7 +51,7 @@ def test_a_claim_by_a_live_pid_of_this_host_is_not_gone() -> None:
 
 
 def test_a_claim_of_another_host_is_never_judged() -> None:
-    assert dead_effects([_claimed(f"elsewhere:{_no_pid()}/abcd")]) == frozenset()
+    assert dead_effects([_claimed(f"elsewhere:{unused_pid()}/abcd")]) == frozenset()
 
 
 def test_a_process_in_another_pid_namespace_of_this_host_has_another_claimer_id() -> None:
@@ -74,4 +62,4 @@ def test_a_process_in_another_pid_namespace_of_this_host_has_another_claimer_id(
     assert other.rpartition(":")[0] != claimer_id().rpartition(":")[0]
     pid = int(other.rpartition(":")[2])
     assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{pid}/abcd")]) == frozenset()
-    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{_no_pid()}/abcd")]) == frozenset()
+    assert dead_effects([_claimed(f"{other.rpartition(':')[0]}:{unused_pid()}/abcd")]) == frozenset()
