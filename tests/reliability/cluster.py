@@ -366,11 +366,13 @@ def new_tag() -> str:
 
 def make_cluster(workdir: Path, *, broker: str | None = None, store: str | None = None,
                  private_redis: bool = True, tag: str | None = None,
-                 **overrides: object) -> Cluster:
-    """A cluster under ``workdir``: a private redis (broker, and store unless ``store``)."""
+                 appendfsync: str = "everysec", **overrides: object) -> Cluster:
+    """A cluster under ``workdir``: a private redis (broker, and store unless ``store``) whose
+    AOF is fsynced ``appendfsync`` ("everysec" or "always")."""
     tag = tag or new_tag()
     workdir.mkdir(parents=True, exist_ok=True)
-    redis = PrivateRedis(workdir / "redis").start() if private_redis else None
+    redis = PrivateRedis(workdir / "redis", appendfsync=appendfsync).start() \
+        if private_redis else None
     try:
         config = Config(
             broker=broker or f"{redis.url}/0",  # type: ignore[union-attr]

@@ -153,12 +153,19 @@ def compensation_kills(workdir: Path, size: Size) -> Report:
                  "kill-compensator").run(workdir)
 
 
-def redis_restarts(workdir: Path, size: Size) -> Report:
-    """SIGKILL the redis-server used as store and broker (AOF, fsync every second), restart it."""
+def redis_restarts(workdir: Path, size: Size, appendfsync: str = "everysec") -> Report:
+    """SIGKILL the redis-server used as store and broker (AOF fsynced every second, or with
+    ``appendfsync="always"`` before each reply), restart it."""
+
+    def build(path: Path) -> Cluster:
+        return make_cluster(path, appendfsync=appendfsync)
+
     load = _load(size.n(40, 200), mixed_plan, size.n(3, 5), (faults.restart_redis, 1),
                  settle_timeout=120, faults_after_load=3.5)  # a quiet machine ends the load early
-    return Chaos("redis-restarts", "redis SIGKILL + restart (store and broker)", load,
-                 "redis-sigkill").run(workdir)
+    always = appendfsync == "always"
+    return Chaos("redis-restarts-always" if always else "redis-restarts",
+                 f"redis SIGKILL + restart (store and broker, appendfsync {appendfsync})", load,
+                 "redis-sigkill", build).run(workdir)
 
 
 def store_stalls(workdir: Path, size: Size) -> Report:
@@ -359,6 +366,7 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "worker-kills": worker_kills,
     "compensation-kills": compensation_kills,
     "redis-restarts": redis_restarts,
+    "redis-restarts-always": lambda workdir, size: redis_restarts(workdir, size, "always"),
     "script-flush": script_flushes,
     "store-stall": store_stalls,
     "pg-crash": pg_crashes,

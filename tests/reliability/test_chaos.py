@@ -55,6 +55,15 @@ def test_the_redis_store_and_broker_killed_and_restarted_on_its_aof_loses_nothin
     _clean(scenarios.redis_restarts(tmp_path, scenarios.CI))
 
 
+def test_the_redis_store_and_broker_killed_and_restarted_on_an_aof_fsynced_always_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    # appendfsync always: every write is on disk before its reply, so a kill loses nothing
+    # acknowledged; the replies lost with the process are the faults the deliveries survive.
+    report = _clean(scenarios.redis_restarts(tmp_path, scenarios.CI, "always"))
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+
+
 def test_a_store_stopped_past_the_socket_timeout_sends_no_saga_to_review(tmp_path: Path) -> None:
     # Claims and outcomes lose their replies; no body is judged vanished for it (0 spurious
     # reviews is the invariant; with no kill, no worker_lost or time_limit either).
