@@ -161,6 +161,34 @@ def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
     cluster.redis.start()
 
 
+def restart_broker(server: PrivateRedis) -> Injector:
+    """SIGKILL the broker's redis-server (no AOF, no snapshot: it keeps nothing) and start it
+    again empty after 0.2-1.5 s: every message queued is lost, and so is the record of the
+    ones workers reserved. Logs how many messages the queue held when it died."""
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        queued = queued_messages(server, cluster.config.queue)
+        server.kill()
+        log.add("broker-restart", f"{queued} queued lost")
+        time.sleep(rng.uniform(0.2, 1.5))  # clients see connection refused meanwhile
+        server.start()
+
+    return inject
+
+
+def queued_messages(server: PrivateRedis, queue: str) -> int:
+    """Messages waiting in ``queue`` on a Redis broker (every priority list of kombu's), or 0
+    when the server does not answer."""
+    client = redis.Redis.from_url(f"{server.url}/0", socket_timeout=2)
+    try:
+        return sum(int(client.llen(key)) for key in client.scan_iter(match=f"{queue}*")
+                   if client.type(key) in (b"list", "list"))
+    except redis.RedisError:
+        return 0
+    finally:
+        client.close()
+
+
 def stall_store(server: PrivateRedis, seconds: tuple[float, float]) -> Injector:
     """SIGSTOP the store's redis-server for ``seconds`` (longer than the clients' socket
     timeout), then SIGCONT: claims and outcomes sent meanwhile lose their replies, and land (or

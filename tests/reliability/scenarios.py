@@ -168,6 +168,39 @@ def redis_restarts(workdir: Path, size: Size, appendfsync: str = "everysec") -> 
                  "redis-sigkill", build).run(workdir)
 
 
+def broker_restarts(workdir: Path, size: Size) -> Report:
+    """SIGKILL the broker, a redis-server of its own that keeps nothing (no AOF, no snapshot),
+    while sagas are queued, and start it again empty: every queued message is lost. The store
+    (the run's redis-server, AOF) keeps the sagas; the sweep sends their steps again. No saga
+    may be lost or go to review for it."""
+    broker = PrivateRedis(workdir / f"broker-redis-{new_tag()}", appendfsync=None)
+
+    def build(path: Path) -> Cluster:
+        broker.start()
+        try:
+            return make_cluster(path, broker=f"{broker.url}/0")
+        except BaseException:
+            broker.close()
+            raise
+
+    def observe(cluster: Cluster, report: Report) -> None:
+        lost = sum(int(f.detail.split()[0]) for f in report.fault_log
+                   if f.kind == "broker-restart")
+        report.notes.append(f"queued messages lost with the broker: {lost}")
+        if not lost:
+            report.problems.append("no broker restart found messages queued")
+
+    # The first restart 1.5-4.5 s in, and restarts go on 3 s past the load (a quiet machine ends
+    # the CI-sized load early): the queue holds the in-flight sagas' next steps meanwhile.
+    load = _load(size.n(30, 200), mixed_plan, size.n(3, 4), (faults.restart_broker(broker), 1),
+                 settle_timeout=120, faults_after_load=3.0)
+    try:
+        return Chaos("broker-restart", "broker (redis, no persistence) SIGKILL + restart empty",
+                     load, "broker-restart", build, observe=observe).run(workdir)
+    finally:
+        broker.close()
+
+
 def store_stalls(workdir: Path, size: Size) -> Report:
     """SIGSTOP the store's own redis-server (the broker is another) for 1.5-4 s, past the
     clients' 1 s socket timeout, while sagas run: replies of claims and outcomes are lost and
@@ -369,6 +402,7 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "redis-restarts-always": lambda workdir, size: redis_restarts(workdir, size, "always"),
     "script-flush": script_flushes,
     "store-stall": store_stalls,
+    "broker-restart": broker_restarts,
     "pg-crash": pg_crashes,
     "two-beats": two_beats,
     "paused-sweeper": lambda workdir, size: probes.paused_sweeper(workdir, size.n(6, 20)),

@@ -82,6 +82,16 @@ def test_a_private_postgres_stopped_immediately_and_restarted_loses_nothing(tmp_
     assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
 
 
+def test_a_broker_restarted_empty_loses_queued_messages_and_no_saga(tmp_path: Path) -> None:
+    # The broker keeps nothing: queued steps are lost with it, the sweep sends them again.
+    # No body is killed, so a review is a plan's own (its body began: the invariant checks it).
+    report = _clean(scenarios.broker_restarts(tmp_path, scenarios.CI))
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+    codes = {step.error_code for record in report.records.values() if record is not None
+             for step in record.steps}
+    assert not codes & {"worker_lost", "time_limit"}, report.summary()
+
+
 def test_script_flush_mid_run_is_survived_by_reloading_the_scripts(tmp_path: Path) -> None:
     report = _clean(scenarios.script_flushes(tmp_path, scenarios.CI))
     assert report.outcomes["completed"] > 0
