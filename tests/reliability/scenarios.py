@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tests.isolation import CLUSTER_NODES
 from tests.redis_cluster import RedisCluster as RedisClusterNodes
@@ -108,6 +109,30 @@ def _stack(broker: str | None, store: str | None) -> tuple[Callable[[Path], Clus
                    f"{'PostgreSQL' if store else 'redis'} store)")
 
 
+class Server(Protocol):
+    """A server private to one run (a redis-server, a PostgreSQL or Redis Cluster)."""
+
+    def start(self) -> object:
+        """Start it and wait until it answers."""
+
+    def close(self) -> None:
+        """Stop it and delete its files."""
+
+
+def _on(server: Server, make: Callable[[Path], Cluster]) -> Callable[[Path], Cluster]:
+    """A cluster builder that starts ``server`` first, and closes it if the cluster fails."""
+
+    def build(path: Path) -> Cluster:
+        server.start()
+        try:
+            return make(path)
+        except BaseException:
+            server.close()
+            raise
+
+    return build
+
+
 def named(store: str | None, tag: str) -> str | None:
     """A PostgreSQL URL whose connections carry the run's tag as their application_name."""
     if store is None or not store.startswith("postgresql"):
@@ -175,13 +200,7 @@ def broker_restarts(workdir: Path, size: Size) -> Report:
     may be lost or go to review for it."""
     broker = PrivateRedis(workdir / f"broker-redis-{new_tag()}", appendfsync=None)
 
-    def build(path: Path) -> Cluster:
-        broker.start()
-        try:
-            return make_cluster(path, broker=f"{broker.url}/0")
-        except BaseException:
-            broker.close()
-            raise
+    build = _on(broker, lambda path: make_cluster(path, broker=f"{broker.url}/0"))
 
     def observe(cluster: Cluster, report: Report) -> None:
         lost = sum(int(f.detail.split()[0]) for f in report.fault_log
@@ -207,13 +226,8 @@ def store_stalls(workdir: Path, size: Size) -> Report:
     the writes land when it resumes. No saga may go to review for it (docs/guarantees.md)."""
     server = PrivateRedis(workdir / f"store-redis-{new_tag()}")
 
-    def build(path: Path) -> Cluster:
-        server.start()
-        try:
-            return make_cluster(path, store=f"{server.url}/1?socket_timeout={STORE_SOCKET_TIMEOUT_S}")
-        except BaseException:
-            server.close()
-            raise
+    build = _on(server, lambda path: make_cluster(
+        path, store=f"{server.url}/1?socket_timeout={STORE_SOCKET_TIMEOUT_S}"))
 
     # The first stall 2 s in, and stalls go on for 3 s past the load: on a quiet machine the
     # CI-sized load is over in about 3 s, and a stall must land while sagas are in flight.
@@ -270,14 +284,8 @@ def cluster_failovers(workdir: Path, size: Size, *, kill: bool = False,
     first = first_port if first_port is not None else free_ports(CLUSTER_NODES)
     nodes = RedisClusterNodes(workdir / f"redis-cluster-{new_tag()}", first)
 
-    def build(path: Path) -> Cluster:
-        nodes.start()
-        try:
-            # Three sweep tasks per interval share the buckets (sagas_sweep_shards).
-            return make_cluster(path, store=nodes.url, sweep_shards=3)
-        except BaseException:
-            nodes.close()
-            raise
+    # Three sweep tasks per interval share the buckets (sagas_sweep_shards).
+    build = _on(nodes, lambda path: make_cluster(path, store=nodes.url, sweep_shards=3))
 
     def observe(cluster: Cluster, report: Report) -> None:
         report.notes.append(f"masters at the end: {nodes.masters()}")
@@ -316,13 +324,7 @@ def pg_crashes(workdir: Path, size: Size) -> Report:
     server = PrivatePostgres()
     tag = new_tag()
 
-    def build(path: Path) -> Cluster:
-        server.start()
-        try:
-            return make_cluster(path, store=named(server.url, tag), tag=tag)
-        except BaseException:
-            server.close()
-            raise
+    build = _on(server, lambda path: make_cluster(path, store=named(server.url, tag), tag=tag))
 
     load = _load(size.n(30, 150), mixed_plan, size.n(3, 6), (faults.crash_postgres(server), 1),
                  settle_timeout=120, faults_after_load=3.5)  # a quiet machine ends the load early
