@@ -20,8 +20,9 @@ Idempotent providers (``charge_idem``, the ``refund`` compensator) apply an effe
 an ``O_EXCL`` marker file per effect id is the provider's own deduplication table.
 
 With ``REL_CLOCK_SKEW_MS`` set, the engine of that process reads a clock shifted by that many
-milliseconds (clock-skew scenario). The store is a ``TracingStore`` so lease grants and fenced
-writes land in the fence trace the invariant checker reads.
+milliseconds (clock-skew scenario); ``REL_ENCRYPTION_KEYS`` (comma-separated, newest first)
+are its ``sagas_encryption_keys`` (key-rotation scenario). The store is a ``TracingStore`` so
+lease grants and fenced writes land in the fence trace the invariant checker reads.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Config:
     scan_delay_ms: int = 0
     clock_skew_ms: int = 0
     visibility_timeout: float = 3600.0
+    encryption_keys: tuple[str, ...] = ()  # sagas_encryption_keys, newest first
 
     @property
     def ledger(self) -> Path:
@@ -112,6 +114,7 @@ class Config:
             scan_delay_ms=int(env.get("REL_SCAN_DELAY_MS", "0")),
             clock_skew_ms=int(env.get("REL_CLOCK_SKEW_MS", "0")),
             visibility_timeout=float(env.get("REL_VISIBILITY_TIMEOUT", "3600")),
+            encryption_keys=tuple(k for k in env.get("REL_ENCRYPTION_KEYS", "").split(",") if k),
         )
 
     def environ(self) -> dict[str, str]:
@@ -127,6 +130,7 @@ class Config:
             "REL_SCAN_DELAY_MS": str(self.scan_delay_ms),
             "REL_CLOCK_SKEW_MS": str(self.clock_skew_ms),
             "REL_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
+            "REL_ENCRYPTION_KEYS": ",".join(self.encryption_keys),  # Fernet keys hold no comma
         }
 
 
@@ -195,7 +199,7 @@ def build(config: Config) -> Shop:
         sweep_interval=config.sweep_interval, stale_after=config.stale_after,
         ambiguity_grace=config.ambiguity_grace, default_time_limit=config.time_limit,
         sweep_lease=config.sweep_lease, sweep_page_size=config.sweep_page_size,
-        sweep_shards=config.sweep_shards,
+        sweep_shards=config.sweep_shards, encryption_keys=list(config.encryption_keys),
     )
     provider = Provider(config)
     sweep = sagas.sweep

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from celery_sagas.errors import SagaError
+from tests.e2e.conftest import Process
 from tests.redis_cluster import NODE_TIMEOUT_S, RedisCluster
 from tests.reliability.cluster import Cluster, PrivatePostgres, PrivateRedis, children_of
 from tests.reliability.harness import FaultLog, Injector
@@ -150,6 +152,47 @@ def kill_worker_and_restart(cluster: Cluster, rng: random.Random, log: FaultLog)
     process.kill()
     log.add("kill-worker", f"pid {process.pid} children {' '.join(map(str, pool))}".rstrip())
     cluster.worker(env=env)
+
+
+def lagging_key_rollout(keyed: dict[str, str], keyless: dict[str, str],
+                        hold: tuple[float, float]) -> Injector:
+    """A key rotation one worker missed: a worker running with ``keyless`` (an environment
+    without the key records are sealed with) is stopped (warm shutdown) and started again with
+    ``keyed``; when none runs, a keyed worker is first restarted with ``keyless`` and left to
+    receive steps for ``hold`` seconds. Every episode ends with the key given."""
+
+    def restart(cluster: Cluster, process: Process, env: dict[str, str]) -> None:
+        cluster.retire(process)
+        warm_stop(process)
+        cluster.worker(env=env)
+
+    def inject(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+        live = cluster.live_workers()
+        lagging = [process for process, env in live if env == keyless]
+        if not lagging:
+            candidates = [p for p, env in live if env == keyed]
+            if not candidates:
+                return
+            process = rng.choice(candidates)
+            restart(cluster, process, keyless)
+            log.add("keyless-worker", f"pid {process.pid} restarted without the new key")
+            time.sleep(rng.uniform(*hold))
+            lagging = [p for p, env in cluster.live_workers() if env == keyless]
+        for process in lagging:
+            restart(cluster, process, keyed)
+            log.add("key-given", f"pid {process.pid} restarted with the new key")
+
+    return inject
+
+
+def warm_stop(process: Process, timeout: float = 60.0) -> None:
+    """SIGTERM a worker's main process alone (Celery's warm shutdown: running bodies finish,
+    reserved messages go back to the queue), then kill what is left after ``timeout``."""
+    if process.proc.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.proc.wait(timeout=timeout)
+    process.kill()
 
 
 def restart_redis(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:

@@ -241,6 +241,36 @@ def store_stalls(workdir: Path, size: Size) -> Report:
         server.close()
 
 
+UNDECRYPTABLE_LOG = "undecryptable: no configured encryption key opens"  # _delivery's refusal
+
+
+def key_rotation(workdir: Path, size: Size) -> Report:
+    """A key rotation that missed a worker (docs/operations.md, "Rotating encryption keys"):
+    sagas are sealed with a new key (``[new, old]``), and a second worker runs with the old key
+    alone; it receives steps it cannot decrypt, takes back any claim and reports the record
+    ``undecryptable`` (never an ambiguity), and the sweep sends the step again. Then it is
+    restarted with the key, and the episode repeats on a keyed worker. Every saga settles,
+    with no review for it."""
+    from cryptography.fernet import Fernet
+
+    old, new = (Fernet.generate_key().decode() for _ in range(2))
+    keyed, keyless = {"REL_ENCRYPTION_KEYS": f"{new},{old}"}, {"REL_ENCRYPTION_KEYS": old}
+
+    def build(path: Path) -> Cluster:
+        return make_cluster(path, encryption_keys=(new, old))
+
+    def observe(cluster: Cluster, report: Report) -> None:
+        report.faults["undecryptable-refusal"] = sum(
+            p.text().count(UNDECRYPTABLE_LOG) for p, _ in cluster.workers)
+
+    load = _load(size.n(30, 200), mixed_plan, size.n(3, 5),
+                 (faults.lagging_key_rollout(keyed, keyless, (2.0, 4.0)), 1),
+                 settle_timeout=120, faults_after_load=2.0)
+    return Chaos("key-rotation", "a worker without the new encryption key, then given it", load,
+                 "undecryptable-refusal", build, envs=[keyed, keyless],
+                 observe=observe).run(workdir)
+
+
 def script_flushes(workdir: Path, size: Size) -> Report:
     """SCRIPT FLUSH the store's redis-server over and over while sagas run."""
     load = _load(size.n(30, 150), mixed_plan, 0.4, (faults.script_flush, 1))
@@ -403,6 +433,7 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "redis-restarts": redis_restarts,
     "redis-restarts-always": lambda workdir, size: redis_restarts(workdir, size, "always"),
     "script-flush": script_flushes,
+    "key-rotation": key_rotation,
     "store-stall": store_stalls,
     "broker-restart": broker_restarts,
     "pg-crash": pg_crashes,

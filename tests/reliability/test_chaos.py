@@ -92,6 +92,19 @@ def test_a_broker_restarted_empty_loses_queued_messages_and_no_saga(tmp_path: Pa
     assert not codes & {"worker_lost", "time_limit"}, report.summary()
 
 
+def test_a_worker_without_the_new_key_refuses_its_steps_and_sends_no_saga_to_review(
+        tmp_path: Path) -> None:
+    # It takes back what it claimed and reports the record undecryptable; no claim of its is
+    # judged (no worker_lost, no time_limit), and once given the key every saga settles.
+    report = _clean(scenarios.key_rotation(tmp_path, scenarios.CI))
+    assert report.faults["undecryptable-refusal"] > 0 and report.faults["key-given"] > 0, \
+        report.summary()
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+    codes = {step.error_code for record in report.records.values() if record is not None
+             for step in record.steps}
+    assert not codes & {"worker_lost", "time_limit"}, report.summary()
+
+
 def test_script_flush_mid_run_is_survived_by_reloading_the_scripts(tmp_path: Path) -> None:
     report = _clean(scenarios.script_flushes(tmp_path, scenarios.CI))
     assert report.outcomes["completed"] > 0
