@@ -80,8 +80,11 @@ def test_an_operator_lists_shows_and_resolves_a_saga_from_the_shell(redis_stack:
     assert all("append-only file" in line for line in before), missing.stderr
 
     assert found.returncode == 0, found.stderr
-    [finding] = json.loads(found.stdout)["findings"]
-    assert (finding["record_id"], finding["effect_id"]) == ("cli-review", charge.effect_id)
+    # the saga's ambiguity is reported once; on a loaded machine a sweep may also report
+    # another record (the test prints them all if so), which is not what this test is about
+    findings = json.loads(found.stdout)["findings"]
+    about_saga = [f["effect_id"] for f in findings if f["record_id"] == "cli-review"]
+    assert about_saga == [charge.effect_id], findings
 
     assert no_result.returncode == 2 and "--committed needs --result" in no_result.stderr
     assert (cancelled.returncode, cancelled.stdout) == (1, "")
