@@ -2,23 +2,25 @@
 
 The engine, the planner and a delivery each tell the ``Announcer`` what moved; it works out the
 effect (execution or compensation), its capability and attempt, and publishes one
-``LifecycleEvent`` on the bus.
+``LifecycleEvent`` to the runtime's middlewares (``on_event``: logs, observers, metrics,
+tracing).
 """
 
 from __future__ import annotations
 
 from ._definitions import COMPENSATE_CAPABILITY, EXECUTE_CAPABILITY, Registry
-from ._events import EventBus, LifecycleEvent, Phase, Stage, effect_stage
+from ._events import LifecycleEvent, Phase, Stage, effect_stage
+from ._middleware import Middlewares
 from ._records import SagaRecord, StepRecord
 
 __all__ = ["Announcer"]
 
 
 class Announcer:
-    """Publishes effect transitions on an event bus, each with its effect's capability."""
+    """Publishes effect transitions to the middlewares, each with its effect's capability."""
 
-    def __init__(self, events: EventBus, registry: Registry) -> None:
-        self.events = events
+    def __init__(self, middlewares: Middlewares, registry: Registry) -> None:
+        self.middlewares = middlewares
         self.registry = registry
 
     def emit(
@@ -32,7 +34,7 @@ class Announcer:
         """
         current = saga.step(step.name) or step
         compensating = effect_stage(stage, current.state) == Stage.COMPENSATION
-        self.events.emit(LifecycleEvent(
+        self.middlewares.on_event(LifecycleEvent(
             effect_id=step.compensation_effect_id if compensating else step.effect_id,
             capability=self.capability(saga, step, compensating),
             stage=stage,

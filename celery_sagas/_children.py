@@ -18,14 +18,16 @@ fails with ``child_depth_exceeded`` or ``too_many_children``, and the parent rol
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
+from ._clock import Clock, now_ms
+from ._middleware import ChildOf, Middlewares, Operation
 from ._protocol import codes, moves
 from ._protocol.children import child_id_of, settle
 from ._protocol.limits import Limits, child_position
@@ -35,72 +37,46 @@ from ._topology import Topology
 from .errors import SagaConflictError, SagaError, SagaNotFound
 from .stores.base import Fence
 
-__all__ = ["ChildSagas", "ChildTrace", "Host", "UntracedChildren"]
+__all__ = ["ChildSagas", "Drive"]
 
 logger = logging.getLogger("celery_sagas.children")
 
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
 
 
-class ChildTrace(Protocol):
-    """Where a child saga's trace begins (tracing implements it, docs/tracing.md): under its
-    parent's ``ctx.child`` step, in the parent's trace."""
-
-    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
-                    definition: str) -> contextlib.AbstractContextManager[str | None]:
-        """Around a child's start: yields the traceparent to store in the child's record."""
+class _Start(Protocol):
+    def __call__(self, definition: str, input: Any, saga_id: str, *,
+                 trace_parent: str | None = None, parent: ParentRef | None = None) -> SagaRecord:
         ...
 
 
-class UntracedChildren:
-    """No tracing: a child stores no traceparent."""
+@dataclass(frozen=True, slots=True)
+class Drive:
+    """What child sagas ask of the engine that owns them: start a saga (idempotent by its id),
+    drive one on, roll one back."""
 
-    @contextlib.contextmanager
-    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
-                    definition: str) -> Any:
-        """Nothing to open."""
-        yield None
-
-
-class Host(Protocol):
-    """What child sagas need of the engine."""
-
-    repository: SagaRepository
-    trace_children: ChildTrace
-
-    @property
-    def limits(self) -> Limits:
-        """The limits of saga trees and signals."""
-        ...
-
-    def now(self) -> int:
-        """The current time in ms."""
-        ...
-
-    def start(self, definition: str, input: Any, saga_id: str, *,
-              trace_parent: str | None = None, parent: ParentRef | None = None) -> SagaRecord:
-        """Start a saga (idempotent by its id)."""
-        ...
-
-    def advance(self, saga_id: str, known: SagaRecord | None = None) -> SagaRecord:
-        """Drive a saga on."""
-        ...
-
-    def cancel(self, saga_id: str) -> SagaRecord:
-        """Roll a saga back."""
-        ...
-
+    start: _Start
+    advance: Callable[[str, SagaRecord | None], SagaRecord]
+    cancel: Callable[[str], SagaRecord]
 
 
 class ChildSagas:
     """Starts, reports, undoes and reconciles the child sagas of one engine."""
 
-    def __init__(self, host: Host, topology: Topology) -> None:
-        self.host = host
+    def __init__(self, repository: SagaRepository, topology: Topology, drive: Drive, *,
+                 limits: Limits, clock: Clock, middlewares: Middlewares) -> None:
+        self.repository = repository
         self.topology = topology
+        self.drive = drive
+        self.limits = limits
+        self.clock = clock
+        self.middlewares = middlewares
         # the queue of the saga tree this thread (or greenlet: sagas.aio) drives, if any
         self._queue: contextvars.ContextVar[deque[Callable[[], None]] | None] = \
             contextvars.ContextVar(f"saga_tree_{id(self)}", default=None)
+
+    def _now(self) -> int:
+        return now_ms(self.clock)
 
     def _soon(self, saga_id: str, work: Callable[[], object]) -> None:
         """Do ``work`` (which drives the saga ``saga_id``) now, or, when this thread already
@@ -145,10 +121,12 @@ class ChildSagas:
             if refusal is not None:
                 self._refuse(parent_id, step, child_id, refusal)
                 return
-            with self.host.trace_children.child_start(parent.trace_parent, parent_id, step.name,
-                                                      child_id, kwargs["definition"]) as traced:
-                child = self.host.start(kwargs["definition"], kwargs.get("input"), child_id,
-                                        trace_parent=traced, parent=ref)
+            # a span under the parent's step, in its trace (docs/tracing.md)
+            operation = Operation("saga.start", child_id, {"definition": kwargs["definition"]},
+                                  child_of=ChildOf(parent.trace_parent, parent_id, step.name))
+            with self.middlewares.around_operation(operation):
+                child = self.drive.start(kwargs["definition"], kwargs.get("input"), child_id,
+                                         trace_parent=operation.trace_parent, parent=ref)
         except SagaConflictError:
             self._taken(parent_id, step)
             return
@@ -163,7 +141,7 @@ class ChildSagas:
     def _refusal(self, parent: SagaRecord, step: StepRecord) -> str | None:
         """The code a child step breaks a limit with, or None: its place among its parent's
         children, then its depth (its ancestors read up to the limit, no further)."""
-        limits = self.host.limits
+        limits = self.limits
         if child_position(parent, step.name) > limits.children:
             return codes.TOO_MANY_CHILDREN
         depth, ref = 1, parent.parent
@@ -171,7 +149,7 @@ class ChildSagas:
             depth += 1
             if depth > limits.child_depth:
                 return codes.CHILD_DEPTH_EXCEEDED
-            ancestor = self.host.repository.get(ref.saga_id)
+            ancestor = self.repository.get(ref.saga_id)
             ref = None if ancestor is None else ancestor.parent
         return codes.CHILD_DEPTH_EXCEEDED if depth > limits.child_depth else None
 
@@ -183,11 +161,11 @@ class ChildSagas:
             if current is None or current.state is not StepState.WAITING:
                 return None
             return Plan(after=moves.refuse_child(parent, step.name, child_id, code,
-                                                 self.host.now()))
+                                                 self._now()))
 
         parent, plan = self._update(parent_id, decide)
         if plan is not None:
-            self._soon(parent_id, lambda: self.host.advance(parent_id, parent))
+            self._soon(parent_id, lambda: self.drive.advance(parent_id, parent))
 
     def report(self, child: SagaRecord) -> None:
         """Tell the parent of a child that completed, compensated or went to review."""
@@ -201,7 +179,7 @@ class ChildSagas:
             if step is not None and step.state is StepState.FAILED and \
                     child.state is SagaState.COMPLETED and child_id_of(step) == child.saga_id:
                 orphaned.append(True)  # the parent gave up on it before it began: undo it
-            after = settle(parent, ref.step, child, self.host.now())
+            after = settle(parent, ref.step, child, self._now())
             return None if after is None else Plan(after=after)
 
         try:
@@ -212,7 +190,7 @@ class ChildSagas:
         if orphaned:
             self._reopen(child.saga_id)
         if plan is not None:
-            self._soon(ref.saga_id, lambda: self.host.advance(ref.saga_id, parent))
+            self._soon(ref.saga_id, lambda: self.drive.advance(ref.saga_id, parent))
 
     # ------------------------------------------------------------ backward
 
@@ -221,7 +199,7 @@ class ChildSagas:
         already undone (or in review)."""
         child_id = child_id_of(step)
         assert child_id is not None
-        child = self.host.repository.get(child_id)
+        child = self.repository.get(child_id)
         if child is None:
             logger.warning("saga %s: child %s to undo is gone", parent_id, child_id)
             return
@@ -234,11 +212,11 @@ class ChildSagas:
         def decide(child: SagaRecord) -> Plan | None:
             if child.state is not SagaState.COMPLETED:
                 return None
-            return Plan(after=moves.reopen(child, self.host.now()))
+            return Plan(after=moves.reopen(child, self._now()))
 
         child, plan = self._update(child_id, decide)
         if plan is not None or child.state is SagaState.COMPENSATING:
-            self._soon(child_id, lambda: self.host.advance(child_id, child))
+            self._soon(child_id, lambda: self.drive.advance(child_id, child))
 
     # ------------------------------------------------------------ repair
 
@@ -258,13 +236,13 @@ class ChildSagas:
                     self._reconcile_step(saga, step, child_id)
                 except SagaError:
                     logger.exception("saga %s: child %s not reconciled", saga.saga_id, child_id)
-        return self.host.repository.load(saga.saga_id) if acted else saga
+        return self.repository.load(saga.saga_id) if acted else saga
 
     def _reconcile_step(self, saga: SagaRecord, step: StepRecord, child_id: str) -> None:
         if step.state is StepState.COMPENSATING:
             self.undo(saga.saga_id, step)
             return
-        child = self.host.repository.get(child_id)
+        child = self.repository.get(child_id)
         if child is None:
             if saga.rolling_back:
                 self._abandon(saga.saga_id, step)
@@ -276,18 +254,18 @@ class ChildSagas:
         elif child.state in _SETTLED:
             self.report(child)
         elif saga.rolling_back and child.state is SagaState.RUNNING:
-            self._soon(child_id, lambda: self.host.cancel(child_id))
+            self._soon(child_id, lambda: self.drive.cancel(child_id))
 
     def _abandon(self, parent_id: str, step: StepRecord) -> None:
         def decide(parent: SagaRecord) -> Plan | None:
             current = parent.step(step.name)
             if current is None or current.state is not StepState.WAITING:
                 return None
-            return Plan(after=moves.abandon_step(parent, step.name, step.effect_id, self.host.now()))
+            return Plan(after=moves.abandon_step(parent, step.name, step.effect_id, self._now()))
 
         parent, plan = self._update(parent_id, decide)
         if plan is not None:
-            self._soon(parent_id, lambda: self.host.advance(parent_id, parent))
+            self._soon(parent_id, lambda: self.drive.advance(parent_id, parent))
 
     def _taken(self, parent_id: str, step: StepRecord) -> None:
         reason = f"the id {child_id_of(step)!r} of child step {step.name!r} is another saga's"
@@ -296,13 +274,13 @@ class ChildSagas:
             if parent.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
                 return None
             return Plan(after=moves.to_manual_review(parent, codes.CHILD_ID_TAKEN, reason,
-                                                     self.host.now()))
+                                                     self._now()))
 
         self._update(parent_id, decide)
 
     def _update(self, saga_id: str, decide: Callable[[SagaRecord], Plan | None]
                 ) -> tuple[SagaRecord, Plan | None]:
-        return self.host.repository.update(saga_id, decide, fence=self.topology.fence_for(saga_id))
+        return self.repository.update(saga_id, decide, fence=self.topology.fence_for(saga_id))
 
 
 def _logged(work: Callable[[], None]) -> None:

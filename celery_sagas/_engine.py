@@ -1,7 +1,7 @@
 """The engine: ask the planner what a saga needs next, write it, then carry it out.
 
 No Celery here and no concrete store: the engine is handed a ``SagaRepository`` (over the
-``Store`` port), a ``Dispatcher``, the ``Gates`` of approvals, an event bus and a clock, and
+``Store`` port), a ``Dispatcher``, the ``Gates`` of approvals, the middleware chain and a clock, and
 builds the ``Planner`` (``_planner.py``) that turns the protocol's decisions into plans.
 Every change is a ``Plan`` written through the repository's one compare-and-set loop; work is
 dispatched only after the write that records its intent succeeded, and if the process dies
@@ -20,11 +20,12 @@ from typing import Any, Protocol
 
 from . import _values as values
 from ._announcer import Announcer
-from ._children import ChildSagas, ChildTrace, UntracedChildren
+from ._children import ChildSagas, Drive
 from ._clock import Clock, SystemClock, now_ms
 from ._definitions import Registry, SagaDefinition, Timing
 from ._dispatch import Dispatcher
 from ._events import EventBus, Phase, Stage
+from ._middleware import Middlewares
 from ._planner import GateOpener, GateOutcome, Planner
 from ._protocol import codes, moves
 from ._protocol.due import due_at
@@ -91,25 +92,27 @@ class Engine:
         dispatcher: Dispatcher,
         *,
         gates: Gates | None = None,
-        events: EventBus | None = None,
+        middlewares: Middlewares | None = None,
         clock: Clock | None = None,
         new_id: Callable[[], str] = _new_effect_id,
         settings: EngineSettings | None = None,
         draw: Callable[[], float] = random.random,
-        trace_children: ChildTrace | None = None,
     ) -> None:
         self.repository = repository
         self.registry = registry
         self.gates = gates
-        self.events = events or EventBus()
+        # The one seam of cross-cutting concerns (docs/design.md §1.1); alone, events and logs.
+        self.middlewares = middlewares if middlewares is not None else Middlewares([EventBus()])
         self.clock: Clock = clock or SystemClock()
         self.settings = settings or EngineSettings()
         # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
         self.draw = draw
-        self.trace_children: ChildTrace = trace_children or UntracedChildren()
         self.topology = repository.topology
-        self.children = ChildSagas(self, self.topology)
-        self.announcer = Announcer(self.events, registry)
+        self.children = ChildSagas(repository, self.topology,
+                                   Drive(self.start, self.advance, self.cancel),
+                                   limits=self.settings.limits, clock=self.clock,
+                                   middlewares=self.middlewares)
+        self.announcer = Announcer(self.middlewares, registry)
         self.planner = Planner(registry, dispatcher, self.announcer, self.topology, self.children,
                                clock=self.clock, timing=self.settings.timing, new_id=new_id,
                                gates=gates, inline=self.settings.inline,

@@ -1,9 +1,10 @@
-"""Lifecycle and finding events: observers, structured logging, metrics (docs/operations.md).
+"""Lifecycle and finding events: observers and structured logging (docs/operations.md).
 
 Every effect transition becomes one ``LifecycleEvent``; everything a sweep reports for an
 operator (manual review, ambiguity, stale effects, corrupt records) becomes one
-``FindingEvent``. Both go to ``logging`` with structured ``extra`` fields and to their
-observers; the Prometheus metrics (``celery_sagas.metrics``) are one such observer.
+``FindingEvent``. They reach the runtime's middleware chain (``_middleware.py``); the
+``EventBus`` is its member that logs them with structured ``extra`` fields and hands them to
+the observers of ``Sagas.subscribe``; tracing and metrics are members beside it.
 
 Findings travel on their own channel (``subscribe_findings``) rather than as lifecycle events
 with stage ``reconciliation``: a finding is a report about a record, not an effect transition,
@@ -19,10 +20,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from ._records import StepState, TextEnum
+from ._middleware import Middleware
+from ._protocol.events import LifecycleEvent, Phase, Stage, effect_stage
+from ._protocol.findings import Finding
 from ._values import printable
 
 __all__ = [
@@ -36,100 +38,11 @@ __all__ = [
     "effect_stage",
 ]
 
+FindingEvent = Finding
+"""A finding as observers and logs see it (the same type: ``_protocol/findings.Finding``)."""
+
 logger = logging.getLogger("celery_sagas.events")
 findings_logger = logging.getLogger("celery_sagas.findings")
-
-
-class Stage(TextEnum):
-    """Where an effect happens."""
-
-    EXECUTION = "execution"
-    COMPENSATION = "compensation"
-    RECONCILIATION = "reconciliation"
-
-
-class Phase(TextEnum):
-    """What happened to the effect."""
-
-    INTENT = "intent"
-    EXECUTING = "executing"
-    COMMITTED = "committed"
-    FAILED = "failed"
-    AMBIGUOUS = "ambiguous"
-
-
-_COMPENSATION_OUTCOMES = (StepState.COMPENSATED, StepState.COMPENSATION_FAILED)
-
-
-def effect_stage(stage: Stage, step_state: StepState) -> Stage:
-    """The stage of the effect an event is about: a reconciliation (operator resolution)
-    settles the compensation effect when it left the step compensated or compensation-failed,
-    and the execution effect otherwise."""
-    if stage != Stage.RECONCILIATION:
-        return stage
-    return Stage.COMPENSATION if step_state in _COMPENSATION_OUTCOMES else Stage.EXECUTION
-
-
-@dataclass(frozen=True, slots=True)
-class LifecycleEvent:
-    """One effect transition; ids and codes only, never payloads."""
-
-    effect_id: str
-    capability: str
-    stage: Stage
-    phase: Phase
-    attempt: int
-    saga_id: str
-    definition: str
-    step: str
-    error_code: str | None = None
-    duration_ms: int | None = None
-
-    def log_fields(self) -> dict[str, Any]:
-        """The structured ``extra`` fields of this event's log record."""
-        return {
-            "saga_id": self.saga_id,
-            "saga_definition": self.definition,
-            "saga_step": self.step,
-            "effect_id": self.effect_id,
-            "effect_capability": self.capability,
-            "effect_stage": self.stage,
-            "effect_phase": self.phase,
-            "effect_attempt": self.attempt,
-            "error_code": self.error_code,
-            "duration_ms": self.duration_ms,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class FindingEvent:
-    """One record a sweep reports for an operator (docs/design.md §6); ids, states and codes only."""
-
-    kind: str
-    record_kind: str
-    record_id: str
-    state: str | None = None
-    step: str | None = None
-    effect_id: str | None = None
-    error_code: str | None = None
-    updated_at_ms: int | None = None
-    fence: int | None = None
-    cause: str | None = None  # a corrupt record's: the library's words, never record content
-
-    def log_fields(self) -> dict[str, Any]:
-        """The structured ``extra`` fields of this finding's log record."""
-        return {
-            "corrupt_cause": self.cause,
-            "finding_kind": self.kind,
-            "record_kind": self.record_kind,
-            "record_id": self.record_id,
-            "record_state": self.state,
-            "saga_step": self.step,
-            "effect_id": self.effect_id,
-            "error_code": self.error_code,
-            "updated_at_ms": self.updated_at_ms,
-            "sweep_fence": self.fence,
-        }
 
 
 class Observer(Protocol):
@@ -197,8 +110,9 @@ def _finding_level(event: FindingEvent) -> int:
     return logging.INFO
 
 
-class EventBus:
-    """Fans events out to observers and to ``logging`` with structured ``extra`` fields.
+class EventBus(Middleware):
+    """Fans events out to observers and to ``logging`` with structured ``extra`` fields: the
+    middleware of events and their logs.
 
     Lifecycle events log on ``celery_sagas.events`` (intent/executing at DEBUG, committed and
     failed at INFO, ambiguous at WARNING); findings on ``celery_sagas.findings`` (corrupt at
@@ -242,3 +156,11 @@ class EventBus:
             extra=event.log_fields(),
         )
         self._findings.deliver(event)
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        """A lifecycle event from the chain: log it and hand it to the observers."""
+        self.emit(event)
+
+    def on_finding(self, finding: FindingEvent) -> None:
+        """A finding from the chain: log it and hand it to the finding observers."""
+        self.report(finding)

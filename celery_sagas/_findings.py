@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 from ._definitions import COMPENSATE_CAPABILITY, EXECUTE_CAPABILITY
 from ._engine import Engine
-from ._events import FindingEvent
 from ._protocol.effects import effects_of
 from ._protocol.findings import Finding, FindingKind, effect_finding, saga_finding
 from ._records import SAGA, EffectState, SagaRecord, SagaState
@@ -46,7 +45,6 @@ __all__ = [
     "Window",
     "corrupt_finding",
     "effect_findings",
-    "finding_event",
     "window_of",
 ]
 
@@ -102,18 +100,6 @@ def corrupt_finding(corrupt: CorruptRecord) -> Finding:
     """A record that failed read validation (or that no configured key decrypts), as a finding."""
     kind = FindingKind.UNDECRYPTABLE if corrupt.undecryptable else FindingKind.CORRUPT
     return Finding(kind, corrupt.kind, corrupt.id, reason=corrupt.reason)
-
-
-def finding_event(finding: Finding, fence: int | None = None) -> FindingEvent:
-    """The observer/log event of a finding: ids, states and codes, never a saga's free-text
-    reason (a corrupt record's cause is the library's own words, so it is kept)."""
-    corrupt = finding.kind is FindingKind.CORRUPT
-    return FindingEvent(
-        kind=str(finding.kind), record_kind=finding.record_kind, record_id=finding.record_id,
-        state=finding.state, step=finding.step, effect_id=finding.effect_id,
-        error_code=finding.error_code, updated_at_ms=finding.updated_at_ms, fence=fence,
-        cause=finding.reason if corrupt else None,
-    )
 
 
 # ---------------------------------------------------------------- the walk

@@ -25,14 +25,17 @@ reports the most recent value of any live process.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._events import EventBus, FindingEvent, LifecycleEvent, Phase, Stage
-from ._protocol.findings import FindingKind
+from ._events import EventBus, LifecycleEvent, Phase, Stage
+from ._middleware import Middleware, Operation
+from ._protocol.findings import Finding, FindingKind
+from ._sweep import SweepReport
 from .errors import SagaConfigurationError
 
 __all__ = ["DURATION_BUCKETS_S", "SagaMetrics"]
@@ -95,8 +98,9 @@ def _register(client: Any, registry: Any) -> _Families:
     return families
 
 
-class SagaMetrics:
-    """Prometheus counters, histogram and gauge for one registry (families shared per registry)."""
+class SagaMetrics(Middleware):
+    """Prometheus counters, histogram and gauge for one registry (families shared per registry):
+    a middleware of the runtime's chain (events, findings, and the counts a sweep reads)."""
 
     def __init__(self, registry: Any = None) -> None:
         client = _prometheus()
@@ -118,13 +122,28 @@ class SagaMetrics:
 
         return detach
 
+    def on_event(self, event: LifecycleEvent) -> None:
+        """A lifecycle event from the chain: count and time it."""
+        self.observe(event)
+
+    def on_finding(self, finding: Finding) -> None:
+        """A finding from the chain: count it."""
+        self.observe_finding(finding)
+
+    @contextlib.contextmanager
+    def around_operation(self, operation: Operation) -> Iterator[None]:
+        """After a sweep that counted the open sagas per state: set the gauge."""
+        yield
+        if isinstance(operation.result, SweepReport) and operation.result.states:
+            self.set_saga_counts(operation.result.states)
+
     def observe(self, event: LifecycleEvent) -> None:
         """Count a lifecycle event; time a body that ran."""
         self._families.effects.labels(stage=event.stage, phase=event.phase).inc()
         if event.duration_ms is not None:
             self._families.durations.labels(stage=event.stage).observe(event.duration_ms / 1000)
 
-    def observe_finding(self, event: FindingEvent) -> None:
+    def observe_finding(self, event: Finding) -> None:
         """Count a finding a sweep reported."""
         self._families.findings.labels(kind=event.kind).inc()
 

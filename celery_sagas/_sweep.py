@@ -16,7 +16,7 @@ the end less than half a sweep interval ago (by another shard) is skipped. Passe
    states (``StateListing``): reported corrupt, never left invisible.
 
 At the end every finding (sagas, and the effects of the sagas it read, docs/design.md §2.3) and
-every corrupt record is reported as a ``FindingEvent``: logged on ``celery_sagas.findings``,
+every corrupt record is reported as a ``Finding``: logged on ``celery_sagas.findings``,
 delivered to finding observers and counted by the metrics. Every write carries the bucket
 lease's fence, so a sweeper paused past its lease (GC, SIGSTOP) cannot write after a newer
 grant; when renewing or checkpointing fails it stops at once and the next holder continues
@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from ._engine import Engine
-from ._findings import Window, corrupt_finding, effect_findings, finding_event, window_of
+from ._findings import Window, corrupt_finding, effect_findings, window_of
 from ._leases import Leases
 from ._protocol import codes
 from ._protocol.findings import Finding, FindingKind, saga_finding
@@ -194,7 +194,7 @@ class Sweeper:
             # A record two passes read (due, and stale) is reported once.
             unreadable = dict.fromkeys(report.corrupt)
             for finding in (*report.findings, *(corrupt_finding(c) for c in unreadable)):
-                self.engine.events.report(finding_event(finding, report.fence))
+                self.engine.middlewares.on_finding(finding.observed(report.fence))
         return report
 
     def _bucket(self, leases: Leases, bucket: int, report: SweepReport, *, skip_fresh: bool,

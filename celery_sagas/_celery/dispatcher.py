@@ -1,13 +1,14 @@
-"""CeleryDispatcher: the Dispatcher port over ``apply_async`` (task id = effect id); the
-message headers carry the saga's trace context (``tracing.py``)."""
+"""CeleryDispatcher: the Dispatcher port over ``apply_async`` (task id = effect id); each send
+runs inside the middlewares' ``around_send``, whose headers the message carries (the saga's
+trace context: ``tracing.py``)."""
 
 from __future__ import annotations
 
 from celery import Celery
 
+from .._middleware import Middlewares, Sending
 from .._records import StepRecord
 from .messages import SAGA_REF, saga_ref
-from .tracing import NoTracing, Tracing
 
 __all__ = ["CeleryDispatcher"]
 
@@ -15,15 +16,17 @@ __all__ = ["CeleryDispatcher"]
 class CeleryDispatcher:
     """Sends steps and compensators through the app's broker."""
 
-    def __init__(self, app: Celery, tracing: Tracing | None = None) -> None:
+    def __init__(self, app: Celery, middlewares: Middlewares | None = None) -> None:
         self.app = app
-        self.tracing = tracing or NoTracing()
+        self.middlewares = middlewares if middlewares is not None else Middlewares()
 
     def _send(self, task_name: str, task_id: str, saga_id: str, step: str, version: int,
               trace_parent: str | None, time_limit_s: float | None = None) -> None:
         kwargs = {SAGA_REF: saga_ref(saga_id, step, version)}
         task = self.app.tasks.get(task_name)
-        with self.tracing.sending(saga_id, trace_parent, step) as headers:
+        sending = Sending(saga_id, step, trace_parent)
+        with self.middlewares.around_send(sending):
+            headers = sending.headers
             options: dict[str, object] = {"headers": headers} if headers else {}
             if time_limit_s is not None:
                 options["time_limit"] = time_limit_s

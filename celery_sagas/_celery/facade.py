@@ -28,6 +28,7 @@ from .._engine import Engine
 from .._events import EventBus, FindingObserver, Observer
 from .._findings import FindingPage, window_of
 from .._metrics import SagaMetrics
+from .._middleware import Middleware, Middlewares, Operation
 from .._protocol.findings import Finding
 from .._records import SAGA, SagaHistory, SagaRecord, SagaState
 from .._replay_check import ReplayCheck, replay_check
@@ -54,8 +55,7 @@ from .registration import (
     register_step,
 )
 from .settings import SagaSettings
-from .tasks import CompensatorTask, SagaStepTask
-from .tracing import TracedDelivery, open_tracing
+from .tracing import open_tracing
 from .wiring import (
     PerProcess,
     Runtime,
@@ -133,16 +133,16 @@ class Sagas:
         self.metrics: SagaMetrics | None = None
         if self.settings.metrics:
             self.metrics = SagaMetrics(self.settings.metrics_registry)
-            self.metrics.attach(self.events)
         self.clock = clock
         self.tracing = open_tracing()
-        self.tracing.attach(self.events)
-        self.dispatcher: Dispatcher = CeleryDispatcher(app, self.tracing)
-        self._process: PerProcess | _Fixed = PerProcess(self._runtime)
-        task_attributes = {"engines": self._process, "tracing": self.tracing}
-        self._step_base = type("SagaStep", (TracedDelivery, SagaStepTask), task_attributes)
-        self._compensator_base = type("SagaCompensator", (TracedDelivery, CompensatorTask),
-                                      {**task_attributes, "compensation": True})
+        # The one seam of cross-cutting concerns (docs/design.md §1.1), handed to the runtime.
+        chain: list[Middleware] = [self.events, *([self.metrics] if self.metrics else []),
+                                   self.tracing]
+        self.middlewares = Middlewares(chain)
+        self.dispatcher: Dispatcher = CeleryDispatcher(app, self.middlewares)
+        # Every task this Sagas registers delivers through this process's runtime.
+        self._engines = PerProcess(self._runtime)
+        self._process: PerProcess | _Fixed = self._engines
         self._register_sweep()
         self._periodic = PeriodicSagas(
             app, lambda name, input, saga_id: self.start(name, input, saga_id=saga_id).record,
@@ -160,8 +160,8 @@ class Sagas:
         return self._runtime_over(open_configured_store(self._store_arg, self.settings))
 
     def _runtime_over(self, store: Store) -> Runtime:
-        return Runtime(store, self.settings, self.registry, self.events, self.dispatcher,
-                       default_clock(self.clock), trace_children=self.tracing)
+        return Runtime(store, self.settings, self.registry, self.middlewares, self.dispatcher,
+                       default_clock(self.clock))
 
     def _send_through(self, dispatcher: Dispatcher) -> None:
         """Send this process's saga messages through ``dispatcher`` from now on
@@ -318,7 +318,7 @@ class Sagas:
 
         def decorate(func: Callable[..., Any]) -> Any:
             return register_step(
-                self.app, self.registry, self._step_base, func, compensate=compensate,
+                self.app, self.registry, self._engines, func, compensate=compensate,
                 idempotent=idempotent, not_committed_on=not_committed_on, retries=retries,
                 backoff=backoff, capability=capability, task_options=task_options,
                 default_time_limit_s=self.settings.timing.default_time_limit_ms / 1000,
@@ -334,7 +334,7 @@ class Sagas:
 
         def decorate(func: Callable[..., Any]) -> Any:
             return register_compensator(
-                self.app, self.registry, self._compensator_base, func, name=name,
+                self.app, self.registry, self._engines, func, name=name,
                 idempotent=idempotent, capability=capability, task_options=task_options,
                 default_time_limit_s=self.settings.timing.default_time_limit_ms / 1000,
             )
@@ -400,11 +400,11 @@ class Sagas:
                 same id to find out).
         """
         saga_id = str(uuid.uuid4()) if saga_id is None else saga_id
+        operation = Operation("saga.start", saga_id, {"definition": definition})
         record = self._operation(
-            "saga.start", saga_id,
+            operation,
             lambda: self.engine.start(definition, input, saga_id,
-                                      trace_parent=self.tracing.traceparent()),
-            definition=definition,
+                                      trace_parent=operation.trace_parent),
         )
         return SagaHandle(self, record)
 
@@ -442,16 +442,16 @@ class Sagas:
         """Stop forward progress and compensate what committed; ``actor`` (who) and
         ``reason`` (why, one line) are kept in the saga's history."""
         return self._operation(
-            "saga.cancel", saga_id, lambda: self.engine.cancel(saga_id, actor=actor, reason=reason),
-            trace_parent=self._trace_parent_of(saga_id))
+            self._on_saga("saga.cancel", saga_id),
+            lambda: self.engine.cancel(saga_id, actor=actor, reason=reason))
 
     def resume(self, saga_id: str, *, actor: str | None = None,
                reason: str | None = None) -> SagaRecord:
         """Lift manual review (nothing unresolved) and drive the saga on; ``actor`` and
         ``reason`` are kept in the saga's history."""
         return self._operation(
-            "saga.resume", saga_id, lambda: self.engine.resume(saga_id, actor=actor, reason=reason),
-            trace_parent=self._trace_parent_of(saga_id))
+            self._on_saga("saga.resume", saga_id),
+            lambda: self.engine.resume(saga_id, actor=actor, reason=reason))
 
     def resolve(self, saga_id: str, step: str, effect_id: str, outcome: str, *,
                 result: Any = None, error_code: str | None = None, actor: str | None = None,
@@ -459,11 +459,10 @@ class Sagas:
         """Settle an ambiguous step or compensation as an operator found it; ``actor`` and
         ``reason`` are kept in the saga's history beside the ambiguity they settle."""
         return self._operation(
-            "saga.resolve", saga_id,
+            self._on_saga("saga.resolve", saga_id, step=step, effect_id=effect_id,
+                          outcome=outcome),
             lambda: self.engine.resolve(saga_id, step, effect_id, outcome, result=result,
                                         error_code=error_code, actor=actor, reason=reason),
-            step=step, effect_id=effect_id, outcome=outcome,
-            trace_parent=self._trace_parent_of(saga_id),
         )
 
     def signal(self, saga_id: str, name: str, payload: Any = None,
@@ -491,28 +490,26 @@ class Sagas:
             UndecryptableRecord: no configured key opens the saga; nothing is written.
         """
         return self._operation(
-            "saga.signal", saga_id,
+            self._on_saga("saga.signal", saga_id, signal=name),
             lambda: self.engine.signal(saga_id, name, payload, signal_id, actor=actor,
-                                       reason=reason),
-            signal=name, trace_parent=self._trace_parent_of(saga_id))
+                                       reason=reason))
 
-    def _trace_parent_of(self, saga_id: str) -> Callable[[], str | None]:
-        """Reads the saga's stored traceparent (tracing calls it only when it records a span)."""
+    def _on_saga(self, name: str, saga_id: str, **attributes: Any) -> Operation:
+        """An operation on an existing saga: the middlewares may read its stored traceparent
+        (tracing does only when it records a span)."""
 
         def read() -> str | None:
             record = self.engine.get(saga_id)
             return record.trace_parent if record is not None else None
 
-        return read
+        return Operation(name, saga_id, attributes, stored_trace=read)
 
-    def _operation(self, name: str, saga_id: str, call: Callable[[], SagaRecord], *,
-                   trace_parent: Callable[[], str | None] | None = None,
-                   **attributes: Any) -> SagaRecord:
-        """``call`` inside a span named ``name`` (docs/tracing.md); the span notes the state."""
-        with self.tracing.operation(name, saga_id, trace_parent=trace_parent,
-                                    **attributes) as note:
+    def _operation(self, operation: Operation, call: Callable[[], SagaRecord]) -> SagaRecord:
+        """``call`` inside the middlewares' ``around_operation`` (a span: docs/tracing.md),
+        noting the state it leaves the saga in."""
+        with self.middlewares.around_operation(operation):
             record = call()
-            note(state=record.state)
+            operation.finish(record, state=record.state)
             return record
 
     def browse(self, *, states: Sequence[SagaState | str] | None = None,
@@ -557,11 +554,10 @@ class Sagas:
         """One reconciliation pass (what beat runs every ``sagas_sweep_interval`` seconds);
         with ``sent_at_ms`` (when the sweep was asked for), buckets swept to the end since
         then are skipped."""
-        with self.tracing.operation("saga.sweep", shard=shard, shards=shards) as note:
+        operation = Operation("saga.sweep", attributes={"shard": shard, "shards": shards})
+        with self.middlewares.around_operation(operation):
             report = self._process.current.sweeper.sweep(shard, shards, sent_at_ms=sent_at_ms)
-            note(examined=report.examined, acted=report.acted)
-        if self.metrics is not None and report.states:
-            self.metrics.set_saga_counts(report.states)
+            operation.finish(report, examined=report.examined, acted=report.acted)
         return report
 
     def findings(self, report: str = "all", *, cursor: str | None = None,

@@ -28,6 +28,7 @@ from .._definitions import (
 )
 from ..errors import SagaConfigurationError, SagaValidationError
 from .options import refuse_unknown_options
+from .tasks import CompensatorTask, EngineSource, SagaStepTask
 
 __all__ = [
     "checked_secrets",
@@ -72,13 +73,14 @@ def _task_options(app: Celery, fn: Callable[..., Any], options: dict[str, Any],
     return options
 
 
-def register_step(app: Celery, registry: Registry, base: type, func: Callable[..., Any], *,
+def register_step(app: Celery, registry: Registry, engines: EngineSource, func: Callable[..., Any], *,
                   compensate: Any, idempotent: bool, not_committed_on: tuple[type[BaseException], ...],
                   retries: int | None, backoff: SecondsBackoff | None, capability: str | None,
                   default_time_limit_s: float, task_options: dict[str, Any],
                   retry_on: object = (), compensate_unknown: object = False,
                   inline: object = True) -> Any:
-    """Make ``func`` a step task and record its saga options."""
+    """Make ``func`` a step task (a ``SagaStepTask`` delivering through ``engines``) and
+    record its saga options."""
     refuse_unknown_options(task_options, STEP_OPTIONS, "@sagas.step")
     opts = _task_options(app, func, task_options, default_time_limit_s)
     owner = f"step {opts['name']!r}"
@@ -90,7 +92,7 @@ def register_step(app: Celery, registry: Registry, base: type, func: Callable[..
     _check_compensate_unknown(compensate_unknown, compensator, owner)
     if not isinstance(inline, bool):
         raise SagaConfigurationError(f"{owner}: inline must be True or False")
-    task = app.task(base=base, **opts)(func)
+    task = app.task(base=SagaStepTask, engines=engines, **opts)(func)
     registry.add_step(StepOptions(
         task=opts["name"], compensator=compensator, idempotent=idempotent,
         not_committed_on=tuple(not_committed_on), retries=retries,
@@ -112,14 +114,16 @@ def _check_compensate_unknown(value: object, compensator: str | None, owner: str
         )
 
 
-def register_compensator(app: Celery, registry: Registry, base: type, func: Callable[..., Any], *,
-                         name: str | None, idempotent: bool, capability: str | None,
-                         default_time_limit_s: float, task_options: dict[str, Any]) -> Any:
-    """Make ``func`` a compensator task and record its options."""
+def register_compensator(app: Celery, registry: Registry, engines: EngineSource,
+                         func: Callable[..., Any], *, name: str | None, idempotent: bool,
+                         capability: str | None, default_time_limit_s: float,
+                         task_options: dict[str, Any]) -> Any:
+    """Make ``func`` a compensator task (a ``CompensatorTask`` delivering through
+    ``engines``) and record its options."""
     refuse_unknown_options(task_options, COMPENSATOR_OPTIONS, "@sagas.compensator")
     opts = _task_options(app, func, {**task_options, **({"name": name} if name else {})},
                          default_time_limit_s)
-    task = app.task(base=base, **opts)(func)
+    task = app.task(base=CompensatorTask, engines=engines, **opts)(func)
     registry.add_compensator(CompensatorOptions(
         opts["name"], idempotent,
         values.capability(capability) if capability else COMPENSATE_CAPABILITY,

@@ -1,7 +1,8 @@
 """Celery task base classes for steps and compensators (the message format: ``messages.py``).
 
 A step or compensator task delivers its saga message through a ``Delivery`` of the engine it
-is handed (an engine provider: this process's engine, opened after a fork). Without the
+is handed (``engines``, a task option: this process's engine, opened after a fork), inside
+the runtime's middlewares' ``around_delivery`` (docs/design.md §1.1). Without the
 ``_saga`` reference its body never runs: there would be no claim and no effect id. Called
 directly it raises ``SagaUsageError``; a message sent with ``.delay()`` outside a saga is
 rejected by the worker (logged, not requeued). ``task.run`` is the plain function, for unit
@@ -20,6 +21,7 @@ from celery.exceptions import Reject
 from .._context import StepContext, signature_of, step_accepts
 from .._delivery import Delivery, DeliveryParts
 from .._engine import Engine
+from .._middleware import Delivering, Middlewares
 from .._protocol import codes
 from ..errors import SagaConfigurationError, SagaUsageError, StepNotCommitted
 from .inline import CeleryInline, body_time_limit, first_budget, hard_limit
@@ -43,6 +45,11 @@ class EngineSource(Protocol):
         """What this process's deliveries work with (built beside the engine)."""
         ...
 
+    @property
+    def middlewares(self) -> Middlewares:
+        """The chain every delivery runs inside (``around_delivery``)."""
+        ...
+
 
 # What a saga task relies on; Celery applies task_annotations after the class is made.
 _GUARDED: dict[str, object] = {"acks_late": True, "reject_on_worker_lost": True, "serializer": "json"}
@@ -59,8 +66,25 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
     # The reserved ``_saga`` keyword is not in the function's signature; apply_async's
     # argument check would refuse it.
     typing = False
-    engines: ClassVar[EngineSource | None] = None
+    engines: ClassVar[EngineSource | None] = None  # set per task by ``app.task(engines=...)``
     role: ClassVar[str] = "saga task"
+    compensation: ClassVar[bool] = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ref = kwargs.pop(SAGA_REF, None)
+        if ref is None:
+            raise self._outside_a_saga()
+        delivery = self._delivery(ref, compensation=self.compensation)
+        assert self.engines is not None  # _delivery refused a task without
+        delivering = Delivering(delivery.saga_id, delivery.step, delivery.effect_id,
+                                self.compensation, self.request)
+        with self.engines.middlewares.around_delivery(delivering):
+            self._deliver(delivery)
+        return None
+
+    def _deliver(self, delivery: Delivery) -> None:
+        """Run the body of this task's kind through ``delivery``."""
+        raise NotImplementedError
 
     @classmethod
     def annotate(cls) -> None:
@@ -131,12 +155,8 @@ class SagaStepTask(_SagaTaskBase):
     abstract = True
     role = "saga step"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ref = kwargs.pop(SAGA_REF, None)
-        if ref is None:
-            raise self._outside_a_saga()
-        delivery = self._delivery(ref, compensation=False)
-
+    def _deliver(self, delivery: Delivery) -> None:
+        """Run the step's body (within its own time limit, where Celery's is wider)."""
         own_limit = self._own_time_limit()
 
         def body(ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any]) -> Any:
@@ -146,7 +166,6 @@ class SagaStepTask(_SagaTaskBase):
                 return self.run(*step_args, **call_kwargs)
 
         delivery.run_step(body)
-        return None
 
 
 def _refuse_unbindable(func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -167,12 +186,10 @@ class CompensatorTask(_SagaTaskBase):
 
     abstract = True
     role = "compensator"
+    compensation = True
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ref = kwargs.pop(SAGA_REF, None)
-        if ref is None:
-            raise self._outside_a_saga()
-        delivery = self._delivery(ref, compensation=True)
+    def _deliver(self, delivery: Delivery) -> None:
+        """Run the compensator's body, handed the step's result."""
 
         def body(
             ctx: StepContext, step_args: tuple[Any, ...], step_kwargs: Mapping[str, Any], result: Any
@@ -180,4 +197,3 @@ class CompensatorTask(_SagaTaskBase):
             return self.run(*step_args, **self._body_kwargs(step_kwargs, ctx, result=result))
 
         delivery.run_compensation(body)
-        return None

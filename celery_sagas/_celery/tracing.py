@@ -28,13 +28,13 @@ codes; never input, arguments, results, exception messages or tokens.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
-from .._events import EventBus, LifecycleEvent, Phase
-from .messages import SAGA_REF
+from .._events import LifecycleEvent, Phase
+from .._middleware import Delivering, Middleware, Operation, Sending
 
 try:
     from opentelemetry import context as otel_context
@@ -49,7 +49,6 @@ __all__ = [
     "SAGA_TRACESTATE",
     "NoTracing",
     "OtelTracing",
-    "TracedDelivery",
     "Tracing",
     "open_tracing",
 ]
@@ -66,49 +65,12 @@ StoredParent = Callable[[], "str | None"]
 """Reads a saga's stored traceparent (a store read: called only when a span is recorded)."""
 
 
-class Tracing(Protocol):
-    """What the facade, the dispatcher and the task classes ask of tracing."""
-
-    def attach(self, events: EventBus) -> None:
-        """Observe the lifecycle events of ``events``."""
-        ...
-
-    def operation(self, name: str, saga_id: str | None = None, *,
-                  trace_parent: StoredParent | None = None,
-                  **attributes: Any) -> contextlib.AbstractContextManager[Note]:
-        """A span around a facade call (``saga.start``, ``saga.cancel``, ...); ``trace_parent``
-        reads the saga's stored traceparent (only called when a span is recorded)."""
-        ...
-
-    def traceparent(self) -> str | None:
-        """The W3C traceparent of the current span (what ``start`` stores), or None."""
-        ...
-
-    def sending(self, saga_id: str, trace_parent: str | None = None,
-                step: str | None = None) -> contextlib.AbstractContextManager[dict[str, str]]:
-        """Around one ``apply_async``: the headers that carry the saga's context."""
-        ...
-
-    def delivery(self, request: Any, saga_id: str, step: str, effect_id: str,
-                 compensation: bool) -> contextlib.AbstractContextManager[None]:
-        """A span around one delivery of a step or compensator."""
-        ...
-
-    def child_start(self, parent_trace: str | None, parent_id: str, step: str, child_id: str,
-                    definition: str) -> contextlib.AbstractContextManager[str | None]:
-        """Around a child saga's start: yields the traceparent its record keeps."""
-        ...
-
-
 def _ignore(**_: Any) -> None:
     return None
 
 
-class NoTracing:
-    """Tracing without OpenTelemetry: every call is a no-op."""
-
-    def attach(self, events: EventBus) -> None:
-        """Nothing to observe."""
+class NoTracing(Middleware):
+    """Tracing without OpenTelemetry: every call is a no-op (and so is every hook)."""
 
     @contextlib.contextmanager
     def operation(self, name: str, saga_id: str | None = None, *,
@@ -168,8 +130,9 @@ class _RequestGetter:
         return []
 
 
-class OtelTracing:
-    """Spans and context propagation through the OpenTelemetry API (see the module docstring)."""
+class OtelTracing(Middleware):
+    """Spans and context propagation through the OpenTelemetry API (see the module docstring):
+    a middleware of the runtime's chain."""
 
     def __init__(self) -> None:
         self._tracer = trace.get_tracer(INSTRUMENTATION)
@@ -182,9 +145,42 @@ class OtelTracing:
         provider = trace.get_tracer_provider()
         return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
-    def attach(self, events: EventBus) -> None:
-        """Turn lifecycle events into span events and delivery outcomes."""
-        events.subscribe(self.observe)
+    # ------------------------------------------------------------ the middleware hooks
+
+    @contextlib.contextmanager
+    def around_operation(self, operation: Operation) -> Iterator[None]:
+        """The operation's span (``operation``; ``child_start`` for a child saga's start); a
+        start's traceparent goes to ``operation.trace_parent``, the noted attributes to the
+        span."""
+        child = operation.child_of
+        if child is not None:
+            with self.child_start(child.parent_trace, child.parent_id, child.step,
+                                  str(operation.saga_id),
+                                  str(operation.attributes.get("definition"))) as traced:
+                operation.trace_parent = traced
+                yield
+            return
+        with self.operation(operation.name, operation.saga_id, trace_parent=operation.stored_trace,
+                            **operation.attributes) as note:
+            operation.trace_parent = self.traceparent()
+            yield
+            note(**operation.noted)
+
+    @contextlib.contextmanager
+    def around_send(self, sending: Sending) -> Iterator[None]:
+        """The saga's context in the message's headers (``sending``)."""
+        with self.sending(sending.saga_id, sending.trace_parent, sending.step) as headers:
+            sending.headers.update(headers)
+            yield
+
+    def around_delivery(self, delivery: Delivering) -> contextlib.AbstractContextManager[None]:
+        """The delivery's span (``delivery``)."""
+        return self.delivery(delivery.carrier, delivery.saga_id, delivery.step,
+                             delivery.effect_id, delivery.compensation)
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        """Turn a lifecycle event into a span event or a delivery's outcome (``observe``)."""
+        self.observe(event)
 
     # ------------------------------------------------------------ facade calls
 
@@ -410,23 +406,10 @@ def _settle(span: Any, scope: _Scope) -> None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, scope.error_code or scope.outcome))
 
 
+Tracing = OtelTracing | NoTracing
+"""What ``open_tracing`` chooses: both are middlewares (``_middleware.py``)."""
+
+
 def open_tracing() -> Tracing:
     """``OtelTracing`` when ``opentelemetry-api`` is installed, else ``NoTracing``."""
     return OtelTracing() if trace is not None else NoTracing()
-
-
-class TracedDelivery:
-    """Mixin of the saga task classes: each saga delivery runs inside ``tracing.delivery``."""
-
-    tracing: ClassVar[Tracing] = NoTracing()
-    compensation: ClassVar[bool] = False
-    request: Any
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ref = kwargs.get(SAGA_REF)
-        call = super().__call__  # type: ignore[misc]
-        if not isinstance(ref, Mapping) or not isinstance(ref.get("id"), str):
-            return call(*args, **kwargs)
-        with self.tracing.delivery(self.request, ref["id"], str(ref.get("step")),
-                                   str(self.request.id), self.compensation):
-            return call(*args, **kwargs)

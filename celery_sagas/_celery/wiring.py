@@ -1,9 +1,10 @@
 """What one process needs to run sagas, built in one place from the settings (docs/design.md §1).
 
-``Runtime`` hands every collaborator to what needs it at construction: store, codec and
-repository; the approval gate and the gates the engine consults; the engine; the scans, the
-sweeper and the findings over the same store. ``PerProcess`` builds a runtime lazily and again
-after a fork (a pool child must not share its parent's sockets).
+``Runtime`` hands every collaborator to what needs it at construction: the middleware chain
+(docs/design.md §1.1); store, codec and repository; the approval gate and the gates the
+engine consults; the engine; the scans, the sweeper and the findings over the same store.
+``PerProcess`` builds a runtime lazily and again after a fork (a pool child must not share
+its parent's sockets).
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from typing import Any
 
 from .._approvals.gate import ApprovalGate
 from .._approvals.saga_gates import SagaApprovals, SagaGates, expiry_pass
-from .._children import ChildTrace
 from .._clock import Clock, SystemClock
 from .._codec import Codec
 from .._definitions import Registry
 from .._delivery import DeliveryParts
 from .._dispatch import Dispatcher
 from .._engine import Engine, EngineSettings
-from .._events import EventBus
 from .._findings import Findings
 from .._liveness import claimer_id
+from .._middleware import Middlewares
 from .._repository import SagaRepository
 from .._retention import Archive, approval_retention_pass, retention_pass
 from .._scans import Scans
@@ -56,24 +56,23 @@ def open_configured_store(target: str | Store, settings: SagaSettings) -> Store:
 class Runtime:
     """The engine of this process and everything built around it."""
 
-    def __init__(self, store: Store, settings: SagaSettings, registry: Registry, events: EventBus,
-                 dispatcher: Dispatcher, clock: Clock, trace_children: ChildTrace | None = None,
-                 ) -> None:
+    def __init__(self, store: Store, settings: SagaSettings, registry: Registry,
+                 middlewares: Middlewares, dispatcher: Dispatcher, clock: Clock) -> None:
         codec = Codec(settings.payload_limit, encryption_keys=settings.encryption_keys)
         self.codec = codec
         self.store = store
+        self.middlewares = middlewares  # the one seam of cross-cutting concerns (§1.1)
         notifier = store.notify_settled if isinstance(store, Notifying) and settings.notify else None
         self.repository = SagaRepository(store, codec, on_settled=notifier,
                                           history_limit=settings.history_limit)
         self.gate = _gate(store, clock, settings, codec)
         self.engine = Engine(
             self.repository, registry, dispatcher, gates=SagaGates(self.gate) if self.gate else None,
-            events=events, clock=clock,
+            middlewares=middlewares, clock=clock,
             settings=EngineSettings(settings.payload_limit, settings.timing, settings.limits,
                                     inline=settings.inline_steps,
                                     inline_max_steps=settings.inline_max_steps,
                                     inline_max_seconds=settings.inline_max_seconds),
-            trace_children=trace_children,
         )
         self.deliveries = DeliveryParts.of(self.engine)
         self.approvals = SagaApprovals(self.engine, self.gate) if self.gate else None
@@ -160,6 +159,11 @@ class PerProcess:
     def deliveries(self) -> DeliveryParts:
         """What this process's deliveries work with."""
         return self.current.deliveries
+
+    @property
+    def middlewares(self) -> Middlewares:
+        """The chain this process's deliveries run inside."""
+        return self.current.middlewares
 
     def forget(self) -> None:
         """Build afresh on next use (a forked pool child)."""

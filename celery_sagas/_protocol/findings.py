@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from .._records import (
     EffectRecord,
@@ -35,7 +36,9 @@ class FindingKind(TextEnum):
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One record that needs attention; never carries payloads."""
+    """One record that needs attention (docs/design.md §6); ids, states and codes, never
+    payloads. What a sweep reports to observers and logs is ``observed``: its free-text
+    ``reason`` only for a corrupt record (the library's own words), and the sweep's fence."""
 
     kind: FindingKind
     record_kind: str
@@ -46,6 +49,32 @@ class Finding:
     error_code: str | None = None
     reason: str | None = None
     updated_at_ms: int | None = None
+    fence: int | None = None  # the fence of the sweep that reported it
+
+    @property
+    def cause(self) -> str | None:
+        """A corrupt record's cause (the library's words, never record content), else None."""
+        return self.reason if self.kind == FindingKind.CORRUPT else None
+
+    def observed(self, fence: int | None = None) -> Finding:
+        """This finding as the sweep reports it to observers and logs: no saga's free-text
+        reason (a corrupt record's cause is kept), with the sweep's fence."""
+        return replace(self, reason=self.cause, fence=fence)
+
+    def log_fields(self) -> dict[str, Any]:
+        """The structured ``extra`` fields of this finding's log record."""
+        return {
+            "corrupt_cause": self.cause,
+            "finding_kind": self.kind,
+            "record_kind": self.record_kind,
+            "record_id": self.record_id,
+            "record_state": self.state,
+            "saga_step": self.step,
+            "effect_id": self.effect_id,
+            "error_code": self.error_code,
+            "updated_at_ms": self.updated_at_ms,
+            "sweep_fence": self.fence,
+        }
 
 
 def effect_finding(effect: EffectRecord, stale_before_ms: int) -> Finding | None:

@@ -21,8 +21,8 @@ from .._celery.wiring import Runtime, default_clock
 from .._clock import Clock
 from .._definitions import Registry
 from .._dispatch import Dispatcher
-from .._events import EventBus
 from .._findings import FindingPage
+from .._middleware import Middlewares
 from .._records import SagaHistory, SagaRecord
 from .._repository import SETTLED
 from ..errors import SagaNotFound
@@ -47,7 +47,7 @@ class SyncClient(Protocol):
 
     settings: SagaSettings
     registry: Registry
-    events: EventBus
+    middlewares: Middlewares
     dispatcher: Dispatcher
     clock: Clock | None
 
@@ -205,6 +205,6 @@ class AsyncSagas:
     def _open(self) -> _Loop:
         sagas = self.sagas
         opened = open_async_store(sagas.store_target, sagas.settings)
-        runtime = Runtime(opened.store, sagas.settings, sagas.registry, sagas.events,
+        runtime = Runtime(opened.store, sagas.settings, sagas.registry, sagas.middlewares,
                           BridgedDispatcher(sagas.dispatcher), default_clock(sagas.clock))
         return _Loop(sagas.on_runtime(runtime), runtime, SettleListener(opened.listen))
