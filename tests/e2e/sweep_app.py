@@ -4,8 +4,9 @@ As a Celery app (``celery -A tests.e2e.sweep_app worker``) this is ``tests.e2e.a
 log lines that start with ``%(created).6f``, so a test can order the sweep's ``sweep start`` and
 ``sweep end`` lines across processes.
 
-As a program (``python -m tests.e2e.sweep_app --store URL --prefix P --owner A ...``) it runs
-one reconciliation sweep in its own process, on a test saga definition, and records what it did
+As a program (``python -m tests.e2e.sweep_app --store URL --prefix P [--owner A] ...``) it runs
+one reconciliation sweep in its own process (its lease owner this process's claimer id, as a
+worker's, unless ``--owner`` names another), on a test saga definition, and records what it did
 as JSON lines in ``--trace``: every scan page (cursor in, ids out), every compare-and-set and
 its outcome (``written``, ``stale`` or ``fenced``), every message it would send. With
 ``--pause-at N`` it stops after the page on which it had examined N records, writes
@@ -31,6 +32,7 @@ from celery_sagas._codec import Codec
 from celery_sagas._context import SagaContext
 from celery_sagas._definitions import CompensatorOptions, Registry, SagaDefinition, StepOptions, Timing
 from celery_sagas._engine import Engine, EngineSettings
+from celery_sagas._liveness import claimer_id
 from celery_sagas._records import SagaRecord, SagaState, StepRecord, StepState
 from celery_sagas._repository import SagaRepository
 from celery_sagas._scans import Scans
@@ -255,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Run one sweep under the sweep lease.")
     parser.add_argument("--store", required=True)
     parser.add_argument("--prefix", required=True)
-    parser.add_argument("--owner", required=True)
+    parser.add_argument("--owner", help="lease owner (default: this process's claimer id)")
     parser.add_argument("--trace", type=Path, required=True)
     parser.add_argument("--lease-ms", type=int, default=30_000)
     parser.add_argument("--page-size", type=int, default=100)
@@ -272,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     """Sweep until every bucket was swept (waiting for leases others hold), then print the last
     report as JSON."""
     args = _parser().parse_args(argv)
+    args.owner = args.owner or claimer_id()
     trace = Trace(args.trace, args.owner)
     store = TracingStore(store_for(args.store, args.prefix), trace)
     engine = engine_on(store, TracingDispatcher(trace), stale_ms=args.stale_ms)
@@ -284,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.pause_at and not paused and report.examined >= args.pause_at:
             paused = True
             assert args.marker is not None and args.go is not None
-            write_atomically(args.marker, json.dumps({"pid": os.getpid(), "fence": lease.fence}))
+            write_atomically(args.marker, json.dumps({"pid": os.getpid(), "fence": lease.fence,
+                                                      "bucket": lease.bucket, "owner": args.owner}))
             _wait_for(args.go, args.timeout)
             trace.write("resumed", fence=lease.fence)
 

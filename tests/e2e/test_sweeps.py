@@ -4,6 +4,8 @@
   fences only grow;
 - a sweeper SIGSTOPped past its lease loses it, the next holder of that bucket continues from
   the checkpointed cursor, and the paused sweeper's writes after SIGCONT are refused;
+- a sweeper SIGKILLed mid-sweep, holding its bucket's lease for another minute, has the lease
+  taken over at once by a worker's sweep: a lost message in that bucket is re-sent within 10 s;
 - a corrupt record is reported by the sweep and does not stop it;
 - 10,000 stale sagas are all found across pages exactly once.
 """
@@ -272,18 +274,21 @@ class Sweeper:
         return [e for e in read_trace(self.trace) if op in (None, e["op"])]
 
 
-def _start_sweeper(backend: Backend, tmp: Path, owner: str, *, lease_ms: int, pause_at: int,
-                   page_size: int) -> Sweeper:
-    files = [tmp / f"{owner}.{suffix}" for suffix in ("trace", "marker", "go")]
-    args = ["--store", backend.url, "--prefix", backend.prefix, "--owner", owner,
+def _start_sweeper(backend: Backend, tmp: Path, name: str, *, lease_ms: int, pause_at: int,
+                   page_size: int, owner: str | None = "", timeout: float = 300.0) -> Sweeper:
+    """A standalone sweeper named ``name``; its lease owner is ``name`` unless ``owner`` is
+    None (its claimer id, as a worker's)."""
+    files = [tmp / f"{name}.{suffix}" for suffix in ("trace", "marker", "go")]
+    args = ["--store", backend.url, "--prefix", backend.prefix,
+            *(["--owner", owner or name] if owner is not None else []),
             "--trace", str(files[0]), "--marker", str(files[1]), "--go", str(files[2]),
             "--lease-ms", str(lease_ms), "--page-size", str(page_size),
-            "--stale-ms", str(STALE_MS), "--pause-at", str(pause_at)]
+            "--stale-ms", str(STALE_MS), "--pause-at", str(pause_at), "--timeout", str(timeout)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("E2E_BROKER", None)
     proc = processes.spawn([sys.executable, "-m", "tests.e2e.sweep_app", *args], cwd=ROOT,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return Sweeper(owner, proc, *files)
+    return Sweeper(name, proc, *files)
 
 
 def _stopped(pid: int) -> bool:
@@ -474,3 +479,80 @@ def _corrupt_any(store: Any, saga_id: str) -> None:
     with store.engine.begin() as connection:
         connection.execute(text(f"UPDATE {table} SET body = '{{not json' WHERE id = :id"),
                            {"id": saga_id})
+
+
+# ---------------------------------------------------------------- a killed sweeper's bucket
+
+RECOVERY_S = 10.0  # docs/reliability.md: a lost message in a dead sweeper's bucket is re-sent by then
+
+
+def _lost_order(saga_id: str, at_ms: int) -> SagaRecord:
+    """An e2e order whose first step's message was lost an hour ago: a sweep sends it again."""
+    plan: dict[str, Any] = {}
+    reserve = "tests.e2e.app.reserve"
+    step = StepRecord(name=reserve, task=reserve, effect_id=f"{saga_id}-e",
+                      compensation_effect_id=f"{saga_id}-c", state=StepState.EXECUTING,
+                      args=("S", plan), compensator="e2e.release", dispatched_at_ms=at_ms)
+    data = {"sku": "S", "amount": 1, "id": saga_id, "plan": plan}
+    return SagaRecord(saga_id, "e2e-order", SagaState.RUNNING, data, at_ms, at_ms, (step,))
+
+
+def _ids_in_bucket(store: Store, prefix: str, count: int, bucket: int = 0) -> list[str]:
+    ids = (f"{prefix}{n:05d}" for n in range(100_000))
+    return [i for i in ids if store.bucket_of(i) == bucket][:count]
+
+
+def test_a_sweeper_killed_mid_sweep_has_its_bucket_taken_over_and_a_lost_message_resent_at_once(
+    sweep_stack: Stack, tmp_path: Path
+) -> None:
+    stack = sweep_stack
+    stack.app_module = "tests.e2e.sweep_app"
+    store = stack.sagas.store
+    # given: bucket 0 holds a saga a sweep only looks at, then an order whose message was lost
+    now = _now_ms()
+    looked_at, lost = _ids_in_bucket(store, "k", 2)
+    _seed(store, [waiting_saga(looked_at, 0, now - HOUR_MS), _lost_order(lost, now - HOUR_MS + 1_000)])
+    # a standalone sweeper (its owner its claimer id, like a worker's) stops mid-sweep of
+    # bucket 0 holding its lease for a minute
+    backend = Backend(stack.config.prefix, stack.config.store, stack.config.prefix, store)
+    a = _start_sweeper(backend, tmp_path, "killed", lease_ms=60_000, pause_at=1, page_size=1,
+                       owner=None)
+    try:
+        wait_until(a.marker.exists, timeout=60, what="the sweeper between pages of bucket 0")
+        held = json.loads(a.marker.read_text())
+        assert held["bucket"] == 0 and held["pid"] == a.proc.pid
+
+        # while it lives, a worker's sweeps leave its bucket alone
+        worker = stack.worker()
+        stack.beat()
+        wait_until(lambda: len(_sweep_tasks_done([worker])) >= 2, timeout=60,
+                   what="two sweeps of the worker while the sweeper lives")
+        assert stack.ops("reserve.start", lost) == []
+        holder = store.lease_holder(SWEEP_LEASE, bucket=0)
+        assert holder is not None and (holder.owner, holder.fence) == (held["owner"], held["fence"])
+
+        # when: it is SIGKILLed (and reaped, as a worker's parent or init does)
+        assert store.delete("saga", looked_at, 1)  # the worker's app has no such definition
+        os.kill(a.proc.pid, signal.SIGKILL)
+        killed_at = time.time()
+        a.proc.wait(timeout=30)
+    finally:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait()
+        processes.forget(a.proc)
+
+    # then: the lost message is sent again, and run, within RECOVERY_S of the kill
+    [started] = wait_until(lambda: stack.ops("reserve.start", lost), timeout=RECOVERY_S + 5,
+                           what="the lost message re-sent and run")
+    recovered_s = started["t"] - killed_at
+    print(f"kill to re-sent step running: {recovered_s:.2f} s ({stack.config.store.split(':')[0]})")
+    assert recovered_s < RECOVERY_S
+    # by a worker's sweep that took the dead sweeper's lease over under a newer fence
+    log = worker.text()
+    assert re.search(rf"lease {SWEEP_LEASE} bucket=0 taken over from {re.escape(held['owner'])} ",
+                     log), log[-3000:]
+    fences = [fence for _, what, bucket, fence in _sweep_lines([worker])
+              if what == "start" and bucket == 0]
+    assert fences and min(fences) > held["fence"]
+    assert stack.wait_settled(lost).state == SagaState.COMPLETED
