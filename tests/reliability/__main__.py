@@ -54,10 +54,12 @@ def _plan(size: scenarios.Size) -> list[tuple[str, Callable[[Path], Report]]]:
 def _totals(reports: list[Report]) -> str:
     faults: Counter[str] = Counter()
     reviews: Counter[str] = Counter()
+    causes: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     for report in reports:
         faults.update(report.faults)
         reviews.update(report.manual_review)
+        causes.update(report.review_causes)
         outcomes.update(report.outcomes)
     violations = sum(len(r.violations) for r in reports)
     settles = {r.scenario: r.settle_s for r in reports if r.settle_s is not None and r.faults}
@@ -68,7 +70,8 @@ def _totals(reports: list[Report]) -> str:
         f"fuzz examples: {sum(sum(r.examples.values()) for r in reports)}",
         f"faults injected: {sum(faults.values())}  by type: {dict(sorted(faults.items()))}",
         f"invariant violations: {violations}",
-        f"manual review: {sum(reviews.values())}  reasons: {dict(sorted(reviews.items()))}",
+        f"manual review: {sum(reviews.values())}  reasons: {dict(sorted(reviews.items()))}  "
+        f"ambiguous steps by cause: {dict(sorted(causes.items()))}",
         f"time to settle after the last fault: max {max(settles.values(), default=0):.1f}s "
         f"({per_scenario})",
         f"problems: {sum(len(r.problems) for r in reports)}",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_sagas._records import CHILD_TASK, SagaRecord
+from celery_sagas._records import CHILD_TASK, SagaRecord, StepState
 from celery_sagas.errors import SagaError
 from tests.reliability.app import DEFINITION, INLINE_DEFINITION
 from tests.reliability.cluster import Cluster
@@ -82,6 +82,7 @@ class Report:
     faults: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
     manual_review: Counter[str] = field(default_factory=Counter)
+    review_causes: Counter[str] = field(default_factory=Counter)  # of the ambiguous steps
     settle_s: float | None = None
     duration_s: float = 0.0
     fences: dict[str, int] = field(default_factory=dict)
@@ -105,7 +106,9 @@ class Report:
             f"  outcomes: {dict(sorted(self.outcomes.items()))}",
             f"  faults: {dict(sorted(self.faults.items()))}",
             f"  manual review: {sum(self.manual_review.values())} "
-            f"{dict(sorted(self.manual_review.items()))}",
+            f"{dict(sorted(self.manual_review.items()))}"
+            + (f", ambiguous steps by cause {dict(sorted(self.review_causes.items()))}"
+               if self.review_causes else ""),
             f"  fences: {dict(sorted(self.fences.items()))}",
             f"  invariant violations: {len(self.violations)}",
             *(f"    {v}" for v in self.violations[:20]),
@@ -414,6 +417,9 @@ def _collect(cluster: Cluster, tracker: Tracker, report: Report) -> None:
     report.manual_review = Counter(
         r.error_code or "?" for r in records.values() if r and r.state == "manual-review"
     )
+    report.review_causes = Counter(
+        step.error_code or "?" for r in records.values() if r and r.state == "manual-review"
+        for step in r.steps if step.state is StepState.AMBIGUOUS)
     report.fences = fence_stats(trace)
     stopped = sum(p.text().count("sweep stopped bucket=") for p in cluster.processes)
     if stopped:
