@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from enum import Enum
 from functools import cache
 from typing import Any
 
 from . import _values as values
 from ._crypto import Sealer, sealer_of
+from ._frozen import replace
 from ._history_codec import history_prefix, read_history
 from ._protocol.due import due_at
 from ._protocol.notes import apply_notes, parse_note

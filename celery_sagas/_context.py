@@ -13,13 +13,14 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from . import _values as values
 from ._definitions import Registry, SagaDefinition
 from ._events import Stage
+from ._frozen import replace
 from ._protocol import codes
 from ._protocol.children import child_saga_id
 from ._protocol.replay import (

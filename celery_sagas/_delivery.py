@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -26,6 +26,7 @@ from ._context import CompensationReason, StepContext
 from ._definitions import Backoff, Registry, StepOptions
 from ._engine import Engine, EngineSettings
 from ._events import Phase, Stage
+from ._frozen import replace
 from ._inline import InlineRunner, holding, take_claim
 from ._liveness import claim_tag, dead_effects
 from ._planner import Planner

@@ -15,7 +15,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _values as values
@@ -25,6 +25,7 @@ from ._clock import Clock, SystemClock, now_ms
 from ._definitions import Registry, SagaDefinition, Timing
 from ._dispatch import Dispatcher
 from ._events import EventBus, Phase, Stage
+from ._frozen import replace
 from ._middleware import Middlewares
 from ._planner import GateOpener, GateOutcome, Planner
 from ._protocol import codes, moves

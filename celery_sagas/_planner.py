@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from ._context import replay
 from ._definitions import Registry, Timing
 from ._dispatch import Dispatcher
 from ._events import Phase, Stage
+from ._frozen import replace
 from ._liveness import dead_effects
 from ._protocol import codes, moves
 from ._protocol.decide import decide

@@ -17,11 +17,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import _values as values
 from ._cas import MAX_RACES, until_written
 from ._codec import Codec, carries_write, new_write_id
+from ._frozen import replace
 from ._protocol.history import DEFAULT_HISTORY_LIMIT, recorded
 from ._protocol.notes import apply_notes, parse_note
 from ._records import SAGA, OperatorAction, SagaRecord, SagaState

@@ -11,8 +11,9 @@ everything, the old key can be removed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from ._frozen import replace
 from ._records import SAGA, SagaState
 from ._repository import SagaRepository
 from ._scans import _states

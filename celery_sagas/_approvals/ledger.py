@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from dataclasses import replace
 
 from .. import _values as values
 from .._cas import until_written
 from .._clock import Clock, now_ms
 from .._codec import Codec
+from .._frozen import replace
 from .._records import APPROVAL, ApprovalRecord, ApprovalState, Binding
 from ..errors import (
     ApprovalBindingError,

@@ -16,8 +16,8 @@ effect back (a late or duplicate report, a resumed compensation).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
+from .._frozen import replace
 from .._records import (
     WAITING_TASKS,
     EffectMark,

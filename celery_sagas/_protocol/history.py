@@ -17,8 +17,8 @@ carries); past ``limit`` entries the oldest fold into ``history_folded``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
+from .._frozen import replace
 from .._records import (
     APPROVAL_TASK,
     CHILD_TASK,

@@ -32,9 +32,9 @@ turns a running saga into a compensating one.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
+from .._frozen import replace
 from .._records import CHILD_TASK, AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
@@ -698,6 +698,9 @@ def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
 def with_exception(saga: SagaRecord, name: str, text: str | None) -> SagaRecord:
     """``saga`` with step ``name``'s exception text set (or cleared); part of the write that
     records the outcome, so no version of its own."""
+    step = saga.step(name)
+    if step is not None and step.exception == text:
+        return saga  # nothing to change: no copy
     return replace(saga, steps=tuple(replace(s, exception=text) if s.name == name else s
                                      for s in saga.steps))
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from .._frozen import replace
 from .._records import HistoryEvent, OperatorAction, SagaRecord, SignalRecord
 from .._values import (
     actor,

@@ -8,10 +8,10 @@ changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import Enum
 from typing import Any
 
+from .._frozen import replace
 from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition, SagaResolutionError

@@ -11,8 +11,8 @@ import bisect
 import hmac
 import threading
 import zlib
-from dataclasses import replace
 
+from .._frozen import replace
 from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor
 from ._validating import (

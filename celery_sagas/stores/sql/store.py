@@ -27,7 +27,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
@@ -59,6 +58,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.sql.dml import Update
 
+from ..._frozen import replace
 from ..._values import MAX_SAFE_INTEGER, identifier
 from ...errors import (
     FencedWriteRefused,
