@@ -355,6 +355,31 @@ def pause_sweeper(pause_s: float) -> Injector:
     return inject
 
 
+def kill_sweeper(cluster: Cluster, rng: random.Random, log: FaultLog) -> None:
+    """SIGKILL a pool child holding a bucket's sweep lease right now (mid-sweep): the newest
+    grant of that bucket, not released. Its lease outlives it; the next sweep of the bucket
+    takes it over at once (docs/design.md §5)."""
+    holders = sweep_holders(cluster)
+    rng.shuffle(holders)
+    for lease, fence, pid in holders:
+        if cluster.kill_child(pid):
+            log.add("kill-sweeper", f"pid {pid} holding {lease} fence {fence}")
+            return
+
+
+def sweep_holders(cluster: Cluster) -> list[tuple[str, int, int]]:
+    """(lease@bucket, fence, pid) of each bucket's newest sweep grant not yet released."""
+    newest: dict[str, tuple[int, int]] = {}
+    released: set[tuple[str, int]] = set()
+    for entry in read_lines(cluster.config.fences):
+        if entry["ev"] == "grant" and entry["fence"] > newest.get(entry["lease"], (0, 0))[0]:
+            newest[entry["lease"]] = (entry["fence"], entry["pid"])
+        elif entry["ev"] == "release":
+            released.add((entry["lease"], entry["fence"]))
+    return sorted((lease, fence, pid) for lease, (fence, pid) in newest.items()
+                  if (lease, fence) not in released)
+
+
 def current_sweeper(cluster: Cluster) -> int | None:
     """The pid of the newest sweep grant not yet released, if any."""
     open_grants: dict[int, int] = {}

@@ -217,11 +217,13 @@ def unfenced_sweep_writes(trace: Iterable[Mapping[str, Any]]) -> list[Violation]
 
 
 def fence_stats(trace: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Grants, and fenced writes by outcome."""
+    """Grants (takeovers among them), and fenced writes by outcome."""
     counts: Counter[str] = Counter()
     for entry in trace:
         if entry["ev"] == "grant":
             counts["grants"] += 1
+            if entry.get("replaced") is not None:  # a lease taken over from a gone holder
+                counts["takeovers"] += 1
         elif entry["ev"] == "write":
             counts[f"writes_{entry['outcome']}"] += 1
         elif entry["ev"] == "unfenced":

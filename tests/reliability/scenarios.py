@@ -305,6 +305,25 @@ def two_beats(workdir: Path, size: Size) -> Report:
                  beats=2).run(workdir)
 
 
+def sweeper_kills(workdir: Path, size: Size) -> Report:
+    """SIGKILL pool children mid-sweep, each holding a bucket's sweep lease for a minute, while
+    messages are lost (queue purges): the next sweep of the bucket takes the dead holder's lease
+    over at once (a newer fence) and re-sends what was lost, instead of waiting a minute."""
+    load = _load(size.n(30, 150), mixed_plan, 0.8, (faults.kill_sweeper, 0.6),
+                 (faults.purge_queue, 0.4), faults_after_load=2.0)
+
+    def build(path: Path) -> Cluster:
+        return make_cluster(path, scan_delay_ms=50, sweep_page_size=5, sweep_lease=60.0,
+                            sweep_interval=0.5)
+
+    def observe(cluster: Cluster, report: Report) -> None:
+        if report.faults["kill-sweeper"] and not report.fences.get("takeovers"):
+            report.problems.append("no killed sweeper's lease was taken over")
+
+    return Chaos("sweeper-kill", "sweeping pool children SIGKILLed (60 s sweep lease)", load,
+                 "kill-sweeper", build, observe=observe).run(workdir)
+
+
 def cluster_failovers(workdir: Path, size: Size, *, kill: bool = False,
                       first_port: int | None = None) -> Report:
     """A Redis Cluster store (3 masters, 3 replicas, private to the run) whose masters fail
@@ -438,6 +457,7 @@ SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "broker-restart": broker_restarts,
     "pg-crash": pg_crashes,
     "two-beats": two_beats,
+    "sweeper-kill": sweeper_kills,
     "paused-sweeper": lambda workdir, size: probes.paused_sweeper(workdir, size.n(6, 20)),
     "resume-race": lambda workdir, size: probes.resume_race(workdir),
     "clock-skew": clock_skew,

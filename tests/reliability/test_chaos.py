@@ -115,6 +115,16 @@ def test_two_beats_and_paused_sweepers_never_get_a_stale_write_accepted(tmp_path
     assert report.fences.get("writes_ok", 0) + report.fences.get("writes_refused", 0) > 0
 
 
+def test_sweepers_killed_mid_sweep_have_their_buckets_taken_over_at_once(tmp_path: Path) -> None:
+    # Each killed child held its bucket's sweep lease for a minute: the next sweep took it
+    # over under a newer fence (traced as a grant replacing the dead one's), so every saga
+    # settled without waiting for an expiry.
+    report = _clean(scenarios.sweeper_kills(tmp_path, scenarios.CI))
+    assert report.fences.get("takeovers", 0) >= 1, report.summary()
+    assert report.outcomes["lost"] == 0 and report.outcomes["completed"] > 0, report.summary()
+    assert report.settle_s is not None and report.settle_s < 30, report.summary()
+
+
 def test_redis_cluster_masters_failing_over_mid_load_keep_every_invariant(tmp_path: Path) -> None:
     report = _clean(scenarios.cluster_failovers(tmp_path, scenarios.CI))
     assert report.faults["cluster-failover"] >= 2, report.summary()
