@@ -20,7 +20,9 @@ every corrupt record is reported as a ``Finding``: logged on ``celery_sagas.find
 delivered to finding observers and counted by the metrics. Every write carries the bucket
 lease's fence, so a sweeper paused past its lease (GC, SIGSTOP) cannot write after a newer
 grant; when renewing or checkpointing fails it stops at once and the next holder continues
-from the checkpoint. Running twice at once is safe anyway: every action is a compare-and-set.
+from the checkpoint. The lease owner is the sweeping process's claimer id, so a bucket whose
+holder was killed on this host is taken over at once, not after the lease expires (``Leases``,
+docs/design.md §5). Running twice at once is safe anyway: every action is a compare-and-set.
 """
 
 from __future__ import annotations
