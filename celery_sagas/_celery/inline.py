@@ -21,6 +21,7 @@ id): its delivery, tracing span, logs and Celery's ``task_prerun``, ``task_postr
 from __future__ import annotations
 
 import logging
+import mmap
 import signal
 import threading
 import time
@@ -29,19 +30,46 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery import Task
-from celery.signals import task_failure, task_postrun, task_prerun, task_success
+from celery.signals import (
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_success,
+    worker_shutting_down,
+)
+from celery.worker import state as worker_state
 
+from .. import _values as values
 from .._definitions import Registry
 from .._inline import InlineBudget
 from .._records import SagaRecord, StepRecord
 from ..errors import StepTimeLimitExceeded
 from .messages import SAGA_REF, saga_ref
 
-__all__ = ["CeleryInline", "body_time_limit", "first_budget", "hard_limit"]
+__all__ = ["CeleryInline", "body_time_limit", "first_budget", "hard_limit", "stopping"]
 
 logger = logging.getLogger("celery_sagas.execution")
 
 _MARGIN_S = 1.0  # kept free of the running task's hard limit
+
+# One byte shared with the pool processes the worker forks after this import: set by the main
+# process when a shutdown begins (``worker_shutting_down`` is sent there only), read by an
+# inline chain in a pool process before it claims its next step (docs/design.md §3.2).
+_SHUTDOWN = mmap.mmap(-1, 1)
+
+
+def _shutting_down(**_: Any) -> None:
+    _SHUTDOWN[0] = 1
+
+
+worker_shutting_down.connect(_shutting_down, weak=False, dispatch_uid="celery_sagas.inline_stop")
+
+
+def stopping() -> bool:
+    """Whether this worker is shutting down (warm or cold): seen by the main process's signal
+    handler, or in this process by Celery's own flags (the solo pool)."""
+    flags = (worker_state.should_stop, worker_state.should_terminate)
+    return _SHUTDOWN[0] == 1 or any(f is not None and f is not False for f in flags)
 
 
 def first_budget(task: Task, max_steps: int, max_seconds: float) -> InlineBudget:
@@ -67,9 +95,15 @@ class CeleryInline:
         self.budget = budget
 
     def eligible(self, saga: SagaRecord, step: StepRecord) -> bool:
-        """Same queue, no rate limit, the pool's main thread, and the budget allows it."""
+        """Same queue, no rate limit, the pool's main thread, the budget allows it, and the
+        worker is not shutting down (then the step goes through the broker, to a worker that
+        stays)."""
         following = self.task.app.tasks.get(step.task)
         if following is None or threading.current_thread() is not threading.main_thread():
+            return False
+        if stopping():
+            logger.info("saga %s: the worker is shutting down; step %s is sent through the "
+                        "broker", saga.saga_id, values.printable(step.name))
             return False
         if following.rate_limit or self.task.app.conf.task_default_rate_limit:
             return False

@@ -1,8 +1,9 @@
 """The Celery app for inline-step e2e tests (``celery -A tests.e2e.inline_app worker``).
 
 It is ``tests.e2e.app`` plus the saga ``e2e-inline`` (``@sagas.saga(inline=True)``): steps
-``inl.a``, ``inl.b``, ``inl.c`` in order, then ``inl.sent`` (``inline=False``: always through
-the broker) when the input asks for it. Every body, compensator and Celery ``task_prerun``
+``inl.a``, ``inl.b``, ``inl.c`` in order, then ``inl.d`` as often as the input's ``more`` says
+(steps ``d0``, ``d1``...), then ``inl.sent`` (``inline=False``: always through the broker) when
+the input asks for it. Every body, compensator and Celery ``task_prerun``
 signal appends a JSON line to the ledger with its process id and effect (task) id. The
 input's ``plan``: ``"block": {step: name}`` waits for CONTROL/<name>; ``"decline": [step]``
 raises ``StepNotCommitted``.
@@ -49,6 +50,11 @@ def build(config: Config) -> Shop:
         """The third step (inline after b)."""
         return body("c", plan, saga)
 
+    @sagas.step(name="inl.d", compensate="inl.undo")
+    def d(plan: dict[str, Any], *, saga: Any = None) -> dict[str, str]:
+        """The steps of a longer chain (``more``)."""
+        return body("d", plan, saga)
+
     @sagas.step(name="inl.sent", compensate=None, inline=False)
     def sent(plan: dict[str, Any], *, saga: Any = None) -> dict[str, str]:
         """A step that opted out: always through the broker."""
@@ -61,11 +67,13 @@ def build(config: Config) -> Shop:
 
     @sagas.saga("e2e-inline", inline=True)
     def inline(ctx: Any, data: dict[str, Any]) -> None:
-        """a, b, c (and sent) in order."""
+        """a, b, c, d0..dN (and sent) in order."""
         plan = data.get("plan", {})
         ctx.step(a, plan)
         ctx.step(b, plan)
         ctx.step(c, plan)
+        for n in range(data.get("more", 0)):
+            ctx.step(d, plan, step_name=f"d{n}")
         if data.get("sent"):
             ctx.step(sent, plan)
 
@@ -74,7 +82,7 @@ def build(config: Config) -> Shop:
             provider.note("prerun", None, task_id=task_id, task=task.name)
 
     task_prerun.connect(prerun, weak=False)
-    tasks = {"a": a, "b": b, "c": c, "sent": sent, "undo": undo}
+    tasks = {"a": a, "b": b, "c": c, "d": d, "sent": sent, "undo": undo}
     return Shop(shop.app, sagas, inline, tasks)
 
 

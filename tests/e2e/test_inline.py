@@ -85,3 +85,33 @@ def test_a_worker_killed_during_an_inline_body_leaves_it_ambiguous(inline_stack:
     assert (a.state, b.state) == ("committed", "ambiguous")
     assert b.error_code == "worker_lost"
     assert len(stack.ops("b.start", "inl-4")) == 1  # never run twice
+
+
+def test_a_warm_shutdown_finishes_the_inline_body_and_sends_the_next_step(
+        inline_stack: Stack) -> None:
+    """SIGTERM to the worker mid-chain (its main process only, as ``systemd`` with
+    ``KillMode=mixed`` sends it): the running inline body finishes and settles, the next step
+    goes through the broker to another worker, and every body runs exactly once."""
+    stack = inline_stack
+    first = stack.worker()
+    start(stack, "inl-5", plan={"block": {"b": "go-b"}}, more=4)
+    [began] = wait_until(lambda: stack.ops("b.start", "inl-5"), what="b began inline")
+    os.kill(first.pid, signal.SIGTERM)
+    wait_until(lambda: "Warm shutdown" in first.text(), what="the warm shutdown began")
+    second = stack.worker()
+    stack.release("go-b")
+    record = stack.wait_settled("inl-5")
+    assert record.state == "completed"
+    assert first.proc.wait(timeout=30) == 0  # it exited once b's task ended
+    a, b, c, *more = record.steps
+    assert len(more) == 4
+    starts = [e for e in stack.ledger() if e["op"].endswith(".start")]
+    assert sorted(e["effect_id"] for e in starts) == sorted(s.effect_id for s in record.steps)
+    assert all(s.attempts == 1 for s in record.steps)  # each body ran once
+    pids = {e["effect_id"]: e["pid"] for e in starts}
+    assert pids[a.effect_id] == pids[b.effect_id] == began["pid"]
+    assert [e["op"] for e in stack.ops("b.done", "inl-5")] == ["b.done"]  # b finished
+    assert received(stack, c.effect_id) and f"[{c.effect_id}] received" in second.text()
+    assert pids[c.effect_id] != began["pid"]
+    assert len({pids[s.effect_id] for s in (c, *more)}) == 1  # the rest inline on the other worker
+    assert "worker is shutting down; step" in first.text()
