@@ -402,6 +402,12 @@ def count_round_trips(config: BenchConfig, args: argparse.Namespace, workdir: Pa
         "store_calls_per_saga": round(calls / n, 2),
         "store_calls_per_step": round(calls / n / args.steps, 2),
         "store_calls_per_step_after_start": round((calls - client.get("create", 0)) / n / args.steps, 2),
+        # each step after the first: its settle (inline: which also claims the step after
+        # it) and, on the default path, its claim; start()'s create and step 1's claim and
+        # settle left out (docs/performance.md, "Inline steps")
+        "store_calls_per_step_after_first": round(
+            (calls - client.get("create", 0) - 2 * n) / n / (args.steps - 1), 2)
+        if args.steps > 1 else None,
         "by_primitive_per_saga": {k: round(v / n, 2) for k, v in sorted(by_primitive.items())},
         "note": "create is the client's start(); every other call is the worker's",
     }
@@ -586,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         report["loadavg_end"] = os.getloadavg()
         if mode == "throughput":
             _print_table(runs, args.baselines)
+            if "," in str(args.concurrency):
+                report["best_of_concurrencies"] = _print_best(runs, stores, args.baselines[0])
         write_json(output, report)
         print(f"wrote {output}")
     finally:
@@ -606,12 +614,29 @@ def _run_one(config: BenchConfig, label: str, mode: str, args: argparse.Namespac
     return result
 
 
+def _print_best(runs: list[dict[str, Any]], stores: list[str], baseline: str) -> dict[str, Any]:
+    """Per store, the best saga rate and the best chain rate over the concurrencies measured
+    (each at the concurrency that suits it, as a user would pick), and their ratio."""
+    best: dict[str, Any] = {}
+    for name in stores:
+        mine = [r for r in runs if r["store"].split("/")[0] == name]
+        saga = max(mine, key=lambda r: r["sagas_per_s"])
+        chain = max(mine, key=lambda r: r[f"chains_{baseline}_per_s"])
+        rates = (saga["sagas_per_s"], chain[f"chains_{baseline}_per_s"])
+        best[name] = {"sagas_per_s": rates[0], "saga_concurrency": saga["concurrency"],
+                      "chains_per_s": rates[1], "chain_concurrency": chain["concurrency"],
+                      "ratio": round(rates[0] / rates[1], 2) if rates[1] else None}
+        print(f"best of each, {name}: {rates[0]} sagas/s (c{saga['concurrency']}), {rates[1]} "
+              f"chains/s (c{chain['concurrency']}), ratio {best[name]['ratio']}")
+    return best
+
+
 def _print_table(runs: list[dict[str, Any]], baselines: list[str]) -> None:
     head = f"{'store':<10}{'sagas/s':>9}"
     for baseline in baselines:
         head += f"{'chains/s ' + baseline:>14}{'ratio':>7}"
     head += f"{'saga p50':>10}{'p99':>8}{'chain p50':>11}{'p99':>8}"
-    head += f"{'calls/step':>12}{'RT/step':>9}{'load':>6}"
+    head += f"{'calls/step':>12}{'after 1st':>11}{'RT/step':>9}{'load':>6}"
     print(head)
     print("-" * len(head))
     for run in runs:
@@ -622,10 +647,13 @@ def _print_table(runs: list[dict[str, Any]], baselines: list[str]) -> None:
             line += f"{run[f'chains_{baseline}_per_s']:>14}{run[f'ratio_{baseline}']:>7}"
         line += (f"{lat['saga']['p50_ms']:>10}{lat['saga']['p99_ms']:>8}"
                  f"{lat['chain']['p50_ms']:>11}{lat['chain']['p99_ms']:>8}"
-                 f"{trips.get('store_calls_per_step', '-'):>12}{wire:>9}{run['loadavg_1min_max']:>6}")
+                 f"{trips.get('store_calls_per_step', '-'):>12}"
+                 f"{trips.get('store_calls_per_step_after_first', '-'):>11}"
+                 f"{wire:>9}{run['loadavg_1min_max']:>6}")
         print(line)
     print("latencies in ms (closed loop, one at a time, the new chain); calls = store primitives, "
-          "RT = wire round trips (both per step, start()'s create included); load = the highest "
+          "RT = wire round trips (both per step, start()'s create included); after 1st = store "
+          "calls per step after the first step (inline target: 1.0); load = the highest "
           "1-minute load average of the rounds")
 
 
