@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from ._clock import Clock, now_ms
 from ._middleware import ChildOf, Middlewares, Operation
 from ._protocol import codes, moves
 from ._protocol.children import child_id_of, settle
@@ -53,30 +52,27 @@ class _Start(Protocol):
 @dataclass(frozen=True, slots=True)
 class Drive:
     """What child sagas ask of the engine that owns them: start a saga (idempotent by its id),
-    drive one on, roll one back."""
+    drive one on, roll one back; the limits of saga trees, and the time (ms)."""
 
     start: _Start
     advance: Callable[[str, SagaRecord | None], SagaRecord]
     cancel: Callable[[str], SagaRecord]
+    limits: Limits
+    now: Callable[[], int]
 
 
 class ChildSagas:
     """Starts, reports, undoes and reconciles the child sagas of one engine."""
 
-    def __init__(self, repository: SagaRepository, topology: Topology, drive: Drive, *,
-                 limits: Limits, clock: Clock, middlewares: Middlewares) -> None:
+    def __init__(self, repository: SagaRepository, topology: Topology, drive: Drive,
+                 middlewares: Middlewares) -> None:
         self.repository = repository
         self.topology = topology
         self.drive = drive
-        self.limits = limits
-        self.clock = clock
         self.middlewares = middlewares
         # the queue of the saga tree this thread (or greenlet: sagas.aio) drives, if any
         self._queue: contextvars.ContextVar[deque[Callable[[], None]] | None] = \
             contextvars.ContextVar(f"saga_tree_{id(self)}", default=None)
-
-    def _now(self) -> int:
-        return now_ms(self.clock)
 
     def _soon(self, saga_id: str, work: Callable[[], object]) -> None:
         """Do ``work`` (which drives the saga ``saga_id``) now, or, when this thread already
@@ -141,7 +137,7 @@ class ChildSagas:
     def _refusal(self, parent: SagaRecord, step: StepRecord) -> str | None:
         """The code a child step breaks a limit with, or None: its place among its parent's
         children, then its depth (its ancestors read up to the limit, no further)."""
-        limits = self.limits
+        limits = self.drive.limits
         if child_position(parent, step.name) > limits.children:
             return codes.TOO_MANY_CHILDREN
         depth, ref = 1, parent.parent
@@ -161,7 +157,7 @@ class ChildSagas:
             if current is None or current.state is not StepState.WAITING:
                 return None
             return Plan(after=moves.refuse_child(parent, step.name, child_id, code,
-                                                 self._now()))
+                                                 self.drive.now()))
 
         parent, plan = self._update(parent_id, decide)
         if plan is not None:
@@ -179,7 +175,7 @@ class ChildSagas:
             if step is not None and step.state is StepState.FAILED and \
                     child.state is SagaState.COMPLETED and child_id_of(step) == child.saga_id:
                 orphaned.append(True)  # the parent gave up on it before it began: undo it
-            after = settle(parent, ref.step, child, self._now())
+            after = settle(parent, ref.step, child, self.drive.now())
             return None if after is None else Plan(after=after)
 
         try:
@@ -212,7 +208,7 @@ class ChildSagas:
         def decide(child: SagaRecord) -> Plan | None:
             if child.state is not SagaState.COMPLETED:
                 return None
-            return Plan(after=moves.reopen(child, self._now()))
+            return Plan(after=moves.reopen(child, self.drive.now()))
 
         child, plan = self._update(child_id, decide)
         if plan is not None or child.state is SagaState.COMPENSATING:
@@ -261,7 +257,7 @@ class ChildSagas:
             current = parent.step(step.name)
             if current is None or current.state is not StepState.WAITING:
                 return None
-            return Plan(after=moves.abandon_step(parent, step.name, step.effect_id, self._now()))
+            return Plan(after=moves.abandon_step(parent, step.name, step.effect_id, self.drive.now()))
 
         parent, plan = self._update(parent_id, decide)
         if plan is not None:
@@ -274,7 +270,7 @@ class ChildSagas:
             if parent.state not in (SagaState.RUNNING, SagaState.COMPENSATING):
                 return None
             return Plan(after=moves.to_manual_review(parent, codes.CHILD_ID_TAKEN, reason,
-                                                     self._now()))
+                                                     self.drive.now()))
 
         self._update(parent_id, decide)
 

@@ -109,10 +109,10 @@ class Engine:
         # Randomness comes from here only (the jitter of default backoffs): a fraction in [0, 1).
         self.draw = draw
         self.topology = repository.topology
-        self.children = ChildSagas(repository, self.topology,
-                                   Drive(self.start, self.advance, self.cancel),
-                                   limits=self.settings.limits, clock=self.clock,
-                                   middlewares=self.middlewares)
+        self.children = ChildSagas(
+            repository, self.topology,
+            Drive(self.start, self.advance, self.cancel, self.settings.limits, self.now),
+            self.middlewares)
         self.announcer = Announcer(self.middlewares, registry)
         self.planner = Planner(registry, dispatcher, self.announcer, self.topology, self.children,
                                clock=self.clock, timing=self.settings.timing, new_id=new_id,

@@ -22,12 +22,10 @@ raises instead of returning more than 1000.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import _values as values
 from ._definitions import COMPENSATE_CAPABILITY, EXECUTE_CAPABILITY
 from ._engine import Engine
 from ._protocol.effects import effects_of
@@ -235,18 +233,13 @@ def _check_report(report: object) -> str:
 
 
 def _encode(report: str, position: str, window: Window) -> str:
-    raw = [_CURSOR_VERSION, report, position, window.stale_before_ms, window.in_flight_before_ms]
-    return base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
+    return values.cursor_text([_CURSOR_VERSION, report, position, window.stale_before_ms,
+                               window.in_flight_before_ms])
 
 
 def _decode(cursor: object) -> tuple[str, str, Window]:
-    if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR_LENGTH:
-        raise SagaValidationError("malformed findings cursor")
-    try:
-        fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        version, report, position, stale, in_flight = fields
-    except (ValueError, TypeError, UnicodeError, binascii.Error, RecursionError):
-        raise SagaValidationError("malformed findings cursor") from None
+    version, report, position, stale, in_flight = values.cursor_fields(
+        cursor, "findings", count=5, max_len=_MAX_CURSOR_LENGTH)
     numbers_ok = all(type(n) is int and n >= 0 for n in (stale, in_flight))
     if version != _CURSOR_VERSION or report not in REPORTS or not numbers_ok \
             or not isinstance(position, str):

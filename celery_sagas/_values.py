@@ -7,11 +7,14 @@ everything before the first write.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ERROR_CODE_RULE, PayloadTooLarge, SagaValidationError
@@ -20,10 +23,14 @@ __all__ = [
     "DEFAULT_PAYLOAD_LIMIT",
     "MAX_REASON",
     "MAX_SAFE_INTEGER",
+    "Matching",
+    "Token",
     "actor",
     "approval_id",
     "capability",
     "change_id",
+    "cursor_fields",
+    "cursor_text",
     "decode_json",
     "definition_name",
     "digest",
@@ -115,49 +122,29 @@ def reason(value: object) -> str:
     return value
 
 
-def saga_id(value: object) -> str:
-    """A saga id: token of at most 128 characters."""
-    return token(value, field="saga id", max_len=128)
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A validator of one kind of id or name: a ``token`` of at most ``max_len`` characters,
+    named ``field`` in its errors."""
+
+    field: str
+    max_len: int = 128
+
+    def __call__(self, value: object) -> str:
+        """The value, accepted (SagaValidationError otherwise)."""
+        return token(value, field=self.field, max_len=self.max_len)
 
 
-def definition_name(value: object) -> str:
-    """A saga definition name: token of at most 128 characters."""
-    return token(value, field="definition name", max_len=128)
-
-
-def step_name(value: object) -> str:
-    """A step name: token of at most 128 characters."""
-    return token(value, field="step name", max_len=128)
-
-
-def signal_name(value: object) -> str:
-    """A signal name: token of at most 128 characters."""
-    return token(value, field="signal name", max_len=128)
-
-
-def signal_id(value: object) -> str:
-    """A signal id: token of at most 128 characters."""
-    return token(value, field="signal id", max_len=128)
-
-
-def change_id(value: object) -> str:
-    """A ``ctx.patched`` change id: token of at most 128 characters."""
-    return token(value, field="change id", max_len=128)
-
-
-def approval_id(value: object) -> str:
-    """An approval id: token of at most 128 characters."""
-    return token(value, field="approval id", max_len=128)
-
-
-def effect_id(value: object) -> str:
-    """An effect id: token of at most 64 characters."""
-    return token(value, field="effect id", max_len=64)
-
-
-def tenant_id(value: object) -> str:
-    """A tenant id: token of at most 255 characters."""
-    return token(value, field="tenant id", max_len=255)
+# Ids and names (tokens of at most 128 characters unless said): the field each names in errors.
+saga_id = Token("saga id")
+definition_name = Token("definition name")
+step_name = Token("step name")
+signal_name = Token("signal name")
+signal_id = Token("signal id")
+change_id = Token("change id")  # a ``ctx.patched`` change id
+approval_id = Token("approval id")
+effect_id = Token("effect id", 64)
+tenant_id = Token("tenant id", 255)
 
 
 def principal_id(value: object, *, field: str = "principal id") -> str:
@@ -177,18 +164,26 @@ def capability(value: object) -> str:
     return value
 
 
-def digest(value: object) -> str:
-    """A SHA-256 digest as 64 lowercase hex characters."""
-    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
-        raise SagaValidationError(f"digest must be 64 lowercase hex characters: {_shown(value)}")
-    return value
+@dataclass(frozen=True, slots=True)
+class Matching:
+    """A validator of strings that match ``pattern`` whole; ``rule`` (what a value must be)
+    starts its error."""
+
+    pattern: re.Pattern[str]
+    rule: str
+
+    def __call__(self, value: object) -> str:
+        """The value, accepted (SagaValidationError otherwise)."""
+        if not isinstance(value, str) or not self.pattern.fullmatch(value):
+            raise SagaValidationError(f"{self.rule}: {_shown(value)}")
+        return value
 
 
-def error_code(value: object) -> str:
-    """An error code matching ``^[A-Za-z][A-Za-z0-9_.-]{0,63}$``, kept as given (case too)."""
-    if not isinstance(value, str) or not _ERROR_CODE.fullmatch(value):
-        raise SagaValidationError(f"error code must match {ERROR_CODE_RULE}: {_shown(value)}")
-    return value
+# A SHA-256 digest; an error code, kept as given (case too); a W3C ``traceparent`` header
+# value (``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``).
+digest = Matching(_DIGEST, "digest must be 64 lowercase hex characters")
+error_code = Matching(_ERROR_CODE, f"error code must match {ERROR_CODE_RULE}")
+traceparent = Matching(_TRACEPARENT, "trace parent must be a W3C traceparent")
 
 
 MAX_EXCEPTION_TEXT = 1000
@@ -213,13 +208,6 @@ def identifier(value: object, *, field: str) -> str:
         raise SagaValidationError(
             f"{field} must be letters, digits and underscores (max 32): {_shown(value)}"
         )
-    return value
-
-
-def traceparent(value: object) -> str:
-    """A W3C ``traceparent`` header value: ``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``."""
-    if not isinstance(value, str) or not _TRACEPARENT.fullmatch(value):
-        raise SagaValidationError(f"trace parent must be a W3C traceparent: {_shown(value)}")
     return value
 
 
@@ -435,3 +423,22 @@ def decode_json(text: str | bytes) -> Any:
         raise ValueError(f"non-finite number {name}")
 
     return json.loads(text, parse_constant=refuse)
+
+
+def cursor_text(fields: list[Any]) -> str:
+    """JSON ``fields`` as an opaque, URL-safe page cursor."""
+    return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode().rstrip("=")
+
+
+def cursor_fields(cursor: object, what: str, *, count: int, max_len: int = 4096) -> list[Any]:
+    """The ``count`` fields of a cursor ``cursor_text`` made; SagaValidationError ("malformed
+    <what> cursor") for anything else, checked before it is decoded (its length) and after."""
+    if isinstance(cursor, str) and len(cursor) <= max_len:
+        try:
+            padded = cursor + "=" * (-len(cursor) % 4)
+            fields = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        except (ValueError, TypeError, UnicodeError, binascii.Error, RecursionError):
+            fields = None
+        if isinstance(fields, list) and len(fields) == count:
+            return fields
+    raise SagaValidationError(f"malformed {what} cursor")

@@ -25,8 +25,6 @@ pending approvals.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import threading
@@ -586,19 +584,14 @@ class _At:
 
     def encode(self, chosen: SagaFilter) -> str:
         """The opaque cursor, tied to ``chosen``."""
-        raw = json.dumps([_CURSOR_VERSION, self.cursor, self.size, self.skip, chosen.fingerprint()])
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+        return values.cursor_text([_CURSOR_VERSION, self.cursor, self.size, self.skip,
+                                   chosen.fingerprint()])
 
 
 def _decode_cursor(cursor: str, fingerprint: str) -> _At:
     """Where the page a cursor names starts (SagaValidationError when it is not one of ours)."""
-    if len(cursor) > _MAX_CURSOR:
-        raise SagaValidationError("malformed sagas cursor")
-    try:
-        fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        version, store_cursor, size, skip, made_for = fields
-    except (ValueError, TypeError, UnicodeError, binascii.Error, RecursionError):
-        raise SagaValidationError("malformed sagas cursor") from None
+    version, store_cursor, size, skip, made_for = values.cursor_fields(
+        cursor, "sagas", count=5, max_len=_MAX_CURSOR)
     numbers = type(size) is int and type(skip) is int and 0 <= skip < size <= _MAX_BROWSE
     if version != _CURSOR_VERSION or not (store_cursor is None or isinstance(store_cursor, str)) \
             or not numbers:
