@@ -9,14 +9,14 @@ key decrypts (``ENCRYPTED``) prints as ``<encrypted>``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from ._protocol import codes
 from ._protocol.findings import Finding, FindingKind, review_advice
+from ._protocol.kinds import child_id_of
 from ._records import (
-    CHILD_TASK,
     ENCRYPTED,
     ApprovalRecord,
     SagaRecord,
@@ -218,8 +218,7 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
         lines.append(f"    raised        {printable(str(step.exception))}")
     if step.wake_at_ms is not None:
         lines.append(f"    wakes         {iso(step.wake_at_ms)}")
-    kwargs = step.kwargs if isinstance(step.kwargs, Mapping) else {}  # ENCRYPTED without keys
-    child = kwargs.get("saga_id") if step.task == CHILD_TASK else None
+    child = child_id_of(step)  # None for ENCRYPTED kwargs without keys
     if child is not None:
         lines.append(f"    child saga    {printable(str(child))}")
     if payload:

@@ -23,6 +23,7 @@ from ._events import Stage
 from ._frozen import replace
 from ._protocol import codes
 from ._protocol.children import child_saga_id
+from ._protocol.kinds import APPROVAL, CHILD, SIGNAL, TIMER, StepKind, kind_of, timed_out
 from ._protocol.replay import (
     Crashed,
     Diverged,
@@ -36,21 +37,10 @@ from ._protocol.replay import (
     match_call,
     unreached,
 )
-from ._protocol.waiting import timed_out
-from ._records import (
-    APPROVAL_TASK,
-    CHILD_TASK,
-    CHILD_UNDO,
-    SIGNAL_TASK,
-    TIMER_TASK,
-    SagaRecord,
-    StepRecord,
-    StepState,
-)
+from ._records import SagaRecord, StepRecord, StepState
 from .errors import SagaValidationError, SignalTimeout, StepFailed, StepNotCommitted
 
 __all__ = [
-    "APPROVAL_TASK",
     "Call",
     "ChildCall",
     "CompensationReason",
@@ -250,8 +240,8 @@ class SagaContext:
             _ = digest is None or values.digest(digest)
         except SagaValidationError as exc:
             raise _Stop(Crashed(codes.INVALID_STEP_CALL, str(exc))) from None
-        call = StepCall(self._name(name, APPROVAL_TASK), APPROVAL_TASK, (), binding, None)
-        return self._held(call, lambda: {"state": StepState.AWAITING_APPROVAL,
+        call = StepCall(self._name(name, APPROVAL.task), APPROVAL.task, (), binding, None)
+        return self._held(call, lambda: {"state": APPROVAL.held_state,
                                          "approval_id": self._local_id()})
 
     def sleep(self, seconds: float | timedelta, *, step_name: str | None = None) -> None:
@@ -276,9 +266,8 @@ class SagaContext:
         return until
 
     def _timer(self, kwargs: dict[str, Any], wake_at_ms: int, step_name: str | None) -> None:
-        call = StepCall(self._name(step_name or "sleep", TIMER_TASK), TIMER_TASK, (), kwargs, None)
-        self._held(call, lambda: {"state": StepState.WAITING,
-                                  "wake_at_ms": min(wake_at_ms, values.MAX_SAFE_INTEGER)})
+        self.hold(TIMER, kwargs, step_name=step_name or "sleep",
+                  wake_at_ms=min(wake_at_ms, values.MAX_SAFE_INTEGER))
 
     def wait_signal(self, name: str, timeout: float | timedelta | None = None, *,
                     step_name: str | None = None) -> Any:
@@ -290,10 +279,8 @@ class SagaContext:
         self._checked(lambda: values.signal_name(name))
         limit = None if timeout is None else self._checked(
             lambda: values.seconds_ms(timeout, field="wait_signal timeout"))
-        call = StepCall(self._name(step_name or f"signal:{name}", SIGNAL_TASK), SIGNAL_TASK, (),
-                        {"signal": name, "timeout": values.plain_seconds(timeout)}, None)
-        wake = None if limit is None else self._now_ms + limit
-        result = self._held(call, lambda: {"state": StepState.WAITING, "wake_at_ms": wake})
+        result = self.hold(SIGNAL, {"signal": name, "timeout": values.plain_seconds(timeout)},
+                           step_name=step_name or f"signal:{name}", timeout_ms=limit)
         if timed_out(result):
             raise SignalTimeout(signal=name)
         return result.get("payload") if isinstance(result, dict) else None
@@ -309,6 +296,18 @@ class SagaContext:
             return False  # steps were recorded past this point by code without the change
         self.new_patches.append(change_id)
         return True
+
+    def hold(self, kind: StepKind, kwargs: Mapping[str, Any], *, step_name: str,
+             wake_at_ms: int | None = None, timeout_ms: int | None = None) -> Any:
+        """A step of the held ``kind`` (docs/design.md §3.11), named ``step_name``, waiting for
+        what ``kwargs`` (JSON values) say, until ``wake_at_ms`` (or ``timeout_ms`` from now) at
+        the latest: its committed result, or stop the replay there (recording it when it is
+        new) until the kind wakes it. The ``ctx`` method of a new step kind calls this one."""
+        arguments = self._checked(lambda: values.json_value(dict(kwargs), field=step_name))
+        call = StepCall(self._name(step_name, kind.task), kind.task, (), arguments, kind.compensator)
+        if wake_at_ms is None and timeout_ms is not None:
+            wake_at_ms = self._now_ms + timeout_ms
+        return self._held(call, lambda: {"state": kind.held_state, "wake_at_ms": wake_at_ms})
 
     def _held(self, call: StepCall, fields: Callable[[], dict[str, Any]]) -> Any:
         """A step no task runs (a gate, a timer, a signal wait): its committed result, or stop
@@ -362,7 +361,7 @@ class SagaContext:
         if child_id == self.saga_id:
             self._misuse("a child saga cannot have its parent's id")
         kwargs = {"definition": definition, "input": child_input, "saga_id": child_id}
-        return StepCall(name, CHILD_TASK, (), kwargs, CHILD_UNDO, None, group)
+        return StepCall(name, CHILD.task, (), kwargs, CHILD.compensator, None, group)
 
     def _name(self, explicit: str | None, task: str) -> str:
         base = explicit if explicit is not None else task
@@ -393,8 +392,9 @@ class SagaContext:
             dispatched_at_ms=self._now_ms,
             group=call.group,
         )
-        if call.task == CHILD_TASK:  # no task runs: the child saga settles it
-            return replace(step, state=StepState.WAITING, dispatched_at_ms=None)
+        kind = kind_of(step)
+        if kind.held:  # no task runs: it waits until its kind wakes it (a child: its saga ends)
+            return replace(step, state=kind.held_state, dispatched_at_ms=None)
         return step
 
     @property

@@ -30,6 +30,7 @@ from ._middleware import Middlewares
 from ._planner import GateOpener, GateOutcome, Planner
 from ._protocol import codes, moves
 from ._protocol.due import due_at
+from ._protocol.kinds import awaiting_decision
 from ._protocol.limits import Limits, signal_room
 from ._protocol.notes import SignalNote, with_signal
 from ._protocol.resolution import resolve as resolve_outcome
@@ -40,7 +41,6 @@ from ._records import (
     SagaRecord,
     SagaState,
     StepRecord,
-    StepState,
 )
 from ._repository import Plan, SagaRepository
 from .errors import (
@@ -284,7 +284,7 @@ class Engine:
         if self.gates is None:
             return saga
         for step in saga.steps:
-            if step.state is not StepState.AWAITING_APPROVAL or step.approval_id is None:
+            if not awaiting_decision(step) or step.approval_id is None:
                 continue
             outcome = self.gates.outcome(saga.saga_id, step, fence)
             if outcome is not None:

@@ -41,8 +41,8 @@ from ._protocol.decisions import (
     Wait,
     Wake,
 )
+from ._protocol.kinds import Undo, awaiting_decision, kind_of
 from ._records import (
-    CHILD_TASK,
     AttemptRef,
     OperatorAction,
     SagaRecord,
@@ -191,7 +191,7 @@ class Planner:
         return Plan(after=self._saga_move(saga, decision, now))
 
     def _plan_append(self, saga: SagaRecord, decision: Append, now: int) -> Plan:
-        gates = [s for s in decision.steps if s.state is StepState.AWAITING_APPROVAL]
+        gates = [s for s in decision.steps if awaiting_decision(s)]
         if gates and self.gates is None:
             reason = "ctx.approval needs approval secrets (sagas_approval_secrets)"
             return Plan(after=moves.to_manual_review(saga, codes.INVALID_STEP_CALL, reason, now))
@@ -254,7 +254,7 @@ class Planner:
 
     def _compensator_sender(self, written: SagaRecord, step: StepRecord) -> Callable[[], None]:
         """Send a step's compensator; a child step's "compensator" reopens the child (§3.7)."""
-        if step.task == CHILD_TASK:
+        if kind_of(step).undo is Undo.CHILD_SAGA:
             return lambda: self.children.undo(written.saga_id, step)
         return lambda: self.dispatcher.send_compensation(written.saga_id, step, written.version,
                                                          trace_parent=written.trace_parent)
@@ -295,7 +295,7 @@ class Planner:
         if step is None or step.approval_id != approval_id:
             raise SagaResolutionError(
                 f"saga {saga.saga_id!r} has no gate {name!r} for that approval")
-        if step.state is not StepState.AWAITING_APPROVAL:
+        if not awaiting_decision(step):
             return None
         now = now_ms(self.clock)
         if outcome.failure is None:

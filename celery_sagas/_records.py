@@ -13,15 +13,9 @@ from typing import Any, overload
 
 __all__ = [
     "APPROVAL",
-    "APPROVAL_TASK",
-    "CHILD_TASK",
-    "CHILD_UNDO",
     "EMPTY_HISTORY",
     "ENCRYPTED",
     "SAGA",
-    "SIGNAL_TASK",
-    "TIMER_TASK",
-    "WAITING_TASKS",
     "ApprovalRecord",
     "ApprovalState",
     "AttemptRef",
@@ -48,15 +42,8 @@ __all__ = [
 SAGA = "saga"
 APPROVAL = "approval"
 
-# The task names recorded for steps no task runs: approval gates, timers, signal waits.
-APPROVAL_TASK = "celery_sagas.approval"
-TIMER_TASK = "celery_sagas.sleep"
-SIGNAL_TASK = "celery_sagas.wait_signal"
-CHILD_TASK = "celery_sagas.child"
-# The compensator recorded for a child step: undo the child saga as a unit (docs/design.md §3.7).
-CHILD_UNDO = "celery_sagas.undo_child"
-# Steps that hold a saga without being a side effect (no effect marks, no message).
-WAITING_TASKS = frozenset({APPROVAL_TASK, TIMER_TASK, SIGNAL_TASK, CHILD_TASK})
+# The task names of the step kinds (approval gates, timers, signal waits, child sagas) are
+# in the registry of step kinds, ``_protocol/kinds.py`` (docs/design.md §3.11).
 
 
 class Encrypted:
@@ -174,7 +161,7 @@ class StepRecord:
     Attributes:
         name: the step's name in its saga: the task name, with ``#2``, ``#3``... when a saga
             calls the same task again, or the ``step_name=`` given to ``ctx.step``.
-        task: the Celery task that runs the step (``celery_sagas.approval`` for a gate).
+        task: the Celery task that runs the step (``_protocol.kinds.APPROVAL_TASK`` for a gate).
         effect_id: the execution's effect id: the step task's Celery task id, the same for
             every attempt, and the idempotency key to hand the provider (``saga.effect_id``).
         compensation_effect_id: the compensator task's Celery task id (drawn with the intent).

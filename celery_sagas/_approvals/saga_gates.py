@@ -25,6 +25,7 @@ from .. import _values as values
 from .._clock import now_ms
 from .._engine import Engine, GateOutcome
 from .._protocol.codes import APPROVAL_DENIED, APPROVAL_EXPIRED
+from .._protocol.kinds import awaiting_decision
 from .._records import (
     ApprovalRecord,
     ApprovalState,
@@ -116,7 +117,7 @@ class SagaApprovals:
         """The saga's gates still waiting for a decision or a token, each with its token."""
         found = []
         for step in self.engine.load(saga_id).steps:
-            if step.state is not StepState.AWAITING_APPROVAL or step.approval_id is None:
+            if not awaiting_decision(step) or step.approval_id is None:
                 continue
             record = self.gate.get(step.approval_id)
             if record is not None and record.state in (ApprovalState.PENDING, ApprovalState.APPROVED):
@@ -167,7 +168,7 @@ class SagaApprovals:
         saga = self.engine.get(record.saga_id)
         gate = None if saga is None else saga.step(record.step or "")
         if gate is None or gate.approval_id != record.approval_id or \
-                gate.state is not StepState.AWAITING_APPROVAL:
+                not awaiting_decision(gate):
             why = "is gone" if saga is None else f"is {saga.state}"
             raise ApprovalDecisionError(
                 f"approval {record.approval_id!r} cannot be decided: its gate no longer waits "
@@ -190,7 +191,7 @@ class SagaApprovals:
         if step.state is StepState.COMMITTED:
             raise ApprovalTokenReplay(f"approval {approval_id!r} was already used",
                                       approval_id=approval_id)
-        if step.state is not StepState.AWAITING_APPROVAL:
+        if not awaiting_decision(step):
             # Cancelled, denied or expired: refuse without consuming the approval.
             raise ApprovalDenied(
                 f"saga {saga_id!r} no longer waits at gate {step.name!r} ({step.error_code})",

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 
-from .._records import CHILD_TASK, SagaRecord, SagaState, StepRecord, StepState
+from .._records import SagaRecord, SagaState, StepRecord, StepState
 from . import codes, moves
+from .kinds import child_id_of
 
 __all__ = ["child_id_of", "child_saga_id", "settle"]
 
@@ -34,14 +35,6 @@ def child_saga_id(parent_id: str, position: int) -> str:
         return candidate
     digest = hashlib.sha256(f"{parent_id}\0{position}".encode()).hexdigest()[:48]
     return f"child-{digest}"
-
-
-def child_id_of(step: StepRecord) -> str | None:
-    """The child saga id a child step names, or None for any other step."""
-    if step.task != CHILD_TASK:
-        return None
-    child_id = step.kwargs.get("saga_id")
-    return child_id if isinstance(child_id, str) else None
 
 
 def settle(parent: SagaRecord, step_name: str, child: SagaRecord, now_ms: int) -> SagaRecord | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .._records import SagaRecord, StepRecord, StepState
 from . import codes
 from .decisions import BeginCompensation, Decision, FinishCompensation, Review, Wait
+from .kinds import HELD_STATES
 
 __all__ = [
     "MAX_BACKOFF_MS",
@@ -56,7 +57,7 @@ def commit_order(saga: SagaRecord) -> list[StepRecord]:
 
 _TO_UNDO = (StepState.COMMITTED, StepState.COMPENSATION_FAILED)
 # A step still going forward (a child saga being cancelled, a gate being abandoned included).
-_FORWARD_IN_FLIGHT = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL)
+_FORWARD_IN_FLIGHT = (StepState.EXECUTING, *HELD_STATES)
 
 
 def rollback_reason(saga: SagaRecord) -> tuple[str | None, str]:

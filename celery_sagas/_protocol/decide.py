@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._records import CHILD_TASK, SagaRecord, SagaState, StepRecord, StepState
+from .._records import SagaRecord, SagaState, StepRecord, StepState
 from . import codes
 from .compensation import plan_compensation
 from .decisions import (
@@ -30,9 +30,9 @@ from .decisions import (
     Vanished,
     Wait,
 )
+from .kinds import HELD_STATES, kind_of
 from .moves import unresolved_ambiguity
 from .replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
-from .waiting import judge_waiting
 
 __all__ = ["decide", "judge_in_flight"]
 
@@ -87,15 +87,15 @@ def _in_flight(
     """The first in-flight step needing action, or the earliest wait, or None if none."""
     waits: list[Wait] = []
     for step in saga.steps:
-        if step.state is StepState.WAITING and step.task == CHILD_TASK:
-            # a child saga runs on its own: it settles this step (cancelled first when rolling
-            # back, docs/design.md §3.7); nothing to decide here
-            waits.append(Wait())
-            continue
-        if saga.rolling_back and step.state in (StepState.AWAITING_APPROVAL, StepState.WAITING):
-            return Abandon(step)
-        if step.state is StepState.WAITING:
-            woken = judge_waiting(saga, step, now_ms)
+        if step.state in HELD_STATES:
+            # a held step wakes as its kind says (docs/design.md §3.11); a child saga runs on
+            # its own and settles its step (cancelled first when rolling back, §3.7)
+            kind = kind_of(step)
+            if saga.rolling_back and kind.abandoned_on_rollback:
+                return Abandon(step)
+            woken = kind.judge(saga, step, now_ms) if kind.judge is not None else None
+            if woken is None:
+                continue
             if not isinstance(woken, Wait):
                 return woken
             waits.append(woken)

@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 from .._frozen import replace
 from .._records import (
-    WAITING_TASKS,
     EffectMark,
     EffectRecord,
     EffectState,
@@ -28,6 +27,7 @@ from .._records import (
     StepState,
 )
 from . import codes
+from .kinds import kind_of
 
 __all__ = [
     "EFFECT_TRANSITIONS",
@@ -150,8 +150,8 @@ def marked(saga: SagaRecord, now_ms: int) -> SagaRecord:
 
 
 def _marked_step(step: StepRecord, now_ms: int) -> StepRecord:
-    if step.task in WAITING_TASKS:
-        # an approval gate, a timer or a signal wait is no side effect: nothing to mark
+    if kind_of(step).held:
+        # a held step (a gate, a timer, a signal wait, a child) is no side effect: nothing to mark
         return step
     execution = _moved(step.execution, _execution_target(step), step.attempts, step.error_code,
                        now_ms)

@@ -16,6 +16,7 @@ from .._records import (
 )
 from . import codes
 from .compensation import commit_order
+from .kinds import HELD_STATES
 
 __all__ = ["Finding", "FindingKind", "effect_finding", "holds", "review_advice", "saga_finding"]
 
@@ -145,13 +146,10 @@ def _exhausted(saga: SagaRecord) -> StepRecord | None:
     return failed[0] if failed else None
 
 
-_HELD = (StepState.WAITING, StepState.AWAITING_APPROVAL)
-
-
 def holds(step: StepRecord, stale_before_ms: int) -> bool:
     """True when ``step`` holds its saga by design (a timer, a signal wait, a child saga, an
     approval gate) and is not overdue: no wake-up time, or one less than ``stale_after`` past."""
-    return step.state in _HELD and (step.wake_at_ms is None or step.wake_at_ms >= stale_before_ms)
+    return step.state in HELD_STATES and (step.wake_at_ms is None or step.wake_at_ms >= stale_before_ms)
 
 
 def saga_finding(saga: SagaRecord, stale_before_ms: int) -> Finding | None:

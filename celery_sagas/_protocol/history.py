@@ -20,11 +20,7 @@ from collections.abc import Iterator
 
 from .._frozen import replace
 from .._records import (
-    APPROVAL_TASK,
-    CHILD_TASK,
     EMPTY_HISTORY,
-    SIGNAL_TASK,
-    TIMER_TASK,
     HistoryEntry,
     HistoryEvent,
     OperatorAction,
@@ -34,6 +30,7 @@ from .._records import (
     StepState,
     history_of,
 )
+from .kinds import kind_of
 
 __all__ = ["DEFAULT_HISTORY_LIMIT", "archived", "bounded", "recorded", "transitions"]
 
@@ -164,21 +161,8 @@ def _attempt(step: StepRecord) -> int:
 
 
 def _intent(step: StepRecord, at: int) -> HistoryEntry:
-    """A step appended: its intent, or the wait it opens."""
-    if step.state is StepState.AWAITING_APPROVAL:
-        return HistoryEntry(at, E.APPROVAL_REQUESTED, step.name, ref=step.approval_id)
-    if step.task == TIMER_TASK:
-        return HistoryEntry(at, E.TIMER_SET, step.name, due_ms=step.wake_at_ms)
-    if step.task == SIGNAL_TASK:
-        name = step.kwargs.get("signal")
-        return HistoryEntry(at, E.SIGNAL_WAIT, step.name, code=name if isinstance(name, str)
-                            else None, due_ms=step.wake_at_ms)
-    if step.task == CHILD_TASK:
-        child = step.kwargs.get("saga_id")
-        return HistoryEntry(at, E.CHILD_STARTED, step.name,
-                            ref=child if isinstance(child, str) else None)
-    state = None if step.state is StepState.EXECUTING else str(step.state)
-    return HistoryEntry(at, E.INTENT, step.name, state=state, code=step.error_code)
+    """A step appended: its intent, or the wait it opens (as its kind says, docs/design.md §3.11)."""
+    return kind_of(step).opened(step, at)
 
 
 def _claim(step: StepRecord, at: int) -> HistoryEntry:
@@ -191,9 +175,10 @@ def _claim(step: StepRecord, at: int) -> HistoryEntry:
 def _moved(step: StepRecord, at: int, saga: SagaRecord) -> HistoryEntry:
     """A step's change of state, named for what it means for the step's kind."""
     state, name = step.state, step.name
-    if step.task in (APPROVAL_TASK, CHILD_TASK, TIMER_TASK, SIGNAL_TASK) and \
-            state in (StepState.COMMITTED, StepState.FAILED):
-        return _wait_ended(step, at, saga)
+    if kind_of(step).held and state in (StepState.COMMITTED, StepState.FAILED):
+        # the timer fired, the signal came (or the wait timed out), the child ended, the
+        # approval was decided: as the step's kind says
+        return kind_of(step).ended(step, at, saga)
     if state is StepState.COMMITTED and step.outcome_unknown:
         # compensate_unknown: the outcome is unknown; the saga compensates it as declared
         return HistoryEntry(at, E.AMBIGUOUS, name, step.attempts, code=step.error_code)
@@ -211,26 +196,3 @@ def _moved(step: StepRecord, at: int, saga: SagaRecord) -> HistoryEntry:
         return HistoryEntry(at, E.COMPENSATION_FAILED, name, step.compensation_attempts,
                             code=step.error_code, due_ms=step.next_attempt_at_ms)
     return HistoryEntry(at, E.STEP, name, _attempt(step), state=str(state), code=step.error_code)
-
-
-def _wait_ended(step: StepRecord, at: int, saga: SagaRecord) -> HistoryEntry:
-    """A step no task runs committed or failed: the timer fired, the signal came (or the wait
-    timed out), the child ended, the approval was decided."""
-    state, name, code = str(step.state), step.name, step.error_code
-    if step.task == APPROVAL_TASK:
-        result = step.result if isinstance(step.result, dict) else {}
-        by = result.get("decided_by")
-        return HistoryEntry(at, E.APPROVAL_DECIDED, name, state=state, code=code,
-                            ref=step.approval_id, actor=by if isinstance(by, str) else None)
-    if step.task == CHILD_TASK:
-        child = step.kwargs.get("saga_id")
-        return HistoryEntry(at, E.CHILD_ENDED, name, state=state, code=code,
-                            ref=child if isinstance(child, str) else None)
-    if step.state is StepState.FAILED:
-        return HistoryEntry(at, E.FAILED, name, step.attempts, code=code)
-    if step.task == TIMER_TASK:
-        return HistoryEntry(at, E.TIMER_FIRED, name)
-    consumed = next((s for s in saga.signals if s.consumed_by == name), None)
-    if consumed is None:
-        return HistoryEntry(at, E.SIGNAL_TIMED_OUT, name)
-    return HistoryEntry(at, E.SIGNAL_CONSUMED, name, code=consumed.name, ref=consumed.signal_id)

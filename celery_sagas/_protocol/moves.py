@@ -35,11 +35,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._frozen import replace
-from .._records import CHILD_TASK, AttemptRef, SagaRecord, SagaState, StepRecord, StepState
+from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
 from .effects import marked
+from .kinds import APPROVAL, HELD_STATES, child_id_of, kind_of
 
 __all__ = [
     "abandon_step",
@@ -80,7 +81,7 @@ __all__ = [
 
 _LIVE = (SagaState.RUNNING, SagaState.COMPENSATING)
 # The states a step is recorded in; the last two hold the saga without a task.
-_INTENT_STATES = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL)
+_INTENT_STATES = (StepState.EXECUTING, *HELD_STATES)
 _ANY_OPEN = (SagaState.RUNNING, SagaState.COMPENSATING, SagaState.MANUAL_REVIEW)
 
 
@@ -317,7 +318,7 @@ def fail_step(saga: SagaRecord, ref: AttemptRef, error_code: str, now_ms: int, *
 def raised_in_run(saga: SagaRecord, step: StepRecord) -> bool:
     """Whether a known failure of ``step`` is left to ``run`` (``StepFailed``): a step of its
     own, executing, in a saga going forward."""
-    return (step.group is None and step.state is StepState.EXECUTING and step.task != CHILD_TASK
+    return (step.group is None and step.state is StepState.EXECUTING and not kind_of(step).held
             and saga.state is SagaState.RUNNING and not saga.rolling_back)
 
 
@@ -426,7 +427,7 @@ def child_settled(saga: SagaRecord, name: str, child_id: str, outcome: StepState
     result (``committed``) or fails (``failed``: the child compensated); a child step being
     compensated is done (``compensated``). A review that named this child is lifted."""
     step = saga.step(name)
-    if step is None or step.task != CHILD_TASK or step.kwargs.get("saga_id") != child_id:
+    if step is None or child_id_of(step) != child_id:
         raise _illegal(saga, "child_settled")
     _need(saga, step, "child_settled", (StepState.WAITING, StepState.COMPENSATING), _ANY_OPEN)
     lifted = _lift_child_review(saga, child_id)
@@ -447,7 +448,7 @@ def refuse_child(saga: SagaRecord, name: str, child_id: str, error_code: str,
     """A child step whose saga would pass a limit (depth, children per saga) fails before the
     child exists (docs/concepts.md "Limits"): the parent rolls back as for a failed step."""
     step = saga.step(name)
-    if step is None or step.task != CHILD_TASK or step.kwargs.get("saga_id") != child_id:
+    if step is None or child_id_of(step) != child_id:
         raise _illegal(saga, "refuse_child")
     _need(saga, step, "refuse_child", (StepState.WAITING,), _ANY_OPEN)
     return _step_move(saga, step, now_ms, state=StepState.FAILED, error_code=_code(error_code))
@@ -467,7 +468,7 @@ def _gate(saga: SagaRecord, name: str, approval_id: str, event: str) -> StepReco
     step = saga.step(name)
     if step is None or step.approval_id != approval_id:
         raise _illegal(saga, event)
-    _need(saga, step, event, (StepState.AWAITING_APPROVAL,), _ANY_OPEN)
+    _need(saga, step, event, (APPROVAL.held_state,), _ANY_OPEN)
     return step
 
 

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._records import TIMER_TASK, SagaRecord, StepRecord
+from .._records import SagaRecord, StepRecord
+from .kinds import kind_of
 
 __all__ = [
     "Crashed",
@@ -74,7 +75,7 @@ def match_call(saga: SagaRecord, position: int, call: StepCall) -> Recorded | Ne
         )
     if step.compensator != call.compensator:
         return Mismatch(f"step {step.name!r} no longer has compensator {step.compensator!r}")
-    if step.task == TIMER_TASK:
+    if not kind_of(step).exact_replay:
         # A timer's wake-up was fixed when it was recorded; sleep_until(now + x) need not
         # repeat it to the millisecond (docs/design.md §3.4).
         return Recorded(step)

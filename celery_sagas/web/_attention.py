@@ -17,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from celery_sagas import ApprovalRecord, ApprovalState, SagaRecord, SagaState, StepState
+from celery_sagas import ApprovalRecord, ApprovalState, SagaRecord, SagaState
 
 from .._protocol.findings import holds, saga_finding
-from .._records import APPROVAL_TASK, CHILD_TASK, SIGNAL_TASK, TIMER_TASK, StepRecord
+from .._protocol.kinds import awaiting_decision, kind_of
+from .._records import StepRecord
 from .._scans import Scans
 
 __all__ = ["STALE_READ", "Attention", "Wait", "WaitingRow", "judge_stale", "live_gate", "waiting_rows",
@@ -50,21 +51,11 @@ def waits_of(record: SagaRecord) -> list[Wait]:
 
 
 def _wait(step: StepRecord) -> Wait | None:
-    if step.state is StepState.AWAITING_APPROVAL or step.task == APPROVAL_TASK:
-        if step.state is not StepState.AWAITING_APPROVAL:
-            return None
-        return Wait(step.name, "approval", step.approval_id, None)
-    if step.state is not StepState.WAITING:
+    """What a held step waits for, as its kind says (docs/design.md §3.11); None for any other."""
+    kind = kind_of(step)
+    if not kind.held or step.state is not kind.held_state:
         return None
-    if step.task == TIMER_TASK:
-        return Wait(step.name, "timer", None, step.wake_at_ms)
-    if step.task == SIGNAL_TASK:
-        name = step.kwargs.get("signal")
-        return Wait(step.name, "signal", name if isinstance(name, str) else None, step.wake_at_ms)
-    if step.task == CHILD_TASK:
-        child = step.kwargs.get("saga_id")
-        return Wait(step.name, "child", child if isinstance(child, str) else None, None)
-    return None
+    return Wait(step.name, kind.name, kind.waits_for(step), step.wake_at_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,4 +133,4 @@ def live_gate(approval: ApprovalRecord, load: Callable[[str], SagaRecord | None]
     saga = load(approval.saga_id)
     gate = None if saga is None else saga.step(approval.step or "")
     return gate is not None and gate.approval_id == approval.approval_id and \
-        gate.state is StepState.AWAITING_APPROVAL
+        awaiting_decision(gate)

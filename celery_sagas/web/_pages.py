@@ -14,6 +14,7 @@ from ._source import PREFIX_READ, STATES, SagaFilter
 from ._timeline import timeline
 from ._views import (
     child_of,
+    deadline_of,
     effect_rows,
     finding_forms,
     hint,
@@ -77,7 +78,7 @@ def saga() -> str | tuple[str, int]:
         approvals=data.approvals_of(record), events=lifecycle(record), effects=effect_rows,
         payload=data.payload, resolution=resolution, outcomes=outcomes,
         actions=saga_actions(record), undoing=UNDOING, raised=raised, child_of=child_of,
-        next_attempt=next_attempt, waits=waits_of(record),
+        deadline_of=deadline_of, next_attempt=next_attempt, waits=waits_of(record),
         children=[child for step in record.steps if (child := child_of(step)) is not None],
     )
 

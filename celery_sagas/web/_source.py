@@ -54,6 +54,7 @@ from celery_sagas.errors import (
 
 from .. import _values as values
 from .._codec import Codec
+from .._protocol.kinds import awaiting_decision
 from .._records import APPROVAL, SAGA
 from .._scans import Scans
 from ..stores.base import PrefixScan
@@ -459,7 +460,7 @@ class SagaSource:
         """The approvals of the saga's gates that still wait (pending, or approved and unused)."""
         found = []
         for step in record.steps:
-            if step.approval_id is None or step.state is not celery_sagas.StepState.AWAITING_APPROVAL:
+            if step.approval_id is None or not awaiting_decision(step):
                 continue
             approval = self._approval(step.approval_id)
             if approval is not None and approval.state in ("pending", "approved"):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from celery_sagas import EffectState, SagaRecord, SagaState, StepRecord, StepState
 
-from .._records import CHILD_TASK, SIGNAL_TASK, TIMER_TASK
+from .._protocol.kinds import HELD_STATES, kind_of
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
@@ -45,8 +45,8 @@ GAP_SHARE = 0.25  # an idle stretch longer than this share of the span becomes a
 MIN_GAP_MS = 2_000
 MAX_GAPS = 6
 TIMES = "\N{MULTIPLICATION SIGN}"
-_FORWARD = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
-            StepState.COMMITTED, StepState.FAILED, StepState.AMBIGUOUS)
+_FORWARD = (StepState.EXECUTING, *HELD_STATES, StepState.COMMITTED, StepState.FAILED,
+            StepState.AMBIGUOUS)
 _COMPENSATION = (StepState.COMPENSATING, StepState.COMPENSATION_FAILED, StepState.COMPENSATED)
 
 
@@ -222,20 +222,19 @@ def _forward(record: SagaRecord, index: int, now: int, scale: Scale,
     bars: list[Bar] = []
     marks: list[Mark] = []
     top, height = y + 5, 12.0
+    kind = kind_of(step)
     if step.approval_id is not None:
-        end = step.committed_at_ms or (now if step.state is StepState.AWAITING_APPROVAL else begin)
+        end = step.committed_at_ms or (now if step.state is kind.held_state else begin)
         bars.append(scale.bar(begin, end, top, height, "approval", f"{step.name}: approval gate"))
         if step.state is StepState.FAILED:  # denied or expired; a gate has no effect marks
             right = bars[-1].x + bars[-1].width + 8
             marks.append(Mark(right, top + 10, "✕", "failed", f"gate closed ({step.error_code})"))
-    elif step.task.startswith("celery_sagas."):  # a timer, a signal wait, a child: no task runs
-        end = step.committed_at_ms or (now if step.state is StepState.WAITING else begin)
-        kind, title = _held(step)
-        bars.append(scale.bar(begin, end, top, height, kind, title))
-        if step.wake_at_ms is not None and step.state is StepState.WAITING:
-            word = "wakes" if kind == "timer" else "times out"
+    elif kind.held:  # a timer, a signal wait, a child, any held kind: no task runs
+        end = step.committed_at_ms or (now if step.state is kind.held_state else begin)
+        bars.append(scale.bar(begin, end, top, height, kind.name, _held(step)))
+        if step.wake_at_ms is not None and step.state is kind.held_state:
             marks.append(Mark(scale.x(step.wake_at_ms), top + 10, "◆", "deadline",
-                              f"{step.name} {word} at {clock(step.wake_at_ms)} UTC"))
+                              f"{step.name} {kind.deadline} at {clock(step.wake_at_ms)} UTC"))
     elif step.state is StepState.EXECUTING and started is None and step.next_attempt_at_ms:
         bars.append(scale.bar(begin, step.next_attempt_at_ms, top, height, "retry",
                               f"{step.name}: retry due at {clock(step.next_attempt_at_ms)} UTC"))
@@ -246,25 +245,18 @@ def _forward(record: SagaRecord, index: int, now: int, scale: Scale,
             bars.append(scale.bar(begin, started, top, height, "wait", f"{step.name}: waiting for a worker"))
         run_from = started if started is not None else begin
         state = _state(step.execution)
-        kind = "unknown" if state is EffectState.UNKNOWN else "run"
-        bars.append(scale.bar(run_from, _forward_end(step, run_from, now), top, height, kind,
+        drawn = "unknown" if state is EffectState.UNKNOWN else "run"
+        bars.append(scale.bar(run_from, _forward_end(step, run_from, now), top, height, drawn,
                               f"{step.name}: execution {state or step.state}"))
     marks.extend(_outcome_marks(step.execution, step.attempts, bars[-1], top + 10, "execution"))
     return bars, marks
 
 
-def _held(step: StepRecord) -> tuple[str, str]:
-    """The bar kind and tooltip of a step no task runs."""
-    until = "" if step.wake_at_ms is None else f" until {clock(step.wake_at_ms)} UTC"
-    if step.task == TIMER_TASK:
-        return "timer", f"{step.name}: timer{until} ({step.state})"
-    if step.task == SIGNAL_TASK:
-        name = step.kwargs.get("signal")
-        timeout = "" if step.wake_at_ms is None else f", times out at {clock(step.wake_at_ms)} UTC"
-        return "signal", f"{step.name}: waiting for signal {name}{timeout} ({step.state})"
-    if step.task == CHILD_TASK:
-        return "child", f"{step.name}: child saga {step.kwargs.get('saga_id')} ({step.state})"
-    return "wait", f"{step.name}: {step.state}"
+def _held(step: StepRecord) -> str:
+    """The tooltip of a step no task runs: what its kind says it does, until when."""
+    kind = kind_of(step)
+    until = "" if step.wake_at_ms is None else f", {kind.deadline} at {clock(step.wake_at_ms)} UTC"
+    return f"{step.name}: {kind.describe(step)}{until} ({step.state})"
 
 
 def _forward_end(step: StepRecord, run_from: int, now: int) -> int:
@@ -273,8 +265,7 @@ def _forward_end(step: StepRecord, run_from: int, now: int) -> int:
     mark = step.execution
     if mark is not None and mark.state is EffectState.FAILED:
         return max(run_from, mark.at_ms)
-    if step.state in (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
-                      StepState.AMBIGUOUS):
+    if step.state in (StepState.EXECUTING, *HELD_STATES, StepState.AMBIGUOUS):
         return now
     return run_from
 

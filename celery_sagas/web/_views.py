@@ -20,9 +20,9 @@ from celery_sagas import (
 
 from .._cli_format import iso
 from .._protocol.findings import review_advice
+from .._protocol.kinds import HELD_STATES, child_id_of, kind_of
 from .._protocol.moves import unresolved_ambiguity
 from .._protocol.waiting import signal_name_of
-from .._records import CHILD_TASK, WAITING_TASKS
 
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
@@ -36,6 +36,7 @@ __all__ = [
     "Raised",
     "SagaActions",
     "child_of",
+    "deadline_of",
     "effect_rows",
     "finding_forms",
     "hint",
@@ -96,8 +97,7 @@ class SagaActions:
     why_none: str | None
 
 
-_IN_FLIGHT = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
-              StepState.COMPENSATING)
+_IN_FLIGHT = (StepState.EXECUTING, *HELD_STATES, StepState.COMPENSATING)
 
 
 def saga_actions(record: SagaRecord) -> SagaActions:
@@ -198,10 +198,14 @@ def raised(text: str | None) -> Raised | None:
     return Raised(text, "") if text.replace(".", "").replace("_", "").isalnum() else Raised("", text)
 
 
+def deadline_of(step: StepRecord) -> str:
+    """What a held step's ``wake_at_ms`` is, as its kind says: "wakes at", "times out at"."""
+    return f"{kind_of(step).deadline} at"
+
+
 def child_of(step: StepRecord) -> str | None:
     """The id of the child saga a step started, or None for any other step."""
-    child = step.kwargs.get("saga_id") if step.task == CHILD_TASK else None
-    return child if isinstance(child, str) else None
+    return child_id_of(step)
 
 
 def next_attempt(record: SagaRecord, step: StepRecord) -> int | None:
@@ -231,7 +235,7 @@ def effect_rows(step: StepRecord) -> list[EffectRow]:
     """The step's execution and (once begun, or where a compensator exists) compensation;
     none for an approval gate, a timer, a signal wait or a child step, which cause no side
     effect of their own (the page says what they wait for)."""
-    if step.approval_id is not None or step.task in WAITING_TASKS:
+    if kind_of(step).held:
         return []
     rows = [_effect_row(Stage.EXECUTION, step.effect_id, step.execution, step.attempts)]
     if step.compensator or step.compensation is not None:
@@ -260,8 +264,8 @@ class LifecycleRow:
     error_code: str | None = None
 
 
-_FORWARD = (StepState.EXECUTING, StepState.WAITING, StepState.AWAITING_APPROVAL,
-            StepState.COMMITTED, StepState.FAILED, StepState.AMBIGUOUS)
+_FORWARD = (StepState.EXECUTING, *HELD_STATES, StepState.COMMITTED, StepState.FAILED,
+            StepState.AMBIGUOUS)
 _PHASE_OF = {EffectState.COMMITTED: Phase.COMMITTED, EffectState.FAILED: Phase.FAILED,
              EffectState.UNKNOWN: Phase.AMBIGUOUS}
 

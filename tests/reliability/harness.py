@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_sagas._records import CHILD_TASK, SagaRecord, StepState
+from celery_sagas._protocol.kinds import CHILD_TASK
+from celery_sagas._records import SagaRecord, StepState
 from celery_sagas.errors import SagaError
 from tests.reliability.app import DEFINITION, INLINE_DEFINITION
 from tests.reliability.cluster import Cluster

@@ -36,7 +36,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from celery_sagas._records import WAITING_TASKS, SagaRecord, SagaState, StepState
+from celery_sagas._protocol.kinds import kind_of
+from celery_sagas._records import SagaRecord, SagaState, StepState
 from tests.reliability.app import COMPENSATE_UNKNOWN_STEPS, NON_IDEMPOTENT_STEPS
 
 SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
@@ -129,7 +130,7 @@ def _compensation_rules(records: Mapping[str, SagaRecord | None],
         if record is None:
             continue
         for step in record.steps:
-            if step.task in WAITING_TASKS:
+            if kind_of(step).held:
                 continue  # a timer, a signal wait or a child step: no provider effect of its own
             if step.outcome_unknown and step.task not in COMPENSATE_UNKNOWN_STEPS:
                 found.append(Violation("blind-compensation", saga_id,
@@ -264,7 +265,7 @@ def _spurious_reviews(records: Mapping[str, SagaRecord | None],
     found = []
     for saga_id, record in records.items():
         for step in () if record is None else record.steps:
-            if step.task in WAITING_TASKS:
+            if kind_of(step).held:
                 continue
             if step.state is StepState.AMBIGUOUS:
                 attempt = (step.effect_id, step.attempts)

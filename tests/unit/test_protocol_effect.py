@@ -14,9 +14,9 @@ from celery_sagas._protocol.effects import (
     FINAL_EFFECT_STATES,
     effects_of,
 )
+from celery_sagas._protocol.kinds import APPROVAL_TASK
 from celery_sagas._protocol.resolution import Resolution, resolve
 from celery_sagas._records import (
-    APPROVAL_TASK,
     AttemptRef,
     EffectRecord,
     EffectState,

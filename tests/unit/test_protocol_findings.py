@@ -8,7 +8,8 @@ import pytest
 
 from celery_sagas._protocol import codes
 from celery_sagas._protocol.findings import Finding, FindingKind, effect_finding, saga_finding
-from celery_sagas._records import TIMER_TASK, EffectRecord, EffectState, SagaState, StepState
+from celery_sagas._protocol.kinds import TIMER_TASK
+from celery_sagas._records import EffectRecord, EffectState, SagaState, StepState
 
 from .protocol_builders import (
     AM,

@@ -11,12 +11,9 @@ import pytest
 
 from celery_sagas._protocol import codes, moves
 from celery_sagas._protocol.history import bounded, recorded
+from celery_sagas._protocol.kinds import APPROVAL_TASK, CHILD_TASK, SIGNAL_TASK, TIMER_TASK
 from celery_sagas._protocol.notes import ClaimNote, SignalNote, apply_notes
 from celery_sagas._records import (
-    APPROVAL_TASK,
-    CHILD_TASK,
-    SIGNAL_TASK,
-    TIMER_TASK,
     AttemptRef,
     HistoryEntry,
     HistoryEvent,

@@ -30,10 +30,10 @@ from celery_sagas._protocol.effects import (
     FINAL_EFFECT_STATES,
     effects_of,
 )
+from celery_sagas._protocol.kinds import APPROVAL_TASK
 from celery_sagas._protocol.replay import Crashed, Diverged, Outcome, Refused, Returned, Suspended
 from celery_sagas._protocol.resolution import Resolution, resolve
 from celery_sagas._records import (
-    APPROVAL_TASK,
     AttemptRef,
     EffectState,
     SagaRecord,

@@ -21,14 +21,11 @@ from celery_sagas._protocol.decide import decide
 from celery_sagas._protocol.decisions import Abandon, Append, Complete, SagaPolicy, Wait, Wake
 from celery_sagas._protocol.due import due_at
 from celery_sagas._protocol.findings import saga_finding
+from celery_sagas._protocol.kinds import CHILD_TASK, CHILD_UNDO, SIGNAL_TASK, TIMER_TASK
 from celery_sagas._protocol.notes import SignalNote, apply_notes, parse_note
 from celery_sagas._protocol.replay import Recorded, Returned, StepCall, Suspended, match_call
 from celery_sagas._protocol.waiting import TIMED_OUT, judge_waiting, timed_out
 from celery_sagas._records import (
-    CHILD_TASK,
-    CHILD_UNDO,
-    SIGNAL_TASK,
-    TIMER_TASK,
     ParentRef,
     SagaRecord,
     SagaState,
