@@ -37,9 +37,9 @@ from typing import Any, Generic, TypeVar
 from ._engine import Engine
 from ._findings import Window, corrupt_finding, effect_findings, window_of
 from ._leases import Leases
-from ._protocol import codes
 from ._protocol.findings import Finding, FindingKind, saga_finding
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
+from ._repairs import Repairer, default_repairers, repaired
 from ._scans import CorruptRecord, RecordPage, Scans
 from ._values import printable
 from ._walker import walk
@@ -160,6 +160,7 @@ class Sweeper:
         self, engine: Engine, scans: Scans, *, owner: str, lease_ms: int, page_size: int = 100,
         interval_ms: int = 5_000, extra_passes: Sequence[PassFactory] = (), count_states: bool = False,
         on_page: Callable[[Lease, SweepReport], None] | None = None,
+        repairers: Sequence[Repairer] | None = None,
     ) -> None:
         self.engine = engine
         self.scans = scans
@@ -170,6 +171,8 @@ class Sweeper:
         self.extra_passes = tuple(extra_passes)
         self.count_states = count_states
         self.on_page = on_page  # called after each checkpointed page (tests and tools watch)
+        # the repairs of held steps each saga gets before its next decision (_repairs.py)
+        self.repairers = list(default_repairers(engine) if repairers is None else repairers)
 
     def sweep(self, shard: int = 0, shards: int = 1, *,
               sent_at_ms: int | None = None) -> SweepReport:
@@ -239,7 +242,7 @@ class Sweeper:
 
     def _walk(self, leases: Leases, lease: Lease, report: SweepReport) -> None:
         now = self.engine.now()
-        passes = default_passes(self.engine, self.scans, now)
+        passes = default_passes(self.engine, self.scans, now, self.repairers)
         passes += [make(self.engine, self.scans, now) for make in self.extra_passes]
         passes += stray_passes(self.scans)
         fence = Fence.of(lease)
@@ -281,16 +284,19 @@ def _done_at(lease: Lease) -> int | None:
 # ---------------------------------------------------------------- the default passes
 
 
-def default_passes(engine: Engine, scans: Scans, now: int) -> list[Pass[Any]]:
-    """The saga passes every sweep makes over a bucket, in order."""
+def default_passes(engine: Engine, scans: Scans, now: int,
+                   repairers: Sequence[Repairer] | None = None) -> list[Pass[Any]]:
+    """The saga passes every sweep makes over a bucket, in order; each saga they read gets the
+    ``repairers`` (default: the built-in kinds', ``_repairs.default_repairers``) first."""
     timing = engine.settings.timing
     window = window_of(engine, now)
+    repairs = list(default_repairers(engine) if repairers is None else repairers)
     return [
         Pass("sagas:due", lambda b, c, n: scans.due_sagas(now + 1, bucket=b, cursor=c, limit=n),
-             _advancing(engine, None, window)),
-        _saga_pass(engine, scans, SagaState.RUNNING, now - timing.stale_ms, window),
-        _saga_pass(engine, scans, SagaState.COMPENSATING, None, window),
-        _saga_pass(engine, scans, SagaState.MANUAL_REVIEW, None, window, act=False),
+             _advancing(engine, repairs, None, window)),
+        _saga_pass(engine, scans, repairs, SagaState.RUNNING, now - timing.stale_ms, window),
+        _saga_pass(engine, scans, repairs, SagaState.COMPENSATING, None, window),
+        _saga_pass(engine, scans, repairs, SagaState.MANUAL_REVIEW, None, window, act=False),
     ]
 
 
@@ -316,24 +322,20 @@ def _stray_pass(scans: Scans, kind: str, known: list[str]) -> Pass[None]:
     return Pass(f"{kind}s:unknown-states", fetch, act)
 
 
-def _saga_pass(engine: Engine, scans: Scans, state: SagaState, before: int | None, window: Window,
-               *, act: bool = True) -> Pass[SagaRecord]:
+def _saga_pass(engine: Engine, scans: Scans, repairs: list[Repairer], state: SagaState,
+               before: int | None, window: Window, *, act: bool = True) -> Pass[SagaRecord]:
     def fetch(bucket: int, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
         return scans.sagas([state], updated_before_ms=before, bucket=bucket, cursor=cursor,
                            limit=limit)
 
-    handle = _advancing(engine, state, window) if act else _reporting(engine, window)
+    handle = _advancing(engine, repairs, state, window) if act else _reporting(repairs, window)
     return Pass(f"sagas:{state}", fetch, handle)
 
 
-def _advancing(engine: Engine, state: SagaState | None, window: Window
+def _advancing(engine: Engine, repairs: list[Repairer], state: SagaState | None, window: Window
                ) -> Callable[[SagaRecord, Fence, SweepReport], None]:
     def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
-        current = record
-        if record.state is SagaState.RUNNING:
-            current = engine.reconcile_gates(record, fence)
-        if current.state in (SagaState.RUNNING, SagaState.COMPENSATING):
-            current = engine.children.reconcile(current, fence)  # child sagas: design §3.7
+        current = repaired(repairs, record, fence)  # held steps: docs/design.md §3.11
         after = engine.advance(record.saga_id, current, fence)
         if after.version != record.version:
             report.acted += 1
@@ -343,12 +345,12 @@ def _advancing(engine: Engine, state: SagaState | None, window: Window
     return act
 
 
-def _reporting(engine: Engine, window: Window) -> Callable[[SagaRecord, Fence, SweepReport], None]:
+def _reporting(repairs: list[Repairer], window: Window
+               ) -> Callable[[SagaRecord, Fence, SweepReport], None]:
     def act(record: SagaRecord, fence: Fence, report: SweepReport) -> None:
-        if record.error_code == codes.CHILD_IN_REVIEW:
-            # the child may have ended since and its report been lost (docs/design.md §3.7)
-            record = engine.children.reconcile(record, fence)
-        _report(report, record, window)
+        # in review for its child: the child may have ended since and its report been lost
+        # (docs/design.md §3.7); the child kind's repairer wants it
+        _report(report, repaired(repairs, record, fence), window)
 
     return act
 
