@@ -95,6 +95,7 @@ def saga_summary(record: SagaRecord) -> dict[str, Any]:
         "error_code": record.error_code,
         "reason": record.reason,
         "exception": shown(record.exception),
+        "traceback": record.traceback,
         "created_at_ms": record.created_at_ms,
         "updated_at_ms": record.updated_at_ms,
     }
@@ -140,6 +141,7 @@ def step_view(step: StepRecord, *, payload: bool = False) -> dict[str, Any]:
         "compensation_attempts": step.compensation_attempts,
         "error_code": step.error_code,
         "exception": shown(step.exception),
+        "traceback": step.traceback,
         **_phase_times(step),
         "time_limit_ms": step.time_limit_ms,
         "claimed_by": step.claimed_by,
@@ -216,6 +218,7 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
         lines.append(f"    approval      {step.approval_id}")
     if step.exception is not None:
         lines.append(f"    raised        {printable(str(step.exception))}")
+    lines += _frames(step.traceback, "    where         ")
     if step.wake_at_ms is not None:
         lines.append(f"    wakes         {iso(step.wake_at_ms)}")
     child = child_id_of(step)  # None for ENCRYPTED kwargs without keys
@@ -225,6 +228,15 @@ def _step_lines(index: int, step: StepRecord, payload: bool) -> list[str]:
         lines.append(f"    args {_compact(step.args, list)}  kwargs {_compact(step.kwargs, dict)}")
         lines.append(f"    result {_compact(step.result)}")
     return lines
+
+
+def _frames(summary: str | None, label: str) -> list[str]:
+    """The lines of a traceback summary, the first after ``label``, the others aligned."""
+    if not summary:
+        return []
+    pad = " " * len(label)
+    return [f"{label if n == 0 else pad}{printable(line)}"
+            for n, line in enumerate(summary.splitlines())]
 
 
 def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
@@ -239,6 +251,7 @@ def saga_text(record: SagaRecord, *, payload: bool = False) -> str:
         lines.append(f"reason      {printable(record.reason)}")
     if record.exception:
         lines.append(f"raised      {printable(str(record.exception))}")
+    lines += _frames(record.traceback, "where       ")
     if record.parent is not None:
         lines.append(f"parent      {record.parent.saga_id} (step {record.parent.step})")
     if record.patches:

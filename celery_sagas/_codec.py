@@ -137,6 +137,7 @@ _STEP: dict[str, _Field] = {
     "compensation": _maybe(dict, _mark),
     "exception": _maybe(str),
     "outcome_unknown": _maybe(bool),
+    "traceback": _maybe(str),
 }
 
 _SIGNAL: dict[str, _Field] = {
@@ -161,6 +162,7 @@ _SAGA: dict[str, _Field] = {
     "result": _Field(None, True),
     "parent": _maybe(dict, _parent),
     "signals_dropped": _maybe(int),
+    "traceback": _maybe(str),
 }
 
 _APPROVAL: dict[str, _Field] = {

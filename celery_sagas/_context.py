@@ -435,7 +435,7 @@ def replay(
         logger.error("saga %s: run() of %r raised %s", saga.saga_id, saga.definition,
                      type(exc).__name__, exc_info=True)
         return Crashed(codes.RUN_FAILED, f"run() raised {type(exc).__name__}",
-                       values.exception_text(exc))
+                       values.exception_text(exc), values.traceback_text(exc))
     diverged = unreached(saga, ctx.calls_made)
     if diverged is not None:
         return diverged

@@ -94,6 +94,13 @@ class _Outcome:
     result: Any = None
     error_code: str | None = None
     exception: str | None = None
+    traceback: str | None = None
+
+    @classmethod
+    def raised(cls, kind: _Kind, error_code: str, exc: BaseException) -> _Outcome:
+        """A body that raised ``exc``: its text and where it was raised."""
+        return cls(kind, error_code=error_code, exception=values.exception_text(exc),
+                   traceback=values.traceback_text(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +490,8 @@ class Delivery:
 
     def _forward_move(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
         move = self._forward_only(options, step, outcome)
-        return lambda s: moves.with_exception(move(s), step.name, outcome.exception)
+        return lambda s: moves.with_exception(move(s), step.name, outcome.exception,
+                                              outcome.traceback)
 
     def _forward_only(self, options: StepOptions, step: StepRecord, outcome: _Outcome) -> Move:
         ref, now = AttemptRef.execution(step), self._now()
@@ -529,13 +537,13 @@ class Delivery:
         step = self._step_of(claimed)
         ctx = _compensation_context(claimed, step, self.effect_id)
         started = time.monotonic()
-        exception = None
+        exception = frames = None
         try:
             body(ctx, step.args, step.kwargs, step.result)
         except Exception as exc:
             logger.error("saga %s compensator of %s raised %s", self.saga_id, step.name,
                          type(exc).__name__, exc_info=True)
-            exception = values.exception_text(exc)
+            exception, frames = values.exception_text(exc), values.traceback_text(exc)
         error = exception is not None
 
         def announce(written: SagaRecord) -> None:
@@ -547,7 +555,8 @@ class Delivery:
 
         move = self._backward_move(claimed, step, error)
         return self._record_outcome(
-            claimed, lambda s: moves.with_exception(move(s), step.name, exception), announce,
+            claimed, lambda s: moves.with_exception(move(s), step.name, exception, frames),
+            announce,
             merge=True,
         )
 
@@ -613,21 +622,17 @@ def _run_step_body(body: StepBody, ctx: StepContext, step: StepRecord, options: 
     except options.retry_on as exc:  # checked first: the step asked for these to be retried
         logger.info("saga %s step %s did not commit, retryable: %s", ctx.saga_id, ctx.step,
                     type(exc).__name__)
-        return _Outcome(_Kind.TRANSIENT, error_code=_error_code(exc, codes.NOT_COMMITTED),
-                        exception=values.exception_text(exc))
+        return _Outcome.raised(_Kind.TRANSIENT, _error_code(exc, codes.NOT_COMMITTED), exc)
     except known as exc:
         logger.info("saga %s step %s did not commit: %s", ctx.saga_id, ctx.step, type(exc).__name__)
-        return _Outcome(_Kind.FAILED, error_code=_error_code(exc, codes.NOT_COMMITTED),
-                        exception=values.exception_text(exc))
+        return _Outcome.raised(_Kind.FAILED, _error_code(exc, codes.NOT_COMMITTED), exc)
     except StepTimeLimitExceeded as exc:
         logger.error("saga %s step %s ran past its time limit", ctx.saga_id, ctx.step)
-        return _Outcome(_Kind.ERRORED, error_code=codes.TIME_LIMIT,
-                        exception=values.exception_text(exc))
+        return _Outcome.raised(_Kind.ERRORED, codes.TIME_LIMIT, exc)
     except Exception as exc:
         logger.error("saga %s step %s raised %s", ctx.saga_id, ctx.step, type(exc).__name__,
                      exc_info=True)
-        return _Outcome(_Kind.ERRORED, error_code=codes.STEP_ERROR,
-                        exception=values.exception_text(exc))
+        return _Outcome.raised(_Kind.ERRORED, codes.STEP_ERROR, exc)
     try:
         return _Outcome(_Kind.COMMITTED, result=values.json_value(result, field="step result"))
     except SagaValidationError:

@@ -269,7 +269,9 @@ class Planner:
         assert isinstance(decision, Review), decision
         logger.warning("saga %s needs manual review: %s", saga.saga_id, decision.error_code)
         reviewed = moves.to_manual_review(saga, decision.error_code, decision.reason, now)
-        return replace(reviewed, exception=decision.exception) if decision.exception else reviewed
+        if decision.exception is None:
+            return reviewed
+        return replace(reviewed, exception=decision.exception, traceback=decision.traceback)
 
     def vanished(self, saga: SagaRecord, decision: Vanished, now: int) -> Plan:
         """The write that settles an attempt that went silent: a retry, or ambiguity."""

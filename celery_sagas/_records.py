@@ -195,6 +195,9 @@ class StepRecord:
         exception: the type and message of the exception the step's body (or its compensator)
             last raised (``"TimeoutError: provider did not answer"``), or None. Written by
             your own code, so it is kept with the payloads, never logged by the library.
+        traceback: where that exception was raised: its innermost frames, one
+            ``"dir/file.py:line in function"`` line each (``_values.traceback_text``), or
+            None. Names only, never locals or payloads.
         outcome_unknown: True when the step's outcome was unknown and it is compensated
             anyway, as its ``compensate_unknown=True`` declares (its execution effect stays
             ``unknown``); None otherwise.
@@ -225,6 +228,7 @@ class StepRecord:
     compensation: EffectMark | None = None
     exception: str | None = None
     outcome_unknown: bool | None = None
+    traceback: str | None = None
 
 
 class HistoryEvent(TextEnum):
@@ -414,6 +418,8 @@ class SagaRecord:
             an operator) joins the saga's trace through it. Ids only, never a payload.
         exception: the type and message of the exception ``run`` raised (``run_failed``),
             or None.
+        traceback: where ``run`` raised it, as a step's ``traceback`` is (frames, no locals),
+            or None.
         patches: the ``ctx.patched`` change ids this saga passed on code that had them
             (docs/design.md §3.6).
         signals: the signals sent to it, in the order they were recorded (docs/design.md §3.5).
@@ -445,6 +451,7 @@ class SagaRecord:
     parent: ParentRef | None = None
     signals_dropped: int = 0
     history: Sequence[HistoryEntry] = EMPTY_HISTORY
+    traceback: str | None = None
     history_folded: int = 0
 
     def step(self, name: str) -> StepRecord | None:

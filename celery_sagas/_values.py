@@ -13,6 +13,7 @@ import datetime
 import json
 import math
 import re
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ __all__ = [
     "tenant_id",
     "timestamp_ms",
     "token",
+    "traceback_text",
     "traceparent",
     "wait_seconds",
     "when_ms",
@@ -187,6 +189,8 @@ traceparent = Matching(_TRACEPARENT, "trace parent must be a W3C traceparent")
 
 
 MAX_EXCEPTION_TEXT = 1000
+MAX_TRACEBACK_FRAMES = 8  # the innermost frames a traceback summary keeps
+MAX_FRAME_TEXT = 120  # characters of one frame line (8 of them stay under 1,000)
 
 
 def exception_text(exc: BaseException) -> str:
@@ -200,6 +204,28 @@ def exception_text(exc: BaseException) -> str:
     text = f"{name}: {message}" if message else name
     text = text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= MAX_EXCEPTION_TEXT else text[:MAX_EXCEPTION_TEXT - 3] + "..."
+
+
+def traceback_text(exc: BaseException) -> str | None:
+    """A bounded summary of where ``exc`` was raised: its innermost ``MAX_TRACEBACK_FRAMES``
+    frames, innermost last, one ``"dir/file.py:line in function"`` line each (at most
+    ``MAX_FRAME_TEXT`` characters), preceded by ``"... N earlier frames"`` when some were left
+    out. File, line and function names only: never locals, arguments or source lines
+    (docs/operations.md, "Metrics and logs"). None without a traceback."""
+    try:
+        frames = traceback.extract_tb(exc.__traceback__, limit=None) if exc.__traceback__ else []
+    except Exception:
+        return None
+    if not frames:
+        return None
+    kept = frames[-MAX_TRACEBACK_FRAMES:]
+    lines = [f"... {len(frames) - len(kept)} earlier frames"] if len(frames) > len(kept) else []
+    for frame in kept:
+        where = "/".join(frame.filename.replace("\\", "/").split("/")[-2:])
+        line = f"{where}:{frame.lineno} in {frame.name}"
+        line = line if line.isascii() else line.encode("ascii", "backslashreplace").decode()
+        lines.append(line if len(line) <= MAX_FRAME_TEXT else "..." + line[-(MAX_FRAME_TEXT - 3):])
+    return "\n".join(lines)
 
 
 def identifier(value: object, *, field: str) -> str:

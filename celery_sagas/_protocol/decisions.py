@@ -140,11 +140,13 @@ class StartCompensation:
 
 @dataclass(frozen=True, slots=True)
 class Review:
-    """Stop for an operator (``exception``: what user code raised, to keep in the record)."""
+    """Stop for an operator (``exception``: what user code raised, ``traceback``: where; both
+    kept in the record)."""
 
     error_code: str
     reason: str
     exception: str | None = None
+    traceback: str | None = None
 
 
 Decision = (

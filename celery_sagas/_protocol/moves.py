@@ -675,7 +675,7 @@ def to_manual_review(saga: SagaRecord, error_code: str, reason: str, now_ms: int
     if not reason:
         raise _illegal(saga, "to_manual_review without a reason")
     return _write(saga, now_ms, state=SagaState.MANUAL_REVIEW, error_code=_code(error_code),
-                  reason=reason, exception=None)
+                  reason=reason, exception=None, traceback=None)
 
 
 def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
@@ -693,17 +693,18 @@ def resume(saga: SagaRecord, now_ms: int) -> SagaRecord:
     lifted = replace(saga, steps=steps)
     cause, why = _rollback_cause(lifted)
     return _write(saga, now_ms, steps=steps, state=direction(saga), error_code=cause, reason=why,
-                  exception=None)
+                  exception=None, traceback=None)
 
 
-def with_exception(saga: SagaRecord, name: str, text: str | None) -> SagaRecord:
-    """``saga`` with step ``name``'s exception text set (or cleared); part of the write that
-    records the outcome, so no version of its own."""
+def with_exception(saga: SagaRecord, name: str, text: str | None,
+                   frames: str | None = None) -> SagaRecord:
+    """``saga`` with step ``name``'s exception text and traceback summary set (or cleared);
+    part of the write that records the outcome, so no version of its own."""
     step = saga.step(name)
-    if step is not None and step.exception == text:
+    if step is not None and step.exception == text and step.traceback == frames:
         return saga  # nothing to change: no copy
-    return replace(saga, steps=tuple(replace(s, exception=text) if s.name == name else s
-                                     for s in saga.steps))
+    return replace(saga, steps=tuple(replace(s, exception=text, traceback=frames)
+                                     if s.name == name else s for s in saga.steps))
 
 
 def one_write(before: SagaRecord, after: SagaRecord) -> SagaRecord:

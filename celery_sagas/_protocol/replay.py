@@ -121,11 +121,13 @@ class Diverged:
 @dataclass(frozen=True, slots=True)
 class Crashed:
     """run() itself raised or misused the context: a bug, sent to manual review
-    (``exception``: the type and message of what run() raised, if it raised)."""
+    (``exception``: the type and message of what run() raised, if it raised; ``traceback``:
+    where, as ``_values.traceback_text`` summarises it)."""
 
     error_code: str
     reason: str
     exception: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,3 +96,29 @@ def test_resume_clears_the_recorded_run_exception(shop: Shop) -> None:
     resumed = shop.sagas.resume("f-1")
 
     assert resumed.state == SagaState.COMPLETED and resumed.exception is None
+    assert resumed.traceback is None
+
+
+def test_a_step_exception_keeps_where_it_was_raised_innermost_last(shop: Shop) -> None:
+    shop.script.then("charge", TimeoutError("provider did not answer"))
+
+    shop.start_order()
+    shop.driver.run_until_idle()
+
+    frames = shop.step("shop.charge").traceback
+    assert frames is not None
+    assert frames.splitlines()[-1].startswith("engine/conftest.py:")  # Script raises it
+    assert all(" in " in line for line in frames.splitlines())
+
+
+def test_a_run_exception_keeps_where_run_raised_it(shop: Shop) -> None:
+    @shop.sagas.saga("broken-deep")
+    def broken(ctx: Any, data: Any) -> Any:
+        return data["missing"]
+
+    record = broken.start({"card": "4111 1111"}, saga_id="b-2").record
+
+    assert record.traceback is not None
+    assert record.traceback.splitlines()[-1].startswith("engine/test_exceptions_recorded.py:")
+    assert record.traceback.endswith(" in broken") and "4111" not in record.traceback
+    assert shop.sagas.get("b-2").traceback == record.traceback  # stored, read back

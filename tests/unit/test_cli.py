@@ -320,6 +320,33 @@ def test_show_prints_the_exception_run_raised_on_one_line(shop: Shop) -> None:
     assert view["exception"] == "TypeError: bad total\nsaga        forged"
 
 
+def test_show_prints_where_a_step_and_run_raised_one_frame_a_line(shop: Shop) -> None:
+    # given: charge raised (in the test's Script), and run() raised in ``crashing``
+    ambiguous_charge(shop)
+
+    @shop.sagas.saga("crashing")
+    def crashing(ctx: Any, data: Any) -> Any:
+        raise TypeError("bad total")
+
+    crashing.start({}, saga_id="c-2")
+
+    # when
+    step_text = plugin(shop, "show", "o-1").stdout.splitlines()
+    run_text = plugin(shop, "show", "c-2").stdout.splitlines()
+    view = as_json(plugin(shop, "show", "o-1", "--json"))
+
+    # then
+    at = next(n for n, line in enumerate(step_text) if line.startswith("    where         "))
+    assert step_text[at - 1].startswith("    raised        ConnectionError")
+    frames = view["steps"][1]["traceback"].splitlines()
+    assert [line.strip() for line in step_text[at:at + len(frames)]] == \
+        [f"where         {frames[0]}", *frames[1:]]
+    assert frames[-1].startswith("engine/conftest.py:")
+    where = [line for line in run_text if line.startswith("where       ")]
+    assert len(where) == 1 and run_text[-1] != where[0]
+    assert any(line.strip().endswith(" in crashing") for line in run_text)
+
+
 def test_show_payload_adds_the_input_and_arguments(shop: Shop) -> None:
     # given
     completed(shop, "o-1")
@@ -964,7 +991,7 @@ def test_every_command_takes_json_and_is_on_both_entry_points() -> None:
         assert main.commands[command.name or ""] is command
     assert set(sagas.commands) == {"list", "show", "history", "findings", "replay-check", "resolve",
                                    "approve", "deny", "cancel", "resume", "signal", "sweep",
-                                   "reseal", "export", "web"}
+                                   "reseal", "reindex", "export", "web"}
     assert sagas.commands["web"] is main.commands["web"]
     assert sagas.commands["export"] is main.commands["export"]  # JSON lines, always
 

@@ -45,6 +45,27 @@ def test_a_failed_run_shows_what_run_raised(web: Web) -> None:
     assert escape("'missing'") in text
 
 
+def test_a_step_and_a_run_that_raised_show_where_frame_by_frame(web: Web) -> None:
+    # given: charge raised (in the test's Script); run() raised in ``web_crash``
+    in_review(web.shop)
+
+    @web.sagas.saga("web-crash")
+    def web_crash(ctx: Any, data: Any) -> Any:
+        raise KeyError("missing")
+
+    web_crash.start({}, saga_id="b-2")
+
+    # when
+    step_page, run_page = text_of(web, "/saga?id=o-1"), text_of(web, "/saga?id=b-2")
+
+    # then: the recorded summary, escaped, in a block of its own under what raised
+    step_frames = web.sagas.get("o-1").steps[1].traceback
+    run_frames = web.sagas.get("b-2").traceback
+    assert step_frames and run_frames and run_frames.endswith(" in web_crash")
+    assert f'<dd class="traceback"><pre>{escape(step_frames)}</pre></dd>' in step_page
+    assert f'id="run-traceback"><pre>{escape(run_frames)}</pre></dd>' in run_page
+
+
 def test_parent_and_child_link_to_each_other_and_waits_show_their_deadlines(web: Web) -> None:
     # given: a parent whose child saga waits for a signal
     sagas = web.sagas
