@@ -38,7 +38,8 @@ def open_store(backend: str, url: str, stem: str = "bench") -> RedisStore | SqlS
 
 
 def _redis_writer(store: RedisStore) -> Callable[[list[Envelope]], None]:
-    """HSET each record and ZADD it to its state and label indexes, as the create script does."""
+    """HSET each record and ZADD it to its state and label indexes and its bucket's id index,
+    as the create script does."""
     layout, client = store.layout, store._client
 
     def write(batch: list[Envelope]) -> None:
@@ -50,6 +51,7 @@ def _redis_writer(store: RedisStore) -> Callable[[list[Envelope]], None]:
                 "updated_at_ms": e.updated_at_ms, "body": e.body, "label": e.label})
             for label in (None, e.label):
                 pipe.zadd(layout.record_index(e.kind, e.id, e.state, label), {e.id: e.updated_at_ms})
+            pipe.zadd(layout.ids(e.kind, store.bucket_of(e.id)), {e.id: 0})
         pipe.execute()
 
     return write

@@ -8,9 +8,12 @@ Each record carries its definition as the store's label (the label index) and it
 effect marks, as the codec writes them. Then it builds ``create_app(sagas)`` over that store
 and times every page with Flask's test client: the first request (the overview's cold one
 counts every minute of its chart; later ones only the recent minutes), one more warm-up, then
-the median (and the slowest) of ``--repeat`` requests. It also counts the store primitives the
-first request calls (the overview calls ``count``, and one ``scan`` of the open sagas idle past
-``stale_after``; a list page one ``scan``). Prints the
+the median (and the slowest) of ``--repeat`` requests: the overview, the sagas list filtered
+by state, definition and id prefix (``scan_prefix``: the primary key on PostgreSQL, the id index
+on Redis), sorted by last write either way (``scan_ordered``) and their next pages, one saga
+and the attention queue. It also counts the store primitives the first request calls (the
+overview calls ``count``, and one ``scan`` of the open sagas idle past ``stale_after``; a list
+page one ``scan``, ``scan_prefix`` or ``scan_ordered``). Prints the
 figures with the load average, writes ``bench/results/web_pages.json``, and removes what it
 wrote.
 
@@ -43,7 +46,7 @@ from bench.common import git_commit, machine, write_json
 from celery_sagas import SagaRecord, Sagas, SagaState, StepRecord, StepState, Store
 from celery_sagas._codec import Codec
 from celery_sagas._protocol.effects import marked
-from celery_sagas.stores.base import Envelope
+from celery_sagas.stores.base import Envelope, OrderedScan, Page, PrefixScan
 from celery_sagas.testing.proxy import StoreProxy
 from celery_sagas.web import WebUser, create_app
 
@@ -122,6 +125,9 @@ def envelopes(count: int, now_ms: int) -> Iterator[Envelope]:
 # ---------------------------------------------------------------------- timing
 
 
+_COUNTED = frozenset({"get", "scan", "scan_due", "count", "scan_prefix", "scan_ordered"})
+
+
 class CallCounter(StoreProxy):
     """The store, counting the primitives the pages call."""
 
@@ -131,7 +137,7 @@ class CallCounter(StoreProxy):
 
     def __getattribute__(self, name: str) -> Any:
         found = super().__getattribute__(name)
-        if name in ("get", "scan", "scan_due", "count") and callable(found):
+        if name in _COUNTED and callable(found):
             calls = super().__getattribute__("calls")
 
             def counted(*args: Any, **kwargs: Any) -> Any:
@@ -140,6 +146,14 @@ class CallCounter(StoreProxy):
 
             return counted
         return found
+
+    def scan_prefix(self, *args: Any, **kwargs: Any) -> Page:
+        """Delegate (the store's ``PrefixScan``)."""
+        return cast(PrefixScan, self.inner).scan_prefix(*args, **kwargs)
+
+    def scan_ordered(self, *args: Any, **kwargs: Any) -> Page:
+        """Delegate (the store's ``OrderedScan``)."""
+        return cast(OrderedScan, self.inner).scan_ordered(*args, **kwargs)
 
     def taken(self) -> dict[str, int]:
         """The calls counted since the last ``taken``."""
@@ -172,13 +186,22 @@ def pages(client: Any) -> dict[str, str]:
         "sagas, state manual-review": "/sagas?state=manual-review",
         "sagas, definition sync-user": "/sagas?definition=sync-user",
         "sagas, id prefix (rare)": "/sagas?id=order-09999",
+        "sagas, id prefix (1,000 match)": "/sagas?id=order-01",
+        "sagas, id prefix, in review": "/sagas?id=order-0&state=manual-review",
+        "sagas, newest first": "/sagas?sort=newest",
+        "sagas, oldest first": "/sagas?sort=oldest",
+        "sagas, open, newest first": "/sagas?state=running&state=compensating&sort=newest",
+        "sagas, sync-user, newest first": "/sagas?definition=sync-user&sort=newest",
         "saga (manual review)": "/saga?id=" + _review_id(client),
         "needs attention": "/attention",
     }
-    _, first = _get(client, "/sagas")
-    found = re.search(r'<a class="next" href="([^"]*)"', first)
-    if found:
-        paths["sagas, next page"] = html.unescape(found.group(1))
+    for name, first_page in (("sagas, next page", "/sagas"),
+                             ("sagas, newest first, next page", "/sagas?sort=newest"),
+                             ("sagas, id prefix, next page", "/sagas?id=order-01")):
+        _, first = _get(client, first_page)
+        found = re.search(r'<a class="next" href="([^"]*)"', first)
+        if found:
+            paths[name] = html.unescape(found.group(1))
     return paths
 
 

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from .. import _values as values
 from ..errors import SagaValidationError
 
-__all__ = ["decode_cursor", "encode_cursor"]
+__all__ = ["decode_cursor", "decode_position", "encode_cursor", "encode_position"]
+
+_ORDERED = ["ordered"]  # the one "state" an ordered-scan cursor names
 
 # A real cursor is a few dozen characters; anything far longer is not one of ours.
 _MAX_CURSOR = 4096
@@ -32,3 +34,13 @@ def decode_cursor(
     ):
         raise SagaValidationError("malformed scan cursor")
     return fields[0], (fields[1], fields[2]), tuple(fields[3:])
+
+
+def encode_position(position: tuple[int, str]) -> str:
+    """The cursor of an ordered scan: the (updated_at_ms, id) its next page starts at."""
+    return encode_cursor(_ORDERED, _ORDERED[0], position)
+
+
+def decode_position(cursor: str | None) -> tuple[int, str] | None:
+    """The (updated_at_ms, id) an ordered-scan cursor names; None starts at the top."""
+    return decode_cursor(cursor, _ORDERED)[1]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from .._values import timestamp_ms
 from ..errors import SagaValidationError
+from ._cursor import decode_position
 from .base import (
     Envelope,
     Fence,
@@ -43,8 +44,8 @@ from .base import (
     check_scan_args,
 )
 
-__all__ = ["ValidatingLeaseTakeover", "ValidatingPrefixScan", "ValidatingStateListing",
-           "ValidatingStore"]
+__all__ = ["ValidatingLeaseTakeover", "ValidatingOrderedScan", "ValidatingPrefixScan",
+           "ValidatingStateListing", "ValidatingStore"]
 
 
 class ValidatingStore(ABC):
@@ -298,3 +299,24 @@ class ValidatingLeaseTakeover(ABC):
     def _take_over_lease(self, name: str, owner: str, token: str, expires_at_ms: int,
                          expected_fence: int, bucket: int) -> Lease | None:
         """``expires_at_ms`` is ``now_ms + lease_ms``, checked."""
+
+
+class ValidatingOrderedScan(ABC):
+    """The optional ``OrderedScan`` capability with its arguments checked (a store that has it
+    subclasses this beside ``ValidatingStore``)."""
+
+    def scan_ordered(self, kind: str, states: Sequence[str], *, label: str | None = None,
+                     updated_before_ms: int | None = None, newest_first: bool = False,
+                     cursor: str | None = None, limit: int = 100) -> Page:
+        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``, and last written
+        before ``updated_before_ms``) by (updated_at_ms, id), from the opaque ``cursor`` on."""
+        wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
+        if not isinstance(newest_first, bool):
+            raise SagaValidationError("newest_first must be a bool")
+        return self._scan_ordered(kind, wanted, label, updated_before_ms, newest_first,
+                                  decode_position(cursor), limit)
+
+    @abstractmethod
+    def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """``states`` come without repeats; ``at`` is the first position of the page, if any."""

@@ -48,6 +48,7 @@ __all__ = [
     "LeaseHolder",
     "LeaseTakeover",
     "Notifying",
+    "OrderedScan",
     "Page",
     "PrefixScan",
     "StateListing",
@@ -320,6 +321,29 @@ class PrefixScan(Protocol):
     ) -> Page:
         """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``) whose id starts
         with ``prefix``, by id, from the id the opaque ``cursor`` names."""
+        ...
+
+
+@runtime_checkable
+class OrderedScan(Protocol):
+    """An optional store capability: the records of a kind in several states as one list by
+    (``updated_at_ms``, id), oldest or newest first, across states and buckets, merged from the
+    state (or label) indexes: a page reads at most ``limit + 1`` entries of each index merged,
+    never every record. Every built-in store has it; the web UI's sort uses it."""
+
+    def scan_ordered(
+        self,
+        kind: str,
+        states: Sequence[str],
+        *,
+        label: str | None = None,
+        updated_before_ms: int | None = None,
+        newest_first: bool = False,
+        cursor: str | None = None,
+        limit: int = 100,
+    ) -> Page:
+        """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``, and last written
+        before ``updated_before_ms``) by (updated_at_ms, id), from the opaque ``cursor`` on."""
         ...
 
 

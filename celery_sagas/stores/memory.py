@@ -8,15 +8,17 @@ so that a scan of one bucket reads only its records.
 from __future__ import annotations
 
 import bisect
+import heapq
 import hmac
 import threading
 import zlib
 
 from .._frozen import replace
 from ..errors import FencedWriteRefused, SagaValidationError
-from ._cursor import decode_cursor, encode_cursor
+from ._cursor import decode_cursor, encode_cursor, encode_position
 from ._validating import (
     ValidatingLeaseTakeover,
+    ValidatingOrderedScan,
     ValidatingPrefixScan,
     ValidatingStateListing,
     ValidatingStore,
@@ -30,7 +32,7 @@ _LeaseKey = tuple[str, int]  # (name, bucket)
 
 
 class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
-                  ValidatingLeaseTakeover):
+                  ValidatingLeaseTakeover, ValidatingOrderedScan):
     """Keeps every record in process memory behind one lock; loses everything on exit.
 
     Its arguments are checked by ``ValidatingStore`` (docs/design.md §4.4).
@@ -173,6 +175,25 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
                 key=lambda e: e.id)[:limit + 1]
         following = found[limit].id if len(found) > limit else None
         return Page(tuple(found[:limit]), following)
+
+    def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """Each (state, bucket) index's next ``limit + 1`` positions, merged (``OrderedScan``)."""
+        runs = []
+        with self._lock:
+            for state in states:
+                for bucket in range(self.buckets):
+                    key = ("s", kind, state, label, bucket)
+                    if not newest_first:
+                        runs.append(self._after(key, at, before)[:limit + 1])
+                        continue
+                    run = self._after(key, None, before)
+                    if at is not None:
+                        run = run[:bisect.bisect_right(run, at)]
+                    runs.append(run[-(limit + 1):][::-1])
+            found = list(heapq.merge(*runs, reverse=newest_first))[:limit + 1]
+            items = tuple(self._records[(kind, record_id)] for _, record_id in found[:limit])
+        return Page(items, encode_position(found[limit]) if len(found) > limit else None)
 
     def _stored_states(self, kind: str) -> list[str]:
         """The distinct states of the records of ``kind``, sorted (from the state indexes)."""

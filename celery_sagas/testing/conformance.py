@@ -60,6 +60,7 @@ from ..stores.base import (
     Lease,
     LeaseHolder,
     LeaseTakeover,
+    OrderedScan,
     PrefixScan,
     StateListing,
     Store,
@@ -524,6 +525,46 @@ class StoreConformance:
             if (cursor := page.cursor) is None:
                 break
         assert seen == wanted and len(wanted) == 10
+
+    def _ordered_ids(self, store: OrderedScan, states: list[str], *, newest_first: bool,
+                     limit: int = 3, **filters: Any) -> list[str]:
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = store.scan_ordered("saga", states, newest_first=newest_first, cursor=cursor,
+                                      limit=limit, **filters)
+            assert len(page.items) <= limit
+            seen += [e.id for e in page.items]
+            if (cursor := page.cursor) is None:
+                return seen
+
+    def test_an_ordered_scan_lists_several_states_by_last_write_either_way(self) -> None:
+        store = self._store()
+        if not isinstance(store, OrderedScan):
+            pytest.skip("this store has no ordered scan (OrderedScan is optional)")
+        first, second, other = _fresh("st"), _fresh("st"), _fresh("st")
+        made = [self._created(_envelope(_fresh(f"o{n}"), (first, second)[n % 2], T0 + n // 3))
+                for n in range(14)]  # ties: three records a millisecond, in both states
+        self._created(_envelope(_fresh("x"), other, T0 + 1))
+        order = [e.id for e in sorted(made, key=lambda e: (e.updated_at_ms, e.id))]
+        assert self._ordered_ids(store, [first, second], newest_first=False) == order
+        assert self._ordered_ids(store, [first, second], newest_first=True) == order[::-1]
+        assert self._ordered_ids(store, [first, second], newest_first=True, limit=1000) == \
+            order[::-1]
+        before = [e.id for e in sorted(made, key=lambda e: (e.updated_at_ms, e.id))
+                  if e.updated_at_ms < T0 + 2]
+        assert self._ordered_ids(store, [second, first], newest_first=True,
+                                 updated_before_ms=T0 + 2) == before[::-1]
+
+    def test_an_ordered_scan_places_a_rewritten_record_at_its_new_write(self) -> None:
+        store = self._store()
+        if not isinstance(store, OrderedScan):
+            pytest.skip("this store has no ordered scan (OrderedScan is optional)")
+        state, done = _fresh("st"), _fresh("st")
+        old, young = (self._created(_envelope(_fresh("r"), state, T0 + n)) for n in (0, 5))
+        assert store.compare_and_set(_next(old, state=done, updated_at_ms=T0 + 9), 1) is True
+        assert self._ordered_ids(store, [state, done], newest_first=True) == [old.id, young.id]
+        assert self._ordered_ids(store, [state], newest_first=False) == [young.id]
 
     def test_scan_of_a_state_without_records_is_empty(self) -> None:
         page = self._store().scan("saga", [_fresh("empty")])

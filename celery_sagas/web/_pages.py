@@ -10,7 +10,7 @@ from ._attention import STALE_READ, waits_of
 from ._chart import chart
 from ._history_view import history_timeline
 from ._request import page_error, source
-from ._source import PREFIX_READ, STATES, SagaFilter
+from ._source import ORDERS, PREFIX_READ, STATES, SagaFilter
 from ._timeline import timeline
 from ._views import (
     child_of,
@@ -45,15 +45,17 @@ def overview() -> str:
 
 @blueprint.get("/sagas")
 def sagas() -> str:
-    """One page of sagas, filtered by state, definition and id prefix."""
+    """One page of sagas, filtered by state, definition, id prefix, error code and time, in
+    index order or sorted by last write."""
     args = request.args
     chosen = SagaFilter.of(args.getlist("state"), args.get("definition") or None,
                            args.get("id") or None, args.get("error") or None,
-                           args.get("before") or None)
+                           args.get("before") or None, args.get("sort") or None)
     page = source().page(chosen, args.get("cursor") or None, limit=PAGE_SIZE)
     return render_template("sagas.html", page=page, chosen=chosen,
                            states=[str(s) for s in STATES],
                            definitions=source().definitions(), prefix_read=PREFIX_READ,
+                           orders=ORDERS,
                            before=_local(chosen.updated_before_ms))
 
 

@@ -11,7 +11,9 @@ list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
   stale, not those waiting by design: ``_attention``) and pending approvals whose gate still
   waits;
 - the sagas list is one page of ``sagas.browse(states, definition=...)``: the store filters
-  by state and definition. An id prefix is one page of the store's prefix scan
+  by state and definition; sorted by last write (newest or oldest first), one page of the
+  store's ordered scan (``OrderedScan``: the state indexes merged). An id prefix is one page
+  of the store's prefix scan
   (``PrefixScan``: every built-in store; Redis from its id index); with a store without it the
   prefix is filtered here, on the envelopes of the store's scan (only matches are decoded), at
   most ``PREFIX_READ`` per request, with a cursor to go on from there; so is an error code;
@@ -57,7 +59,7 @@ from .._codec import Codec
 from .._protocol.kinds import awaiting_decision
 from .._records import APPROVAL, SAGA
 from .._scans import Scans
-from ..stores.base import PrefixScan
+from ..stores.base import OrderedScan, PrefixScan
 from ._attention import STALE_READ, Attention, WaitingRow, judge_stale, live_gate, waiting_rows
 from ._events import Announce, OperatorAction
 
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MINUTE_MS",
+    "ORDERS",
     "PREFIX_READ",
     "STATES",
     "DefinitionRow",
@@ -92,6 +95,8 @@ _QUEUE_PAGES = 8  # pages of the findings walk one filtered queue page reads at 
 _CURSOR_VERSION = 2
 _MAX_CURSOR = 4096
 _MAX_BROWSE = 1000
+# The sagas list's sorts: by last write, across states (``OrderedScan``).
+ORDERS = {"newest": "last written, newest first", "oldest": "last written, oldest first"}
 T = TypeVar("T")
 
 
@@ -143,12 +148,15 @@ class SagaFilter:
     id_prefix: str | None = None
     error_code: str | None = None
     updated_before_ms: int | None = None
+    order: str | None = None
 
     @classmethod
     def of(cls, states: Sequence[str], definition: str | None, id_prefix: str | None,
-           error_code: str | None = None, updated_before: str | None = None) -> SagaFilter:
+           error_code: str | None = None, updated_before: str | None = None,
+           order: str | None = None) -> SagaFilter:
         """A validated filter (SagaValidationError names what is wrong); ``updated_before`` is
-        an ISO 8601 date and time, UTC unless it names its offset."""
+        an ISO 8601 date and time, UTC unless it names its offset; ``order`` is one of
+        ``ORDERS`` (None: the index order, state by state)."""
         known = {str(s) for s in SagaState}
         for state in states:
             if state not in known:
@@ -158,8 +166,11 @@ class SagaFilter:
             values.token(id_prefix, field="id prefix", max_len=128)
         if error_code:
             values.token(error_code, field="error code", max_len=64)
+        if order and order not in ORDERS:
+            raise SagaValidationError(f"unknown sort {order[:20]!r}: one of {', '.join(ORDERS)}")
         return cls(tuple(dict.fromkeys(states)), definition, id_prefix or None,
-                   error_code or None, _instant(updated_before) if updated_before else None)
+                   error_code or None, _instant(updated_before) if updated_before else None,
+                   order or None)
 
     @property
     def browsed_states(self) -> list[str]:
@@ -174,7 +185,7 @@ class SagaFilter:
     def fingerprint(self) -> str:
         """A short digest that ties a cursor to this filter."""
         text = json.dumps([self.states, self.definition, self.id_prefix, self.error_code,
-                           self.updated_before_ms])
+                           self.updated_before_ms, self.order])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -370,14 +381,16 @@ class SagaSource:
         if not 1 <= limit <= _MAX_BROWSE:
             raise SagaValidationError(f"limit must be in 1..{_MAX_BROWSE}")
         at = _decode_cursor(cursor, chosen.fingerprint()) if cursor else _At(None, limit, 0)
+        store = self._sagas.store
         if not chosen.read_here:
-            page = self._browse(chosen, at.cursor, limit)
+            page = self._ordered(store, chosen, at.cursor, limit) \
+                if chosen.order and isinstance(store, OrderedScan) \
+                else self._browse(chosen, at.cursor, limit)
             after = None if page.cursor is None else _At(page.cursor, limit, 0).encode(chosen)
-            matching = self._sagas.store.count(SAGA, chosen.browsed_states, label=chosen.definition,
-                                               updated_before_ms=chosen.updated_before_ms)
+            matching = store.count(SAGA, chosen.browsed_states, label=chosen.definition,
+                                   updated_before_ms=chosen.updated_before_ms)
             return SagaPage(page.records, page.corrupt, after, len(page.records) + len(page.corrupt),
                             matching=matching)
-        store = self._sagas.store
         if chosen.id_prefix is not None and isinstance(store, PrefixScan):
             return self._by_prefix(store, chosen, chosen.id_prefix, at, limit)
         return self._filtered(chosen, at, limit)
@@ -399,6 +412,19 @@ class SagaSource:
         after = None if page.cursor is None else _At(page.cursor, limit, 0).encode(chosen)
         return SagaPage(tuple(records), tuple(corrupt), after, len(page.items), False,
                         self.saga(prefix))
+
+    def _ordered(self, store: OrderedScan, chosen: SagaFilter, cursor: str | None,
+                 limit: int) -> RecordPage[SagaRecord]:
+        """One page by last write across the states chosen (the store merges its indexes)."""
+        page = store.scan_ordered(SAGA, chosen.browsed_states, label=chosen.definition,
+                                  updated_before_ms=chosen.updated_before_ms,
+                                  newest_first=chosen.order == "newest", cursor=cursor,
+                                  limit=limit)
+        records: list[SagaRecord] = []
+        corrupt: list[CorruptRecord] = []
+        for envelope in page.items:
+            self._decode(envelope, records, corrupt)
+        return RecordPage(tuple(records), tuple(corrupt), page.cursor)
 
     def _browse(self, chosen: SagaFilter, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
         return self._sagas.browse(states=chosen.browsed_states, definition=chosen.definition,

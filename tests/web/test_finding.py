@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 from celery_sagas._cli_format import iso
+from celery_sagas.web._source import SagaFilter, SagaSource
 from tests.web.conftest import Web, in_review
 
 
@@ -55,3 +58,57 @@ def test_auto_refresh_is_opt_in_and_needs_no_script(web: Web) -> None:
     assert '<meta http-equiv="refresh" content="30">' in refreshing.get_data(as_text=True)
     assert "script-src" not in refreshing.headers["Content-Security-Policy"]
     assert 'content="5"' not in web.get("/?refresh=5").get_data(as_text=True)  # only 10, 30, 60
+
+
+def _listed(text: str) -> list[str]:
+    return re.findall(r'<td class="id"><a href="/saga\?id=([^"]+)">', text)
+
+
+def test_the_list_sorts_by_last_write_across_states_both_ways_page_by_page(web: Web) -> None:
+    # given: six sagas written a minute apart, one left in review, the others completed
+    for n in range(6):
+        if n == 2:
+            in_review(web.shop, "o-2")
+        else:
+            web.shop.start_order(f"o-{n}", id=f"o-{n}")
+            web.shop.driver.run_until_idle()
+        web.shop.clock.advance(60_000)
+    web.shop.clock.advance(60_000)
+    order = sorted((web.shop.record(f"o-{n}") for n in range(6)), key=lambda r: r.updated_at_ms)
+    by_write = [r.saga_id for r in order]
+
+    # when
+    newest = text_of(web, "/sagas?sort=newest")
+    oldest = text_of(web, "/sagas?sort=oldest")
+    index = text_of(web, "/sagas")
+
+    # then: newest first across both states; the index order is state by state
+    assert _listed(newest) == by_write[::-1] and _listed(oldest) == by_write
+    assert _listed(index)[0] == "o-2" != by_write[0]
+    assert '<option value="newest" selected>' in newest
+    assert 'sort=oldest" title="sort by last write"' in newest  # the header turns it over
+    assert web.get("/sagas?sort=sideways").status_code == 400
+
+
+def test_a_sorted_list_pages_with_its_cursor_and_keeps_the_sort(web: Web) -> None:
+    # given
+    for n in range(5):
+        web.shop.start_order(f"p-{n}", id=f"p-{n}")
+        web.shop.driver.run_until_idle()
+        web.shop.clock.advance(1_000)
+    chosen = SagaFilter.of([], None, None, order="newest")
+
+    # when: pages of two
+    source = SagaSource(web.sagas, lambda action: None)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = source.page(chosen, cursor, limit=2)
+        seen += [r.saga_id for r in page.records]
+        if (cursor := page.cursor) is None:
+            break
+
+    # then
+    assert seen == [f"p-{n}" for n in range(4, -1, -1)]
+    first = text_of(web, "/sagas?sort=newest")
+    assert "sort=newest" in first.split('class="pager"')[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -191,6 +192,33 @@ def test_the_overview_counts_exactly_by_state_and_definition(web: Web) -> None:
     assert rows[None] == {"running": 2, "compensating": 0, "completed": 0, "compensated": 0,
                           "manual-review": 0}  # a definition this process does not know
     assert overview.total == 29
+
+
+def test_overview_numbers_agree_and_are_never_negative_while_sagas_move(
+        web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: 5 sagas complete between the count per state and the counts per definition
+    store = web.sagas.store
+    seed(store, 3, state=SagaState.MANUAL_REVIEW, prefix="m")
+    seed(store, 20, state=SagaState.COMPLETED)
+    real = store.count
+
+    def moving(kind: str, states: Any, *, label: str | None = None, **window: Any) -> int:
+        found = real(kind, states, label=label, **window)
+        return found + 5 if label == "place-order" and list(states) == ["completed"] else found
+
+    monkeypatch.setattr(store, "count", moving)
+
+    # when
+    overview = source_of(web).overview()
+    page = web.get("/").get_data(as_text=True)
+
+    # then: each state's card is the sum of its definitions' rows, nothing below zero
+    for state, total in overview.by_state.items():
+        assert total == sum(row.counts[state] for row in overview.definitions) >= 0
+    assert all(n >= 0 for row in overview.definitions for n in row.counts.values())
+    assert overview.by_state["completed"] == 25 and overview.total == 28
+    assert overview.attention.manual_review == overview.by_state["manual-review"] == 3
+    assert f"{overview.total:,} sagas kept" in page and not re.search(r">\s*-\d", page)
 
 
 def test_the_overview_counts_sagas_needing_an_operator(web: Web) -> None:

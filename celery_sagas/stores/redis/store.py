@@ -44,9 +44,14 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
-from .._cursor import decode_cursor, encode_cursor
+from .._cursor import decode_cursor, encode_cursor, encode_position
 from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
-from .._validating import ValidatingLeaseTakeover, ValidatingPrefixScan, ValidatingStore
+from .._validating import (
+    ValidatingLeaseTakeover,
+    ValidatingOrderedScan,
+    ValidatingPrefixScan,
+    ValidatingStore,
+)
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -75,7 +80,8 @@ _PREFIX_ROUNDS = 8  # id-index reads one prefix-scan page makes at most to fill 
 _BACKFILL_BATCH = 1000  # ids one backfill round trip indexes
 
 
-class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover):
+class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
+                 ValidatingOrderedScan):
     """Envelopes and leases in Redis; every primitive is atomic on the server (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4).
 
@@ -342,6 +348,55 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover)
             if envelope is not None and (envelope.version == 0 or (
                     envelope.state in wanted and label in (None, envelope.label))):
                 yield n, envelope
+
+    def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """The next ``limit + 1`` entries of every (state, bucket) index in that direction (one
+        pipeline), merged by (score, id); the first ``limit`` records fetched in one more. A
+        record written again since its entry was read is left to its new place (``OrderedScan``)."""
+        keys = [self._layout.index(kind, state, bucket, label)
+                for state in states for bucket in range(self.buckets)]
+        found = sorted((p for rows in self._ordered_rows(keys, at, before, newest_first, limit + 1)
+                        for p in rows), reverse=newest_first)[:limit + 1]
+        page = found[:limit]
+        items = []
+        for (score, member), fields in zip(page, self._fetch(kind, [m for _, m in page]), strict=True):
+            envelope = _scanned(kind, states[0], score, member, fields)
+            if envelope is not None and (envelope.version == 0 or (
+                    envelope.state in states and envelope.updated_at_ms == score
+                    and label in (None, envelope.label))):
+                items.append(envelope)
+        return Page(tuple(items), encode_position(found[limit]) if len(found) > limit else None)
+
+    def _ordered_rows(self, keys: list[str], at: tuple[int, str] | None, before: int | None,
+                      newest_first: bool, want: int) -> list[list[tuple[int, str]]]:
+        """Per index, its first ``want`` (score, id) from ``at`` (inclusive) in that direction,
+        below ``before``: one pipeline, then a further read of an index whose reply was all ties
+        before ``at`` (entries of one millisecond sort by id)."""
+        top = f"({before}" if before is not None else "+inf"
+        low: int | str = "-inf" if newest_first or at is None else at[0]
+        high: int | str = at[0] if newest_first and at is not None else top
+        bounds = (high, low) if newest_first else (low, high)
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.zrange(key, *bounds, desc=newest_first, byscore=True, offset=0, num=want,
+                        withscores=True)
+        with self._driver("scan"):
+            replies = pipe.execute()
+        rows = []
+        for key, reply in zip(keys, replies, strict=True):
+            read = [(int(score), _text(member)) for member, score in reply]
+            kept = _from_position(read, at, newest_first)
+            offset = len(read)
+            while len(read) == want and len(kept) < want:  # ties before ``at`` filled the reply
+                with self._driver("scan"):
+                    more: Any = self._client.zrange(key, *bounds, desc=newest_first, byscore=True,
+                                                    offset=offset, num=want, withscores=True)
+                read = [(int(score), _text(member)) for member, score in more]
+                kept += _from_position(read, at, newest_first)
+                offset += len(read)
+            rows.append(kept[:want])
+        return rows
 
     def index_ids(self, kind: str, states: Sequence[str]) -> int:
         """Add the records of ``kind`` in ``states`` to their bucket's id index, which
@@ -810,6 +865,14 @@ def _notes(text: Mapping[str, str], fail: InvalidRecordError) -> tuple[str, ...]
     if len(text) != len(_FIELDS & text.keys()) + count:
         raise fail  # a field no version of the store writes
     return notes
+
+
+def _from_position(rows: list[tuple[int, str]], at: tuple[int, str] | None, newest_first: bool
+                   ) -> list[tuple[int, str]]:
+    """The rows at or past ``at`` in the walk's direction."""
+    if at is None:
+        return rows
+    return [r for r in rows if (r <= at if newest_first else r >= at)]
 
 
 def _passed(

@@ -67,9 +67,10 @@ from ...errors import (
     StoreError,
     StoreUnavailable,
 )
-from .._cursor import decode_cursor, encode_cursor
+from .._cursor import decode_cursor, encode_cursor, encode_position
 from .._validating import (
     ValidatingLeaseTakeover,
+    ValidatingOrderedScan,
     ValidatingPrefixScan,
     ValidatingStateListing,
     ValidatingStore,
@@ -107,7 +108,7 @@ _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
 class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
-               ValidatingLeaseTakeover):
+               ValidatingLeaseTakeover, ValidatingOrderedScan):
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4)."""
 
@@ -362,6 +363,31 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             stmt = stmt.where(table.c.label == label)
         stmt = stmt.order_by(table.c.id).limit(limit + 1)
         return self._page("scan_prefix", kind, stmt, limit, lambda following: str(following.id))
+
+    def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """One statement: per state, the next ``limit + 1`` rows of the (kind, state[, label],
+        updated_at_ms, id) index in that direction (an index range, read backwards for newest
+        first), merged by a UNION ALL ordered the same way (``OrderedScan``)."""
+        table = self._tables.envelopes
+        members = []
+        for state in states:
+            member = select(*_record_columns(table)).where(table.c.kind == kind,
+                                                            table.c.state == state)
+            if label is not None:
+                member = member.where(table.c.label == label)
+            if before is not None:
+                member = member.where(table.c.updated_at_ms < before)
+            if at is not None:
+                bound = _until if newest_first else _from
+                member = member.where(*bound(table.c.updated_at_ms, table.c.id, at))
+            members.append(member.order_by(*_order(table.c, newest_first)).limit(limit + 1))
+        stmt = members[0]
+        if len(members) > 1:
+            merged = union_all(*(select(member.subquery()) for member in members)).subquery()
+            stmt = select(merged).order_by(*_order(merged.c, newest_first)).limit(limit + 1)
+        return self._page("scan_ordered", kind, stmt, limit,
+                          lambda row: encode_position((int(row.updated_at_ms), str(row.id))))
 
     def _page(self, operation: str, kind: str, stmt: Select[Any], limit: int,
               cursor_of: Callable[[Row[Any]], str]) -> Page:
@@ -720,6 +746,19 @@ def _from(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple
     """Index order from ``at`` on, inclusive: a cursor names the first item of its page."""
     # ">=" is the index range; the OR only drops the ties before the cursor's id
     return position >= at[0], or_(position > at[0], record_id >= at[1])
+
+
+def _until(position: ColumnElement[int], record_id: ColumnElement[str], at: tuple[int, str]
+           ) -> tuple[ColumnElement[bool], ...]:
+    """Index order down from ``at``, inclusive (``_from`` read backwards)."""
+    return position <= at[0], or_(position < at[0], record_id <= at[1])
+
+
+def _order(columns: Any, newest_first: bool) -> tuple[Any, ...]:
+    """ORDER BY (updated_at_ms, id), descending for newest first."""
+    if newest_first:
+        return columns.updated_at_ms.desc(), columns.id.desc()
+    return columns.updated_at_ms, columns.id
 
 
 def _token_hash(lease_token: str) -> str:
