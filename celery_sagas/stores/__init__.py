@@ -11,9 +11,11 @@ from ._urls import redact, url_problem
 from .base import (
     Envelope,
     Fence,
+    IdIndexing,
     Lease,
     LeaseHolder,
     LeaseTakeover,
+    OrderedScan,
     Page,
     PrefixScan,
     StateListing,
@@ -21,8 +23,8 @@ from .base import (
 )
 from .memory import MemoryStore
 
-__all__ = ["Envelope", "Fence", "Lease", "LeaseHolder", "LeaseTakeover", "MemoryStore", "Page",
-           "PrefixScan", "StateListing", "Store", "open_store"]
+__all__ = ["Envelope", "Fence", "IdIndexing", "Lease", "LeaseHolder", "LeaseTakeover", "MemoryStore",
+           "OrderedScan", "Page", "PrefixScan", "StateListing", "Store", "open_store"]
 
 ENTRY_POINT_GROUP = "celery_sagas.stores"
 
