@@ -19,13 +19,13 @@ from celery import Task
 from celery.exceptions import Reject
 
 from .._context import StepContext, signature_of, step_accepts
-from .._delivery import Delivery, DeliveryParts
-from .._engine import Engine
-from .._middleware import Delivering, Middlewares
+from .._delivery import Delivery
+from .._middleware import Delivering
 from .._protocol import codes
 from ..errors import SagaConfigurationError, SagaUsageError, StepNotCommitted
 from .inline import CeleryInline, body_time_limit, first_budget, hard_limit
 from .messages import SAGA_REF, parse_ref
+from .wiring import Runtime
 
 __all__ = ["CompensatorTask", "EngineSource", "SagaStepTask"]
 
@@ -33,21 +33,11 @@ logger = logging.getLogger("celery_sagas.execution")
 
 
 class EngineSource(Protocol):
-    """Where a task finds this process's engine and what its deliveries work with."""
+    """Where a task finds this process's runtime: its deliveries' parts and its middlewares."""
 
     @property
-    def engine(self) -> Engine:
-        """The engine (opened lazily, and again after a fork)."""
-        ...
-
-    @property
-    def deliveries(self) -> DeliveryParts:
-        """What this process's deliveries work with (built beside the engine)."""
-        ...
-
-    @property
-    def middlewares(self) -> Middlewares:
-        """The chain every delivery runs inside (``around_delivery``)."""
+    def current(self) -> Runtime:
+        """This process's runtime (built lazily, and again after a fork)."""
         ...
 
 
@@ -74,11 +64,13 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
         ref = kwargs.pop(SAGA_REF, None)
         if ref is None:
             raise self._outside_a_saga()
-        delivery = self._delivery(ref, compensation=self.compensation)
-        assert self.engines is not None  # _delivery refused a task without
+        if self.engines is None:
+            raise SagaConfigurationError(f"task {self.name!r} is not bound to a Sagas instance")
+        runtime = self.engines.current
+        delivery = self._delivery(runtime, ref)
         delivering = Delivering(delivery.saga_id, delivery.step, delivery.effect_id,
                                 self.compensation, self.request)
-        with self.engines.middlewares.around_delivery(delivering):
+        with runtime.middlewares.around_delivery(delivering):
             self._deliver(delivery)
         return None
 
@@ -112,11 +104,10 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
         rejected: Exception = Reject(error, requeue=False)
         return rejected
 
-    def _delivery(self, ref: object, *, compensation: bool) -> Delivery:
-        if self.engines is None:
-            raise SagaConfigurationError(f"task {self.name!r} is not bound to a Sagas instance")
+    def _delivery(self, runtime: Runtime, ref: object) -> Delivery:
         parsed = parse_ref(ref)
-        parts = self.engines.deliveries
+        parts = runtime.deliveries
+        compensation = self.compensation
         runner = None
         if not compensation:
             budget = getattr(self.request, "inline_budget", None) or first_budget(
@@ -132,7 +123,7 @@ class _SagaTaskBase(Task):  # type: ignore[misc]
         step, docs/design.md §3.2): enforced on the body here; None where Celery's is it."""
         if self.engines is None:
             return None
-        own_ms = self.engines.engine.registry.steps.get(self.name)
+        own_ms = self.engines.current.deliveries.registry.steps.get(self.name)
         limit = own_ms.time_limit_ms if own_ms is not None else None
         hard = hard_limit(self)
         if limit is None or hard is None or hard <= limit / 1000 + 0.5:

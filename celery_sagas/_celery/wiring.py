@@ -145,25 +145,10 @@ class PerProcess:
                 self._runtime, self._pid = self._build(), pid
             return self._runtime
 
-    @property
-    def engine(self) -> Engine:
-        """This process's engine."""
-        return self.current.engine
-
     def install(self, runtime: Runtime) -> None:
         """Use ``runtime`` in this process from now on (built by the caller)."""
         with self._lock:
             self._runtime, self._pid = runtime, os.getpid()
-
-    @property
-    def deliveries(self) -> DeliveryParts:
-        """What this process's deliveries work with."""
-        return self.current.deliveries
-
-    @property
-    def middlewares(self) -> Middlewares:
-        """The chain this process's deliveries run inside."""
-        return self.current.middlewares
 
     def forget(self) -> None:
         """Build afresh on next use (a forked pool child)."""
