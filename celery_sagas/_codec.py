@@ -230,16 +230,31 @@ _OMITTED_WHEN_EMPTY = frozenset({"patches", "signals", "signals_dropped"})
 
 def _body(record: Any, skip: frozenset[str]) -> dict[str, Any]:
     """Every field of a record that is set, JSON-ready (the generic half of the codec)."""
-    out: dict[str, Any] = {}
-    for name in _field_names(record.__class__, skip):
-        value = getattr(record, name)
-        if value is None or (name in _OMITTED_WHEN_EMPTY and not value):
-            continue
-        if name in ("steps", "signals"):
-            out[name] = [_body(item, frozenset()) for item in value]
+    return _body_writer(record.__class__, skip)(record)
+
+
+@cache
+def _body_writer(cls: type, skip: frozenset[str]) -> Callable[[Any], dict[str, Any]]:
+    """The function that writes the body of a ``cls`` record, built once per class: a
+    record's fields read by name, a plain value kept as it is without a call (a record is
+    encoded with every write of its saga, each step again; docs/performance.md)."""
+    lines = ["def write(record):", "    out = {}"]
+    for name in _field_names(cls, skip):
+        lines.append(f"    value = record.{name}")
+        if name in _OMITTED_WHEN_EMPTY:
+            lines.append("    if value:")  # None, and empty too, is left out
         else:
-            out[name] = _json(value)
-    return out
+            lines.append("    if value is not None:")
+        if name in ("steps", "signals"):
+            lines.append(f"        out[{name!r}] = [_body(item, _NOTHING) for item in value]")
+        else:
+            lines.append(f"        out[{name!r}] = value if type(value) in _PLAIN else _json(value)")
+    lines.append("    return out")
+    scope: dict[str, Any] = {"_body": _body, "_json": _json, "_PLAIN": _PLAIN,
+                             "_NOTHING": frozenset()}
+    exec("\n".join(lines), scope)  # generated from the class's own field names
+    write: Callable[[Any], dict[str, Any]] = scope["write"]
+    return write
 
 
 def _encoded(body: dict[str, Any], field: str, limit: int) -> str:

@@ -39,7 +39,7 @@ def _copier(cls: type) -> Callable[..., Any]:
              "    new = _new(_cls)"]
     lines += [f"    _set_{n}(new, obj.{n} if {n} is _MISSING else {n})" for n in names]
     lines.append("    return new")
-    exec("\n".join(lines), scope)
+    exec("\n".join(lines), scope)  # generated from the class's own field names
     copy: Callable[..., Any] = scope["replace"]
     return copy
 
