@@ -186,7 +186,7 @@ def pages(client: Any) -> dict[str, str]:
         "sagas, state manual-review": "/sagas?state=manual-review",
         "sagas, definition sync-user": "/sagas?definition=sync-user",
         "sagas, id prefix (rare)": "/sagas?id=order-09999",
-        "sagas, id prefix (1,000 match)": "/sagas?id=order-01",
+        "sagas, id prefix (1,000 match)": "/sagas?id=order-001",
         "sagas, id prefix, in review": "/sagas?id=order-0&state=manual-review",
         "sagas, newest first": "/sagas?sort=newest",
         "sagas, oldest first": "/sagas?sort=oldest",
@@ -197,7 +197,7 @@ def pages(client: Any) -> dict[str, str]:
     }
     for name, first_page in (("sagas, next page", "/sagas"),
                              ("sagas, newest first, next page", "/sagas?sort=newest"),
-                             ("sagas, id prefix, next page", "/sagas?id=order-01")):
+                             ("sagas, id prefix, next page", "/sagas?id=order-001")):
         _, first = _get(client, first_page)
         found = re.search(r'<a class="next" href="([^"]*)"', first)
         if found:

@@ -18,7 +18,7 @@ from ._codec import Codec
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._values import MAX_SAFE_INTEGER, printable
 from .errors import InvalidRecordError, SagaValidationError, UndecryptableRecord
-from .stores.base import Envelope, Page, StateListing, Store, check_state
+from .stores.base import Envelope, OrderedScan, Page, StateListing, Store, check_state
 
 __all__ = ["CorruptRecord", "RecordPage", "Scans"]
 
@@ -124,6 +124,22 @@ class Scans:
         names = _states(SagaState, states)
         page = self.store.scan(SAGA, names, label=definition, updated_before_ms=updated_before_ms,
                                bucket=bucket, cursor=cursor, limit=limit)
+        return _decoded(page, SAGA, lambda e: e.state in names, self._saga)
+
+    def sagas_by_write(
+        self, states: Sequence[SagaState | str], *, definition: str | None = None,
+        updated_before_ms: int | None = None, newest_first: bool = False,
+        cursor: str | None = None, limit: int = 100,
+    ) -> RecordPage[SagaRecord]:
+        """One page of saga records in ``states`` (of one definition) by last write across
+        the states, oldest or newest first (the store's ``OrderedScan``; SagaValidationError
+        on a store without it)."""
+        names = _states(SagaState, states)
+        if not isinstance(self.store, OrderedScan):
+            raise SagaValidationError("this store cannot list by last write (no OrderedScan)")
+        page = self.store.scan_ordered(SAGA, names, label=definition,
+                                       updated_before_ms=updated_before_ms,
+                                       newest_first=newest_first, cursor=cursor, limit=limit)
         return _decoded(page, SAGA, lambda e: e.state in names, self._saga)
 
     def due_sagas(self, due_before_ms: int, *, bucket: int | None = None,

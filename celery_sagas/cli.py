@@ -158,16 +158,19 @@ def _limit_option(default: int, what: str) -> Callable[[F], F]:
 @click.option("--state", type=click.Choice([str(s) for s in SagaState]),
               help="Only sagas in this state (default: every state).")
 @click.option("--definition", help="Only sagas of this definition.")
+@click.option("--sort", "order", type=click.Choice(["newest", "oldest"]),
+              help="By last write across states, newest or oldest first (default: state by "
+                   "state, oldest first).")
 @_limit_option(50, "sagas")
 @cursor_option
 @json_option
 @click.pass_context
 @_operation
-def list_sagas(ctx: click.Context, state: str | None, definition: str | None, limit: int,
-               cursor: str | None, as_json: bool) -> None:
+def list_sagas(ctx: click.Context, state: str | None, definition: str | None, order: str | None,
+               limit: int, cursor: str | None, as_json: bool) -> None:
     """List sagas (ids, states, error codes; never payloads)."""
     page = _session(ctx).sagas.browse(states=[state] if state else None, definition=definition,
-                                      cursor=cursor, limit=limit)
+                                      cursor=cursor, limit=limit, order=order)
     found, corrupt, cursor = list(page.records), list(page.corrupt), page.cursor
     data = {"sagas": [fmt.saga_summary(r) for r in found], "cursor": cursor,
             "corrupt": [fmt.corrupt_view(c) for c in corrupt]}

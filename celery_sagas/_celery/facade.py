@@ -514,14 +514,23 @@ class Sagas:
 
     def browse(self, *, states: Sequence[SagaState | str] | None = None,
                definition: str | None = None, updated_before_ms: int | None = None,
-               cursor: str | None = None, limit: int = 50) -> RecordPage[SagaRecord]:
+               cursor: str | None = None, limit: int = 50,
+               order: str | None = None) -> RecordPage[SagaRecord]:
         """One page of saga records, state by state (every state unless ``states``), oldest
         first, of one definition and last written before ``updated_before_ms`` if given; the
-        store's indexes do the filtering (``limit`` 1..1000). Payloads no key decrypts read
-        as ``ENCRYPTED``."""
+        store's indexes do the filtering (``limit`` 1..1000). ``order="newest"`` or
+        ``"oldest"`` lists them by last write across the states instead (the store's
+        ``OrderedScan``). Payloads no key decrypts read as ``ENCRYPTED``."""
         scans = self._process.current.views
-        return scans.sagas(list(states or SagaState), definition=definition,
-                           updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
+        chosen = list(states or SagaState)
+        if order is None:
+            return scans.sagas(chosen, definition=definition,
+                               updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
+        if order not in ("newest", "oldest"):
+            raise SagaValidationError(f"order must be 'newest' or 'oldest', got {order!r}")
+        return scans.sagas_by_write(chosen, definition=definition,
+                                    updated_before_ms=updated_before_ms,
+                                    newest_first=order == "newest", cursor=cursor, limit=limit)
 
     def reseal(self, *, states: Sequence[SagaState | str] | None = None,
                cursor: str | None = None, limit: int = 100) -> ResealPage:

@@ -10,9 +10,9 @@ list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
   (manual review, plus the open sagas not updated for ``stale_after`` that the findings judge
   stale, not those waiting by design: ``_attention``) and pending approvals whose gate still
   waits;
-- the sagas list is one page of ``sagas.browse(states, definition=...)``: the store filters
-  by state and definition; sorted by last write (newest or oldest first), one page of the
-  store's ordered scan (``OrderedScan``: the state indexes merged). An id prefix is one page
+- the sagas list is one page of ``sagas.browse(states, definition=..., order=...)``: the
+  store filters by state and definition; sorted by last write (``order`` newest or oldest),
+  one page of the store's ordered scan (``OrderedScan``: the state indexes merged). An id prefix is one page
   of the store's prefix scan
   (``PrefixScan``: every built-in store; Redis from its id index); with a store without it the
   prefix is filtered here, on the envelopes of the store's scan (only matches are decoded), at
@@ -59,7 +59,7 @@ from .._codec import Codec
 from .._protocol.kinds import awaiting_decision
 from .._records import APPROVAL, SAGA
 from .._scans import Scans
-from ..stores.base import OrderedScan, PrefixScan
+from ..stores.base import PrefixScan
 from ._attention import STALE_READ, Attention, WaitingRow, judge_stale, live_gate, waiting_rows
 from ._events import Announce, OperatorAction
 
@@ -383,9 +383,7 @@ class SagaSource:
         at = _decode_cursor(cursor, chosen.fingerprint()) if cursor else _At(None, limit, 0)
         store = self._sagas.store
         if not chosen.read_here:
-            page = self._ordered(store, chosen, at.cursor, limit) \
-                if chosen.order and isinstance(store, OrderedScan) \
-                else self._browse(chosen, at.cursor, limit)
+            page = self._browse(chosen, at.cursor, limit)
             after = None if page.cursor is None else _At(page.cursor, limit, 0).encode(chosen)
             matching = store.count(SAGA, chosen.browsed_states, label=chosen.definition,
                                    updated_before_ms=chosen.updated_before_ms)
@@ -413,23 +411,12 @@ class SagaSource:
         return SagaPage(tuple(records), tuple(corrupt), after, len(page.items), False,
                         self.saga(prefix))
 
-    def _ordered(self, store: OrderedScan, chosen: SagaFilter, cursor: str | None,
-                 limit: int) -> RecordPage[SagaRecord]:
-        """One page by last write across the states chosen (the store merges its indexes)."""
-        page = store.scan_ordered(SAGA, chosen.browsed_states, label=chosen.definition,
-                                  updated_before_ms=chosen.updated_before_ms,
-                                  newest_first=chosen.order == "newest", cursor=cursor,
-                                  limit=limit)
-        records: list[SagaRecord] = []
-        corrupt: list[CorruptRecord] = []
-        for envelope in page.items:
-            self._decode(envelope, records, corrupt)
-        return RecordPage(tuple(records), tuple(corrupt), page.cursor)
-
     def _browse(self, chosen: SagaFilter, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
+        """One page of ``sagas.browse``: in index order, or by last write (``order``: the
+        store merges its indexes, ``OrderedScan``)."""
         return self._sagas.browse(states=chosen.browsed_states, definition=chosen.definition,
                                   updated_before_ms=chosen.updated_before_ms, cursor=cursor,
-                                  limit=limit)
+                                  limit=limit, order=chosen.order)
 
     def _filtered(self, chosen: SagaFilter, at: _At, limit: int) -> SagaPage:
         """Pages of the store's scan (states, definition and time filtered there), of which

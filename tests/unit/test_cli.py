@@ -1254,3 +1254,27 @@ def test_reindex_reports_nothing_to_add_on_a_store_reading_its_primary_key(shop:
 
     assert result.exit_code == 0, result.output
     assert as_json(result) == {"indexed": 0}
+
+
+def test_list_sorts_by_last_write_across_states_and_pages_in_that_order(shop: Shop) -> None:
+    # given: o-a completed, then o-b in review, then o-c completed, a minute apart
+    completed(shop, "o-a")
+    shop.clock.advance(60_000)
+    ambiguous_charge(shop, "o-b")
+    shop.clock.advance(60_000)
+    completed(shop, "o-c")
+
+    # when
+    first = as_json(plugin(shop, "list", "--sort", "newest", "--limit", "2", "--json"))
+    rest = as_json(plugin(shop, "list", "--sort", "newest", "--limit", "2", "--json",
+                          "--cursor", first["cursor"]))
+    oldest = as_json(plugin(shop, "list", "--sort", "oldest", "--json"))
+    by_state = as_json(plugin(shop, "list", "--json"))
+
+    # then
+    assert [s["saga_id"] for s in first["sagas"] + rest["sagas"]] == ["o-c", "o-b", "o-a"]
+    assert rest["cursor"] is None
+    assert [s["saga_id"] for s in oldest["sagas"]] == ["o-a", "o-b", "o-c"]
+    ids = [s["saga_id"] for s in by_state["sagas"]]
+    assert abs(ids.index("o-a") - ids.index("o-c")) == 1  # by default state by state
+    assert plugin(shop, "list", "--sort", "sideways").exit_code == 2
