@@ -99,3 +99,30 @@ def test_the_list_pages_through_the_real_scan(sagas: Sagas, monkeypatch: pytest.
 
     # then
     assert len(seen) == 35 == len(set(seen))
+
+
+def test_a_prefix_with_a_rare_state_reaches_its_match_page_by_page(
+        sagas: Sagas, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: 600 completed sagas, then one in review, all with the prefix "z-"
+    monkeypatch.setattr("celery_sagas.web._pages.PAGE_SIZE", 10)
+    codec, now = Codec(), sagas.engine.now()
+    for n in range(601):
+        state = SagaState.MANUAL_REVIEW if n == 600 else SagaState.COMPLETED
+        record = SagaRecord(f"z-{n:04d}", "place-order", state, {}, now, now)
+        assert sagas.store.create(codec.saga_envelope(record))
+    path: Any = "/sagas?id=z-&state=manual-review"
+    found: list[str] = []
+
+    # when: next pages are followed (Redis reads the id index by id, then filters by state)
+    for _ in range(10):
+        text = page(sagas, path)
+        found += ids(text)
+        assert "none among" not in text
+        link = re.search(r'<a class="next" href="([^"]*)"', text)
+        if link is None:
+            break
+        assert found or 'id="none-yet"' in text
+        path = link.group(1).replace("&amp;", "&")
+
+    # then
+    assert found == ["z-0600"]
