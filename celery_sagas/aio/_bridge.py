@@ -4,14 +4,18 @@ The engine, the repository, the codec and the stores are written once, synchrono
 async client runs that same code inside ``greenlet_spawn``; where it reaches the network, the
 objects here hand the call to the event loop with ``await_only``: an async Redis client behind
 the synchronous interface the Redis store uses, SQLAlchemy's async engine behind its
-``sync_engine``, and the Celery publish in a thread (kombu has no asyncio transport). The event
-loop keeps running while a store or broker call is in flight: nothing here blocks it.
+``sync_engine``, and the Celery publish in a thread of the client's own publisher pool (kombu
+has no asyncio transport). The event loop keeps running while a store or broker call is in
+flight: nothing here blocks it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sqlalchemy.util import await_only, greenlet_spawn
@@ -19,7 +23,7 @@ from sqlalchemy.util import await_only, greenlet_spawn
 from .._dispatch import Dispatcher
 from .._records import StepRecord
 
-__all__ = ["BridgedDispatcher", "BridgedRedis", "in_greenlet"]
+__all__ = ["BridgedDispatcher", "BridgedRedis", "in_greenlet", "publisher_pool"]
 
 T = TypeVar("T")
 
@@ -111,20 +115,39 @@ class BridgedRedis:
         _awaited(self.client.aclose())
 
 
-class BridgedDispatcher:
-    """Sends through the synchronous dispatcher in a worker thread, awaited by the loop."""
+def publisher_pool(threads: int) -> ThreadPoolExecutor:
+    """The threads the Celery publishes of one async client run in.
 
-    def __init__(self, inner: Dispatcher) -> None:
+    Not the loop's default executor: that one has ``min(32, cpus + 4)`` threads (6 on two
+    cores), fewer than the app's producer pool (``broker_pool_limit``, 10 by default), and is
+    shared with whatever else the application and asyncio (``getaddrinfo``) run there, so 200
+    concurrent starts queued their publishes behind each other (docs/async.md, Cost)."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="celery-sagas-publish")
+
+
+class BridgedDispatcher:
+    """Sends through the synchronous dispatcher in a thread of ``executor``, awaited by the
+    loop: the step is published before the call returns, as with the synchronous client, and a
+    failed publish raises in the caller's greenlet exactly as it would there."""
+
+    def __init__(self, inner: Dispatcher, executor: Executor) -> None:
         self._inner = inner
+        self._executor = executor
 
     def send_step(self, saga_id: str, step: StepRecord, version: int, *,
                   trace_parent: str | None = None, time_limit_s: float | None = None) -> None:
-        """Send the step's task (a thread publishes; the loop goes on meanwhile)."""
-        _awaited(asyncio.to_thread(self._inner.send_step, saga_id, step, version,
-                                   trace_parent=trace_parent, time_limit_s=time_limit_s))
+        """Send the step's task (a publisher thread sends; the loop goes on meanwhile)."""
+        self._in_thread(functools.partial(self._inner.send_step, saga_id, step, version,
+                                          trace_parent=trace_parent, time_limit_s=time_limit_s))
 
     def send_compensation(self, saga_id: str, step: StepRecord, version: int, *,
                           trace_parent: str | None = None) -> None:
-        """Send the step's compensator (in a thread, as ``send_step``)."""
-        _awaited(asyncio.to_thread(self._inner.send_compensation, saga_id, step, version,
-                                   trace_parent=trace_parent))
+        """Send the step's compensator (in a publisher thread, as ``send_step``)."""
+        self._in_thread(functools.partial(self._inner.send_compensation, saga_id, step, version,
+                                          trace_parent=trace_parent))
+
+    def _in_thread(self, send: Callable[[], None]) -> None:
+        # The caller's context goes along (as asyncio.to_thread does): tracing reads it.
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        _awaited(loop.run_in_executor(self._executor, context.run, send))

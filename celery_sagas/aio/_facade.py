@@ -13,6 +13,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from .. import _values as values
@@ -27,7 +28,7 @@ from .._records import SagaHistory, SagaRecord
 from .._repository import SETTLED
 from ..errors import SagaNotFound
 from ..stores.base import Store
-from ._bridge import BridgedDispatcher, in_greenlet
+from ._bridge import BridgedDispatcher, in_greenlet, publisher_pool
 from ._notify import SettleListener
 from ._stores import open_async_store
 
@@ -45,6 +46,7 @@ class SyncClient(Protocol):
     """What the async client needs of ``Sagas``: its configuration and a view of its
     operations over another runtime."""
 
+    app: Any
     settings: SagaSettings
     registry: Registry
     middlewares: Middlewares
@@ -66,6 +68,7 @@ T = TypeVar("T")
 
 _SAFETY_POLL_S = 2.0  # a subscribed waiter still reads now and then: a notification can be lost
 _POLL_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the backoff of a waiter without notifications
+_PUBLISH_THREADS = 10  # Celery's default broker_pool_limit, when the app sets none
 
 
 class AsyncSagaHandle:
@@ -104,6 +107,7 @@ class AsyncSagas:
         self.sagas = sagas
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Loop] = (
             weakref.WeakKeyDictionary())
+        self._publisher: ThreadPoolExecutor | None = None  # shared by this client's loops
 
     # ------------------------------------------------------------ operations
 
@@ -205,6 +209,16 @@ class AsyncSagas:
     def _open(self) -> _Loop:
         sagas = self.sagas
         opened = open_async_store(sagas.store_target, sagas.settings)
+        if self._publisher is None:
+            self._publisher = publisher_pool(_publish_threads(sagas.app))
         runtime = Runtime(opened.store, sagas.settings, sagas.registry, sagas.middlewares,
-                          BridgedDispatcher(sagas.dispatcher), default_clock(sagas.clock))
+                          BridgedDispatcher(sagas.dispatcher, self._publisher),
+                          default_clock(sagas.clock))
         return _Loop(sagas.on_runtime(runtime), runtime, SettleListener(opened.listen))
+
+
+def _publish_threads(app: Any) -> int:
+    """One publisher thread per producer of the app's pool (``broker_pool_limit``): more would
+    only wait for a producer, fewer would queue publishes that a producer could send."""
+    limit = getattr(getattr(app, "conf", None), "broker_pool_limit", None)
+    return limit if isinstance(limit, int) and limit > 0 else _PUBLISH_THREADS

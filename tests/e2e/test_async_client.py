@@ -144,3 +144,48 @@ def test_the_event_loop_keeps_running_while_calls_are_in_flight(stack: Stack) ->
     assert {r.state for r in records} == {"completed"}
     assert ticks > 30  # the ticker ran between the calls' round trips
     assert len(threads) == 1
+
+
+def test_publishes_run_in_the_clients_own_threads_and_fail_as_in_sync(
+        stack: Stack, monkeypatch: Any, caplog: Any) -> None:
+    """Each start publishes its step before it returns, from one of the client's publisher
+    threads (``broker_pool_limit`` of them at most), not the loop's default executor; a publish
+    that fails is logged and left to the sweep, the start returning the running record, as the
+    synchronous client does."""
+    inner = stack.sagas.dispatcher
+    sent: list[tuple[str, str]] = []
+
+    class Recording:
+        def send_step(self, saga_id: str, *args: Any, **kwargs: Any) -> None:
+            sent.append((saga_id, threading.current_thread().name))
+            if saga_id == "aio-pub-broken":
+                raise ConnectionError("broker down")
+            inner.send_step(saga_id, *args, **kwargs)
+
+        def send_compensation(self, *args: Any, **kwargs: Any) -> None:
+            inner.send_compensation(*args, **kwargs)
+
+    monkeypatch.setattr(stack.sagas, "dispatcher", Recording())
+    monkeypatch.setitem(stack.sagas.app.conf, "broker_pool_limit", 3)
+    aio = stack.sagas.aio
+
+    async def scenario() -> tuple[list[Any], Any]:
+        try:
+            handles = await asyncio.gather(*(
+                aio.start("e2e-order", {**ORDER, "id": f"p{n}"}, saga_id=f"aio-pub-{n}")
+                for n in range(20)))
+            assert len(sent) == 20  # every step published before its start returned
+            broken = await aio.start("e2e-order", ORDER, saga_id="aio-pub-broken")
+            return handles, broken
+        finally:
+            await aio.aclose()
+
+    with caplog.at_level("ERROR", logger="celery_sagas"):
+        handles, broken = run(scenario())
+    assert {h.record.state for h in handles} == {"running"}
+    threads = {name for _, name in sent}
+    assert all(name.startswith("celery-sagas-publish") for name in threads), threads
+    assert 1 <= len(threads) <= 3
+    assert broken.record.state == "running"
+    assert stack.sagas.get("aio-pub-broken").state == "running"  # durable before the publish
+    assert "dispatch failed" in caplog.text
