@@ -221,8 +221,7 @@ class SagaRepository:
             # The note went onto the very record this process holds: apply it here rather
             # than decode the body the store sent back (the same record, without the work).
             opener = self.codec.payload_opener(saga_id)
-            record = replace(apply_notes(known, [parse_note(note)], opener),
-                             version=envelope.version)
+            record = apply_notes(known, [parse_note(note)], opener, version=envelope.version)
         else:
             try:
                 record = self.codec.saga(envelope, saga_id)

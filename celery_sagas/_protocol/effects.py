@@ -34,6 +34,7 @@ __all__ = [
     "FINAL_EFFECT_STATES",
     "effects_of",
     "marked",
+    "marked_steps",
 ]
 
 ADMISSION, EXECUTING, COMMITTED, FAILED, UNKNOWN = (
@@ -145,8 +146,15 @@ def _moved(mark: EffectMark | None, target: _Target | None, attempt: int, code: 
 def marked(saga: SagaRecord, now_ms: int) -> SagaRecord:
     """``saga`` with each step's effect marks moved to what its record now says (docs/design.md
     §2.3), to be written in the same write as the saga record."""
-    steps = tuple(_marked_step(step, now_ms) for step in saga.steps)
-    return saga if steps == saga.steps else replace(saga, steps=steps)
+    steps = marked_steps(saga.steps, now_ms)
+    return saga if steps is saga.steps else replace(saga, steps=steps)
+
+
+def marked_steps(steps: tuple[StepRecord, ...], now_ms: int) -> tuple[StepRecord, ...]:
+    """``steps`` with their effect marks moved (``marked``); the same tuple when none moved,
+    so a move that builds a new record sets them in the same copy."""
+    moved = tuple(_marked_step(step, now_ms) for step in steps)
+    return steps if moved == steps else moved
 
 
 def _marked_step(step: StepRecord, now_ms: int) -> StepRecord:

@@ -39,7 +39,7 @@ from .._records import AttemptRef, SagaRecord, SagaState, StepRecord, StepState
 from .._values import error_code as check_error_code
 from ..errors import IllegalTransition
 from . import codes
-from .effects import marked
+from .effects import marked_steps
 from .kinds import APPROVAL, HELD_STATES, child_id_of, kind_of
 
 __all__ = [
@@ -96,11 +96,11 @@ def _code(code: str) -> str:
 
 
 def _write(saga: SagaRecord, now_ms: int, **changes: Any) -> SagaRecord:
-    """The next version of ``saga`` with ``changes``, its effect marks moved to match."""
-    moved = replace(
-        saga, version=saga.version + 1, updated_at_ms=max(now_ms, saga.updated_at_ms), **changes
-    )
-    return marked(moved, now_ms)
+    """The next version of ``saga`` with ``changes``, its effect marks moved to match (in the
+    same copy)."""
+    steps = marked_steps(changes.pop("steps", saga.steps), now_ms)
+    return replace(saga, version=saga.version + 1, updated_at_ms=max(now_ms, saga.updated_at_ms),
+                   steps=steps, **changes)
 
 
 def _find(saga: SagaRecord, name: str, effect_id: str, event: str, compensation: bool) -> StepRecord:

@@ -159,13 +159,16 @@ def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecor
 
 
 def apply_notes(saga: SagaRecord, notes: Sequence[Note],
-                open_payload: OpenPayload = clear_payload) -> SagaRecord:
-    """The record with its notes applied in order (its version already counts them), each
-    one's transitions in its history (docs/design.md §2.6), at the note's time."""
+                open_payload: OpenPayload = clear_payload, *,
+                version: int | None = None) -> SagaRecord:
+    """The record with its notes applied in order (its version already counts them, or is
+    ``version``: the notes just appended to it), each one's transitions in its history
+    (docs/design.md §2.6), at the note's time."""
     applied = saga
     for note in notes:
         moved = _apply(applied, note, open_payload)
         if moved is not applied:
             action = note.action() if isinstance(note, SignalNote) else None
             applied = recorded(applied, moved, action=action, at_ms=note.at_ms, limit=None)
-    return replace(applied, version=saga.version, updated_at_ms=saga.updated_at_ms)
+    return replace(applied, version=saga.version if version is None else version,
+                   updated_at_ms=saga.updated_at_ms)
