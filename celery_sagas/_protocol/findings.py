@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +19,15 @@ from . import codes
 from .compensation import commit_order
 from .kinds import HELD_STATES
 
-__all__ = ["Finding", "FindingKind", "effect_finding", "holds", "review_advice", "saga_finding"]
+__all__ = [
+    "Finding",
+    "FindingKind",
+    "effect_finding",
+    "hint_of",
+    "holds",
+    "review_advice",
+    "saga_finding",
+]
 
 
 class FindingKind(TextEnum):
@@ -120,6 +129,17 @@ def review_advice(error_code: str | None) -> str:
         return _REVIEW_ADVICE[error_code]
     return f"fix the cause ({error_code or 'see the reason'}), then resume; or cancel to " \
            "compensate what committed"
+
+
+def hint_of(finding: Finding, hints: Mapping[FindingKind, str], waiting: Mapping[FindingKind, str],
+            otherwise: str) -> str:
+    """A finding's hint from a table of templates by kind (``waiting``: while its saga is not in
+    manual review), else ``otherwise``; each names ``{saga}``, ``{step}``, ``{effect}``, ``{kind}``."""
+    template = hints.get(finding.kind, otherwise)
+    if finding.state != str(SagaState.MANUAL_REVIEW):
+        template = waiting.get(finding.kind, template)
+    return template.format(saga=finding.record_id, step=finding.step, effect=finding.effect_id,
+                           kind=finding.record_kind)
 
 
 def _unknown(step: StepRecord, review: bool) -> bool | None:
