@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import StoreUnavailable
 from ._urls import redact, url_problem
 from .base import (
+    CountSnapshot,
     Envelope,
     Fence,
     IdIndexing,
@@ -23,8 +24,9 @@ from .base import (
 )
 from .memory import MemoryStore
 
-__all__ = ["Envelope", "Fence", "IdIndexing", "Lease", "LeaseHolder", "LeaseTakeover", "MemoryStore",
-           "OrderedScan", "Page", "PrefixScan", "StateListing", "Store", "open_store"]
+__all__ = ["CountSnapshot", "Envelope", "Fence", "IdIndexing", "Lease", "LeaseHolder",
+           "LeaseTakeover", "MemoryStore", "OrderedScan", "Page", "PrefixScan", "StateListing",
+           "Store", "open_store"]
 
 ENTRY_POINT_GROUP = "celery_sagas.stores"
 

@@ -44,8 +44,8 @@ from .base import (
     check_scan_args,
 )
 
-__all__ = ["ValidatingLeaseTakeover", "ValidatingOrderedScan", "ValidatingPrefixScan",
-           "ValidatingStateListing", "ValidatingStore"]
+__all__ = ["ValidatingCountSnapshot", "ValidatingLeaseTakeover", "ValidatingOrderedScan",
+           "ValidatingPrefixScan", "ValidatingStateListing", "ValidatingStore"]
 
 
 class ValidatingStore(ABC):
@@ -320,3 +320,25 @@ class ValidatingOrderedScan(ABC):
     def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,
                       newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
         """``states`` come without repeats; ``at`` is the first position of the page, if any."""
+
+
+class ValidatingCountSnapshot(ABC):
+    """The optional ``CountSnapshot`` capability with its arguments checked (a store that has
+    it subclasses this beside ``ValidatingStore``)."""
+
+    def count_snapshot(self, kind: str, states: Sequence[str], labels: Sequence[str]
+                       ) -> dict[tuple[str, str | None], int]:
+        """Per (state, None) every record of ``kind`` in that state; per (state, label) those
+        of each of ``labels``, counted from one snapshot."""
+        wanted = check_scan_args(kind, states, 1, None)
+        if isinstance(labels, str):
+            raise SagaValidationError("labels must be a sequence of labels")
+        named = list(dict.fromkeys(labels))
+        for label in named:
+            check_scan_args(kind, wanted, 1, None, label)
+        return self._count_snapshot(kind, wanted, named)
+
+    @abstractmethod
+    def _count_snapshot(self, kind: str, states: list[str], labels: list[str]
+                        ) -> dict[tuple[str, str | None], int]:
+        """``states`` and ``labels`` come checked, without repeats."""

@@ -41,6 +41,7 @@ __all__ = [
     "MAX_NOTES",
     "MAX_NOTE_BYTES",
     "MAX_SCAN_LIMIT",
+    "CountSnapshot",
     "Envelope",
     "Fence",
     "IdIndexing",
@@ -344,6 +345,20 @@ class OrderedScan(Protocol):
     ) -> Page:
         """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``, and last written
         before ``updated_before_ms``) by (updated_at_ms, id), from the opaque ``cursor`` on."""
+        ...
+
+
+@runtime_checkable
+class CountSnapshot(Protocol):
+    """An optional store capability: the records of a kind per state, in all and per label,
+    counted together from one snapshot (SQL: one statement; memory: under its lock; Redis: one
+    MULTI/EXEC, or one pipeline on Redis Cluster, whose buckets span nodes). The web UI's
+    overview uses it so its figures agree with each other while sagas move."""
+
+    def count_snapshot(self, kind: str, states: Sequence[str], labels: Sequence[str]
+                       ) -> dict[tuple[str, str | None], int]:
+        """Per (state, None) every record of ``kind`` in that state; per (state, label) those
+        of each of ``labels``."""
         ...
 
 

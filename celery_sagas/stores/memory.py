@@ -17,6 +17,7 @@ from .._frozen import replace
 from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor, encode_position
 from ._validating import (
+    ValidatingCountSnapshot,
     ValidatingLeaseTakeover,
     ValidatingOrderedScan,
     ValidatingPrefixScan,
@@ -32,7 +33,7 @@ _LeaseKey = tuple[str, int]  # (name, bucket)
 
 
 class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
-                  ValidatingLeaseTakeover, ValidatingOrderedScan):
+                  ValidatingLeaseTakeover, ValidatingOrderedScan, ValidatingCountSnapshot):
     """Keeps every record in process memory behind one lock; loses everything on exit.
 
     Its arguments are checked by ``ValidatingStore`` (docs/design.md §4.4).
@@ -194,6 +195,14 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             found = list(heapq.merge(*runs, reverse=newest_first))[:limit + 1]
             items = tuple(self._records[(kind, record_id)] for _, record_id in found[:limit])
         return Page(items, encode_position(found[limit]) if len(found) > limit else None)
+
+    def _count_snapshot(self, kind: str, states: list[str], labels: list[str]
+                        ) -> dict[tuple[str, str | None], int]:
+        """Every index's size, read under the lock (``CountSnapshot``)."""
+        with self._lock:
+            return {(state, label): sum(len(self._index.get(("s", kind, state, label, b), []))
+                                        for b in range(self.buckets))
+                    for state in states for label in (None, *labels)}
 
     def _stored_states(self, kind: str) -> list[str]:
         """The distinct states of the records of ``kind``, sorted (from the state indexes)."""

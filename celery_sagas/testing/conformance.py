@@ -55,6 +55,7 @@ from ..errors import (
 )
 from ..stores.base import (
     MAX_NOTES,
+    CountSnapshot,
     Envelope,
     Fence,
     Lease,
@@ -565,6 +566,20 @@ class StoreConformance:
         assert store.compare_and_set(_next(old, state=done, updated_at_ms=T0 + 9), 1) is True
         assert self._ordered_ids(store, [state, done], newest_first=True) == [old.id, young.id]
         assert self._ordered_ids(store, [state], newest_first=False) == [young.id]
+
+    def test_a_count_snapshot_counts_per_state_in_all_and_per_label(self) -> None:
+        store = self._store()
+        if not isinstance(store, CountSnapshot):
+            pytest.skip("this store counts no snapshot (CountSnapshot is optional)")
+        first, second, label, other = _fresh("st"), _fresh("st"), _fresh("lb"), _fresh("lb")
+        for n in range(5):
+            self._created(replace(_envelope(_fresh("c"), first, T0 + n), label=label))
+        self._created(replace(_envelope(_fresh("c"), first, T0), label=other))
+        self._created(_envelope(_fresh("c"), second, T0))
+        found = store.count_snapshot("saga", [first, second], [label])
+        assert found == {(first, None): 6, (first, label): 5, (second, None): 1,
+                         (second, label): 0}
+        assert found[(first, None)] == store.count("saga", [first])
 
     def test_scan_of_a_state_without_records_is_empty(self) -> None:
         page = self._store().scan("saga", [_fresh("empty")])

@@ -59,7 +59,7 @@ from .._codec import Codec
 from .._protocol.kinds import awaiting_decision
 from .._records import APPROVAL, SAGA
 from .._scans import Scans
-from ..stores.base import PrefixScan
+from ..stores.base import CountSnapshot, PrefixScan
 from ._attention import STALE_READ, Attention, WaitingRow, judge_stale, live_gate, waiting_rows
 from ._events import Announce, OperatorAction
 
@@ -290,12 +290,13 @@ class SagaSource:
     def overview(self, minutes: int = 60) -> Overview:
         """Counts by state and by definition, finishes per minute, what waits for an operator.
 
-        The counts are read one after another while sagas move, so they are made to agree:
-        a state's total is the sum of its definitions' rows plus the others (never below
-        zero), and manual review in the attention figure is that same total."""
+        The counts by state and definition come from one snapshot where the store has one
+        (``CountSnapshot``: every built-in store); else they are read one after another while
+        sagas move. Either way they are made to agree: a state's total is the sum of its
+        definitions' rows plus the others (never below zero), and manual review in the
+        attention figure is that same total."""
         now = self.now_ms()
-        raw = self._sagas.counts()
-        rows = [DefinitionRow(name, self._by_definition(name, raw)) for name in self.definitions()]
+        raw, rows = self._state_counts()
         others = {state: max(0, raw[state] - sum(r.counts[state] for r in rows)) for state in raw}
         if any(others.values()):
             rows.append(DefinitionRow(None, others))
@@ -327,6 +328,19 @@ class SagaSource:
     def waiting(self, limit: int = 25) -> list[WaitingRow]:
         """Open sagas past ``stale_after`` that wait by design, with what for and until when."""
         return waiting_rows(self._scans, self.stale_before_ms(), limit)
+
+    def _state_counts(self) -> tuple[dict[str, int], list[DefinitionRow]]:
+        """Per state, every saga; per known definition, its row (one snapshot if the store
+        can count one)."""
+        store, names = self._sagas.store, self.definitions()
+        if not isinstance(store, CountSnapshot):
+            raw = self._sagas.counts()
+            return raw, [DefinitionRow(name, self._by_definition(name, raw)) for name in names]
+        states = [str(s) for s in SagaState]
+        found = store.count_snapshot(SAGA, states, names)
+        return ({state: found[(state, None)] for state in states},
+                [DefinitionRow(name, {state: found[(state, name)] for state in states})
+                 for name in names])
 
     def _by_definition(self, name: str, by_state: dict[str, int]) -> dict[str, int]:
         """Per state, the sagas of one definition (a state empty overall is not counted)."""

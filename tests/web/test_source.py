@@ -194,9 +194,40 @@ def test_the_overview_counts_exactly_by_state_and_definition(web: Web) -> None:
     assert overview.total == 29
 
 
+@runtime_checkable
+class _NoSnapshot(Protocol):
+    """A capability no store has: the overview counts one by one."""
+
+    def no_such_capability(self) -> None: ...
+
+
+def test_the_overview_counts_states_and_definitions_from_one_snapshot(
+        web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given
+    store = web.sagas.store
+    seed(store, 3, state=SagaState.MANUAL_REVIEW, prefix="m")
+    seed(store, 4, state=SagaState.COMPLETED, prefix="n", definition="notify-user")
+    calls: list[str] = []
+    for name in ("count", "count_snapshot"):
+        real = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda *a, _real=real, _name=name, **k: (
+            calls.append(_name), _real(*a, **k))[1])
+
+    # when
+    overview = source_of(web).overview()
+
+    # then: one snapshot for states and definitions; count only for time windows and stale
+    assert calls.count("count_snapshot") == 1
+    assert overview.by_state["completed"] == 4 and overview.by_state["manual-review"] == 3
+    rows = {row.name: row.counts for row in overview.definitions}
+    assert rows["notify-user"]["completed"] == 4 and rows["place-order"]["manual-review"] == 3
+
+
 def test_overview_numbers_agree_and_are_never_negative_while_sagas_move(
         web: Web, monkeypatch: pytest.MonkeyPatch) -> None:
-    # given: 5 sagas complete between the count per state and the counts per definition
+    # given: a store without CountSnapshot, where 5 sagas complete between the count per
+    # state and the counts per definition
+    monkeypatch.setattr("celery_sagas.web._source.CountSnapshot", _NoSnapshot)
     store = web.sagas.store
     seed(store, 3, state=SagaState.MANUAL_REVIEW, prefix="m")
     seed(store, 20, state=SagaState.COMPLETED)

@@ -47,6 +47,7 @@ from ...errors import (
 from .._cursor import decode_cursor, encode_cursor, encode_position
 from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
 from .._validating import (
+    ValidatingCountSnapshot,
     ValidatingLeaseTakeover,
     ValidatingOrderedScan,
     ValidatingPrefixScan,
@@ -81,7 +82,7 @@ _BACKFILL_BATCH = 1000  # ids one backfill round trip indexes
 
 
 class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
-                 ValidatingOrderedScan):
+                 ValidatingOrderedScan, ValidatingCountSnapshot):
     """Envelopes and leases in Redis; every primitive is atomic on the server (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4).
 
@@ -429,6 +430,22 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
             pipe.eval(text, 2, self._layout.record(kind, record_id), index, record_id)
         with self._driver("index_ids"):
             return sum(int(n) for n in pipe.execute())
+
+    def _count_snapshot(self, kind: str, states: list[str], labels: list[str]
+                        ) -> dict[tuple[str, str | None], int]:
+        """ZCARD of every (state[, label], bucket) index: one MULTI/EXEC, so one snapshot; on
+        Redis Cluster (buckets span nodes) one pipeline, each bucket read at its own instant
+        (``CountSnapshot``)."""
+        wanted = [(state, label) for state in states for label in (None, *labels)]
+        pipe = self._client.pipeline(transaction=not isinstance(self._client, RedisCluster))
+        for state, label in wanted:
+            for bucket in range(self.buckets):
+                pipe.zcard(self._layout.index(kind, state, bucket, label))
+        with self._driver("count"):
+            replies = pipe.execute()
+        sizes = [int(n) for n in replies]
+        per = self.buckets
+        return {key: sum(sizes[i * per:(i + 1) * per]) for i, key in enumerate(wanted)}
 
     # ------------------------------------------------------------------ leases
 

@@ -69,6 +69,7 @@ from ...errors import (
 )
 from .._cursor import decode_cursor, encode_cursor, encode_position
 from .._validating import (
+    ValidatingCountSnapshot,
     ValidatingLeaseTakeover,
     ValidatingOrderedScan,
     ValidatingPrefixScan,
@@ -108,7 +109,7 @@ _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
 class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
-               ValidatingLeaseTakeover, ValidatingOrderedScan):
+               ValidatingLeaseTakeover, ValidatingOrderedScan, ValidatingCountSnapshot):
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4)."""
 
@@ -349,6 +350,22 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             stmt = stmt.where(table.c.updated_at_ms < updated_before_ms)
         with self._driver_errors("count"), self._engine.begin() as conn:
             return int(conn.execute(stmt).scalar_one())
+
+    def _count_snapshot(self, kind: str, states: list[str], labels: list[str]
+                        ) -> dict[tuple[str, str | None], int]:
+        """One statement, so one snapshot: ``COUNT(*)`` per (state, label) of ``kind`` on the
+        (kind, label, state, ...) index, totalled here (``CountSnapshot``)."""
+        table = self._tables.envelopes
+        stmt = select(table.c.state, table.c.label, func.count()).where(
+            table.c.kind == kind, table.c.state.in_(states)).group_by(table.c.state, table.c.label)
+        with self._driver_errors("count"), self._engine.begin() as conn:
+            rows = conn.execute(stmt).all()
+        found = {(state, label): 0 for state in states for label in (None, *labels)}
+        for state, label, count in rows:
+            found[(str(state), None)] += int(count)
+            if label in labels:
+                found[(str(state), str(label))] += int(count)
+        return found
 
     def _scan_prefix(self, kind: str, prefix: str, wanted: list[str], label: str | None,
                      cursor: str | None, limit: int) -> Page:
