@@ -295,33 +295,6 @@ def corrupt_view(corrupt: CorruptRecord) -> dict[str, Any]:
     return {"kind": corrupt.kind, "id": corrupt.id, "reason": corrupt.reason}
 
 
-_HINTS = {
-    FindingKind.AMBIGUOUS_EXECUTION: (
-        "ask the provider about idempotency key {effect}, then: resolve {saga} "
-        "--step {step} --effect-id {effect} --committed --result JSON | --not-committed"),
-    FindingKind.AMBIGUOUS_COMPENSATION: (
-        "ask the provider whether {effect} was undone, then: resolve {saga} "
-        "--step {step} --effect-id {effect} --compensated | --not-compensated"),
-    FindingKind.STALE: "not updated for stale_after: is beat running the sweep?",
-    FindingKind.AMBIGUOUS: (
-        "began long ago and its outcome is unknown: ask the provider about this effect id"),
-    FindingKind.INCOMPLETE: "admitted but never began: see its saga (the sweep re-drives it)",
-    FindingKind.UNDECRYPTABLE: (
-        "encrypted with a key not in sagas_encryption_keys: list that key again and restart "
-        "(nothing acts on it meanwhile)"),
-    FindingKind.ARCHIVE_FAILED: (
-        "past retention but the archive raised: kept; fix the archive (see the ERROR log)"),
-}
-_WAITING_HINTS = {  # its saga is not (yet) in manual review: the sweep still acts
-    FindingKind.AMBIGUOUS_EXECUTION: (
-        "sent or running past stale_after: the sweep re-sends a step never started "
-        "and judges a silent one past its time limit (are workers up?)"),
-    FindingKind.AMBIGUOUS_COMPENSATION: (
-        "compensator sent or running past stale_after: the sweep re-sends or "
-        "judges it (are workers up?)"),
-}
-
-
 def finding_hint(finding: Finding) -> str:
     """What an operator does next about a finding (true for its kind, state and error code)."""
     if finding.kind is FindingKind.MANUAL_REVIEW:
@@ -330,8 +303,7 @@ def finding_hint(finding: Finding) -> str:
         if finding.error_code == codes.COMPENSATION_EXHAUSTED and step is not None:
             advice += f" (resolve {saga} --step {step} --effect-id {effect} --compensated)"
         return f"{advice}: resume {saga} | cancel {saga}"
-    return hint_of(finding, _HINTS, _WAITING_HINTS,
-                   "{kind} record failed read validation: inspect it in the store")
+    return hint_of(finding).cli
 
 
 def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,6 +21,7 @@ from .kinds import HELD_STATES
 __all__ = [
     "Finding",
     "FindingKind",
+    "Hint",
     "effect_finding",
     "hint_of",
     "holds",
@@ -131,15 +131,71 @@ def review_advice(error_code: str | None) -> str:
            "compensate what committed"
 
 
-def hint_of(finding: Finding, hints: Mapping[FindingKind, str], waiting: Mapping[FindingKind, str],
-            otherwise: str) -> str:
-    """A finding's hint from a table of templates by kind (``waiting``: while its saga is not in
-    manual review), else ``otherwise``; each names ``{saga}``, ``{step}``, ``{effect}``, ``{kind}``."""
-    template = hints.get(finding.kind, otherwise)
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """What an operator does about a finding, in the CLI's words and in the web UI's."""
+
+    cli: str
+    web: str
+
+
+_UNREADABLE = Hint("{kind} record failed read validation: inspect it in the store",
+                   "The {kind} record failed read validation: inspect it in the store.")
+_HINTS = {  # templates naming {saga}, {step}, {effect} and {kind} (the record's)
+    FindingKind.AMBIGUOUS_EXECUTION: Hint(
+        "ask the provider about idempotency key {effect}, then: resolve {saga} "
+        "--step {step} --effect-id {effect} --committed --result JSON | --not-committed",
+        "Ask the provider whether the request with idempotency key {effect} went "
+        "through. Record the answer (committed with its result, or not committed), "
+        "then resume."),
+    FindingKind.AMBIGUOUS_COMPENSATION: Hint(
+        "ask the provider whether {effect} was undone, then: resolve {saga} "
+        "--step {step} --effect-id {effect} --compensated | --not-compensated",
+        "Ask the provider whether {effect} was undone. Record compensated or not "
+        "compensated, then resume."),
+    FindingKind.STALE: Hint("not updated for stale_after: is beat running the sweep?",
+                            "Not updated for stale_after: is beat running the sweep?"),
+    FindingKind.AMBIGUOUS: Hint(
+        "began long ago and its outcome is unknown: ask the provider about this effect id",
+        "Began long ago and its outcome is unknown: ask the provider about this effect "
+        "id, then resolve the step from its saga's finding (every saga with effect "
+        "findings has one)."),
+    FindingKind.INCOMPLETE: Hint(
+        "admitted but never began: see its saga (the sweep re-drives it)",
+        "Admitted but never began: the sweep re-drives it; its saga's finding says "
+        "whether workers and beat are up."),
+    FindingKind.UNDECRYPTABLE: Hint(
+        "encrypted with a key not in sagas_encryption_keys: list that key again and restart "
+        "(nothing acts on it meanwhile)",
+        "Encrypted with a key not in sagas_encryption_keys: list that key again and "
+        "restart. Nothing acts on it meanwhile."),
+    FindingKind.ARCHIVE_FAILED: Hint(  # the UI has no words of its own for it yet
+        "past retention but the archive raised: kept; fix the archive (see the ERROR log)",
+        _UNREADABLE.web),
+}
+_WAITING_HINTS = {  # its saga is not (yet) in manual review: the sweep still acts
+    FindingKind.AMBIGUOUS_EXECUTION: Hint(
+        "sent or running past stale_after: the sweep re-sends a step never started "
+        "and judges a silent one past its time limit (are workers up?)",
+        "Sent or running past stale_after: the sweep re-sends a step never started "
+        "and judges a silent one past its time limit. Are workers and beat up?"),
+    FindingKind.AMBIGUOUS_COMPENSATION: Hint(
+        "compensator sent or running past stale_after: the sweep re-sends or "
+        "judges it (are workers up?)",
+        "Compensator sent or running past stale_after: the sweep re-sends or judges "
+        "it. Are workers up?"),
+}
+
+
+def hint_of(finding: Finding) -> Hint:
+    """A finding's hint by its kind and whether its saga waits in manual review; a
+    ``MANUAL_REVIEW`` finding gets the unreadable-record one (its advice is ``review_advice``)."""
+    template = _HINTS.get(finding.kind, _UNREADABLE)
     if finding.state != str(SagaState.MANUAL_REVIEW):
-        template = waiting.get(finding.kind, template)
-    return template.format(saga=finding.record_id, step=finding.step, effect=finding.effect_id,
-                           kind=finding.record_kind)
+        template = _WAITING_HINTS.get(finding.kind, template)
+    names = {"saga": finding.record_id, "step": finding.step, "effect": finding.effect_id,
+             "kind": finding.record_kind}
+    return Hint(template.cli.format(**names), template.web.format(**names))
 
 
 def _unknown(step: StepRecord, review: bool) -> bool | None:

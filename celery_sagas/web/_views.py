@@ -145,43 +145,12 @@ def finding_forms(finding: Finding) -> tuple[str, ...]:
     return ()
 
 
-_HINTS = {
-    FindingKind.AMBIGUOUS_EXECUTION: (
-        "Ask the provider whether the request with idempotency key {effect} went "
-        "through. Record the answer (committed with its result, or not committed), "
-        "then resume."),
-    FindingKind.AMBIGUOUS_COMPENSATION: (
-        "Ask the provider whether {effect} was undone. Record compensated or not "
-        "compensated, then resume."),
-    FindingKind.STALE: "Not updated for stale_after: is beat running the sweep?",
-    FindingKind.AMBIGUOUS: (
-        "Began long ago and its outcome is unknown: ask the provider about this effect "
-        "id, then resolve the step from its saga's finding (every saga with effect "
-        "findings has one)."),
-    FindingKind.INCOMPLETE: (
-        "Admitted but never began: the sweep re-drives it; its saga's finding says "
-        "whether workers and beat are up."),
-    FindingKind.UNDECRYPTABLE: (
-        "Encrypted with a key not in sagas_encryption_keys: list that key again and "
-        "restart. Nothing acts on it meanwhile."),
-}
-_WAITING_HINTS = {  # its saga is not (yet) in manual review: the sweep still acts
-    FindingKind.AMBIGUOUS_EXECUTION: (
-        "Sent or running past stale_after: the sweep re-sends a step never started "
-        "and judges a silent one past its time limit. Are workers and beat up?"),
-    FindingKind.AMBIGUOUS_COMPENSATION: (
-        "Compensator sent or running past stale_after: the sweep re-sends or judges "
-        "it. Are workers up?"),
-}
-
-
 def hint(finding: Finding) -> str:
     """What an operator does about a finding, in the UI's words."""
     if finding.kind is FindingKind.MANUAL_REVIEW:
         advice = review_advice(finding.error_code)
         return advice[0].upper() + advice[1:] + "."
-    return hint_of(finding, _HINTS, _WAITING_HINTS,
-                   "The {kind} record failed read validation: inspect it in the store.")
+    return hint_of(finding).web
 
 
 @dataclass(frozen=True, slots=True)
