@@ -328,21 +328,16 @@ def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord])
 # ---------------------------------------------------------------- sweeps and approvals
 
 
+_SWEEP_FIELDS = ("acquired", "fence", "complete", "lease_lost", "examined", "acted", "deleted",
+                 "errors", "pages")  # as they are; findings and corrupt records by their views
+
+
 def sweep_view(report: SweepReport) -> dict[str, Any]:
     """A sweep report as JSON (ids and codes only)."""
-    return {
-        "acquired": report.acquired,
-        "fence": report.fence,
-        "complete": report.complete,
-        "lease_lost": report.lease_lost,
-        "examined": report.examined,
-        "acted": report.acted,
-        "deleted": report.deleted,
-        "errors": report.errors,
-        "pages": report.pages,
-        "findings": [finding_view(f) for f in report.findings],
-        "corrupt": [corrupt_view(c) for c in report.corrupt],
-    }
+    view = {name: getattr(report, name) for name in _SWEEP_FIELDS}
+    view["findings"] = [finding_view(f) for f in report.findings]
+    view["corrupt"] = [corrupt_view(c) for c in report.corrupt]
+    return view
 
 
 def sweep_text(report: SweepReport) -> str:
