@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -89,24 +89,22 @@ class ChildSteps(Protocol):
         ...
 
 
+@dataclass(eq=False, repr=False)  # a collaborator, equal only to itself
 class Planner:
     """Turns the protocol's decisions into plans; every collaborator is handed in."""
 
-    def __init__(self, registry: Registry, dispatcher: Dispatcher, announcer: Announcer,
-                 topology: Topology, children: ChildSteps, *, clock: Clock, timing: Timing,
-                 new_id: Callable[[], str], gates: GateOpener | None = None,
-                 inline: bool = False, inline_max_seconds: float = 60.0) -> None:
-        self.registry = registry
-        self.dispatcher = dispatcher
-        self.announcer = announcer
-        self.topology = topology
-        self.children = children
-        self.clock = clock
-        self.timing = timing
-        self.new_id = new_id
-        self.gates = gates
-        self.inline = inline  # sagas_inline_steps: the default of @sagas.saga(inline=...)
-        self.inline_max_seconds = inline_max_seconds
+    registry: Registry
+    dispatcher: Dispatcher
+    announcer: Announcer
+    topology: Topology
+    children: ChildSteps
+    _: KW_ONLY
+    clock: Clock
+    timing: Timing
+    new_id: Callable[[], str]
+    gates: GateOpener | None = None
+    inline: bool = False  # sagas_inline_steps: the default of @sagas.saga(inline=...)
+    inline_max_seconds: float = 60.0
 
     def first_write(self, fresh: SagaRecord) -> Plan:
         """Replay ``run`` in this process up to its first step: the record to create (version 1),

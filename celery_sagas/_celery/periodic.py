@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
@@ -34,6 +35,7 @@ logger = logging.getLogger("celery_sagas")
 _NAME_LIMIT = 100  # the saga id adds "@" and up to 21 characters of slot
 
 
+@dataclass(eq=False, repr=False)  # one schedule is itself only; its repr is its own
 class SagaSchedule:
     """A saga started once per tick of a schedule (what ``Sagas.periodic`` returns).
 
@@ -46,14 +48,12 @@ class SagaSchedule:
         queue: the queue its ticks are sent to, consumed by every worker that declares it.
     """
 
-    def __init__(self, name: str, definition: str, input: Any, slots: Slots,
-                 timezone: Callable[[], tzinfo], queue: str = "") -> None:
-        self.name = name
-        self.queue = queue
-        self.definition = definition
-        self.input = input
-        self.slots = slots
-        self._timezone = timezone
+    name: str
+    definition: str
+    input: Any
+    slots: Slots
+    _timezone: Callable[[], tzinfo]  # the app's, read at each tick
+    queue: str = ""
 
     def slot_at(self, when: datetime | float) -> int:
         """The tick at or before ``when`` (an aware datetime or epoch seconds), in ms since
