@@ -6,20 +6,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._source import Finishes
-from ._timeline import Bar, Tick, clock
+from ._timeline import Bar, Plot, Tick, clock
 
 __all__ = ["Chart", "chart"]
 
 
 
 @dataclass(frozen=True, slots=True)
-class Chart:
+class Chart(Plot):
     """Stacked bars per minute: completions (bottom) and compensations (top)."""
 
-    width: float
-    height: float
-    bars: tuple[Bar, ...]
-    ticks: tuple[Tick, ...]
     peak: int
     total_completed: int
     total_compensated: int

@@ -218,5 +218,5 @@ def history_timeline(record: SagaRecord, now_ms: int) -> Timeline:
     rows = tuple(Row(TOP + i * ROW_HEIGHT, step.name, str(step.state))
                  for i, step in enumerate(record.steps))
     height = TOP + max(1, len(record.steps)) * ROW_HEIGHT + 6
-    return Timeline(LABEL_WIDTH + PLOT_WIDTH + 60, height, rows, tuple(bars), tuple(marks),
-                    ticks_of(scale, start, end), start, end, scale.gaps)
+    return Timeline(LABEL_WIDTH + PLOT_WIDTH + 60, height, tuple(bars), ticks_of(scale, start, end),
+                    rows=rows, marks=tuple(marks), start_ms=start, end_ms=end, gaps=scale.gaps)

@@ -32,7 +32,19 @@ from .._protocol.kinds import HELD_STATES, kind_of
 if TYPE_CHECKING:
     from .._records import EffectMark  # the type of StepRecord.execution, not exported
 
-__all__ = ["Bar", "Gap", "Mark", "Row", "Scale", "Tick", "Timeline", "clock", "ticks_of", "timeline"]
+__all__ = [
+    "Bar",
+    "Gap",
+    "Mark",
+    "Plot",
+    "Row",
+    "Scale",
+    "Tick",
+    "Timeline",
+    "clock",
+    "ticks_of",
+    "timeline",
+]
 
 LABEL_WIDTH = 190.0
 PLOT_WIDTH = 640.0
@@ -91,15 +103,21 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
-class Timeline:
-    """Everything the timeline template draws."""
+class Plot:
+    """An SVG plot of bars over a time axis: its size, its bars and the axis's ticks."""
 
     width: float
     height: float
-    rows: tuple[Row, ...]
     bars: tuple[Bar, ...]
-    marks: tuple[Mark, ...]
     ticks: tuple[Tick, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline(Plot):
+    """Everything the timeline template draws."""
+
+    rows: tuple[Row, ...]
+    marks: tuple[Mark, ...]
     start_ms: int
     end_ms: int
     gaps: tuple[Gap, ...] = ()
@@ -356,8 +374,9 @@ def timeline(record: SagaRecord, now_ms: int) -> Timeline:
             bars.extend(drawn[0])
             marks.extend(drawn[1])
     height = TOP + max(1, len(record.steps)) * ROW_HEIGHT + 6
-    return Timeline(LABEL_WIDTH + PLOT_WIDTH + 60, height, tuple(rows), tuple(bars), tuple(marks),
-                    ticks_of(scale, start, end), start, end, scale.gaps)
+    return Timeline(LABEL_WIDTH + PLOT_WIDTH + 60, height, tuple(bars), ticks_of(scale, start, end),
+                    rows=tuple(rows), marks=tuple(marks), start_ms=start, end_ms=end,
+                    gaps=scale.gaps)
 
 
 def ticks_of(scale: Scale, start: int, end: int) -> tuple[Tick, ...]:
