@@ -32,7 +32,7 @@ from celery_sagas.stores._cursor import encode_cursor
 from celery_sagas.stores.base import Envelope, Fence, Lease, Store
 from celery_sagas.stores.redis import RedisStore
 from celery_sagas.stores.redis._keys import KeyLayout
-from celery_sagas.stores.redis._scripts import SCRIPT_NAMES, Scripts, script_text
+from celery_sagas.stores.redis._scripts import RECORD_SCRIPTS, SCRIPT_NAMES, Scripts, script_text
 from celery_sagas.testing.racing import race
 from tests import processes
 
@@ -170,11 +170,16 @@ def test_each_script_opens_with_a_contract_header_naming_every_key_and_argument(
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_scripts_touch_only_keys_passed_in_keys(name: str) -> None:
     body = "\n".join(line for line in script_text(name).splitlines() if not line.startswith("--"))
+    # _record.lua's functions call on the key they are given: each call of them must give KEYS[n]
+    given = {"lease", "key"} if name in RECORD_SCRIPTS else set()
     calls = re.findall(r"redis\.call\('(\w+)',\s*([^,)]+)", body)
     assert calls
     for command, first in calls:
         assert command.upper() not in {"KEYS", "SCAN", "EVAL", "EVALSHA"}
-        assert re.fullmatch(r"KEYS\[\d\]", first.strip()), f"{name}: {command} on {first}"
+        assert re.fullmatch(r"KEYS\[\d\]", first.strip()) or first.strip() in given, \
+            f"{name}: {command} on {first}"
+    for first in re.findall(r"(?<!function )\b(?:fence_refusal|not_a_record)\(([^,)]+)", body):
+        assert re.fullmatch(r"KEYS\[\d\]", first.strip()), f"{name}: a check of {first}"
     assert "unpack" not in body
 
 

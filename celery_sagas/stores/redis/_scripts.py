@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.commands.core import Script
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "script_text"]
+__all__ = ["RECORD_SCRIPTS", "SCRIPT_NAMES", "Scripts", "script_text"]
 
 SCRIPT_NAMES = (
     "create",
@@ -32,17 +32,26 @@ SCRIPT_NAMES = (
 )
 
 
+# The scripts that begin with the checks of ``lua/_record.lua`` (fence, then record hash).
+RECORD_SCRIPTS = frozenset({"compare_and_set", "delete"})
+
+
+def _lua(name: str) -> str:
+    return resources.files("celery_sagas.stores.redis").joinpath("lua").joinpath(f"{name}.lua") \
+        .read_text("utf-8")
+
+
 @cache
 def script_text(name: str) -> str:
-    """The Lua source of one primitive, read from the package's ``lua/`` folder."""
+    """The Lua source of one primitive, read from the package's ``lua/`` folder: its contract
+    header, then (for ``RECORD_SCRIPTS``) the shared ``_record.lua`` functions, then its body."""
     if name not in SCRIPT_NAMES:
         raise KeyError(name)
-    return (
-        resources.files("celery_sagas.stores.redis")
-        .joinpath("lua")
-        .joinpath(f"{name}.lua")
-        .read_text("utf-8")
-    )
+    text = _lua(name)
+    if name not in RECORD_SCRIPTS:
+        return text
+    header, _, body = text.partition("\n\n")  # the header ends at the first blank line
+    return f"{header}\n\n{_lua('_record')}\n{body}"
 
 
 @dataclass(frozen=True, slots=True)

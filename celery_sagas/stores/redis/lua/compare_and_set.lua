@@ -29,22 +29,9 @@
 --   {'moved', state}   version matches but the stored state is not ARGV[7]: call again
 --   {'corrupt', why}   KEYS[1] is not a well-formed record hash
 
-if #KEYS == 7 then
-  local newest = tonumber(redis.call('HGET', KEYS[7], 'fence') or '0')
-  if newest == nil then
-    return redis.error_reply('fence of ' .. KEYS[7] .. ' is not an integer')
-  end
-  if newest > tonumber(ARGV[10]) then
-    return {'fenced', tostring(newest)}
-  end
-end
-
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
-  return {'absent', ''}
-end
-if kind ~= 'hash' then
-  return {'corrupt', 'a ' .. kind .. ' instead of a hash'}
+local refusal = (#KEYS == 7 and fence_refusal(KEYS[7], ARGV[10])) or not_a_record(KEYS[1])
+if refusal then
+  return refusal
 end
 local f = redis.call('HMGET', KEYS[1], 'id', 'version', 'state', 'updated_at_ms', 'body',
   'label', 'due_at_ms', 'nn')

@@ -17,21 +17,9 @@
 -- {'absent', ''}, {'fenced', n}, {'moved', state + '\n' + label} (call again with those),
 -- {'corrupt', why}.
 
-if #KEYS == 6 then
-  local newest = tonumber(redis.call('HGET', KEYS[6], 'fence') or '0')
-  if newest == nil then
-    return redis.error_reply('fence of ' .. KEYS[6] .. ' is not an integer')
-  end
-  if newest > tonumber(ARGV[5]) then
-    return {'fenced', tostring(newest)}
-  end
-end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
-  return {'absent', ''}
-end
-if kind ~= 'hash' then
-  return {'corrupt', 'a ' .. kind .. ' instead of a hash'}
+local refusal = (#KEYS == 6 and fence_refusal(KEYS[6], ARGV[5])) or not_a_record(KEYS[1])
+if refusal then
+  return refusal
 end
 local f = redis.call('HMGET', KEYS[1], 'id', 'version', 'state', 'label')
 if f[1] ~= ARGV[1] or not f[2] or not f[3] then
