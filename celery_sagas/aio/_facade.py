@@ -92,12 +92,15 @@ class AsyncSagaHandle:
 
 
 class _Loop:
-    """What the client holds per event loop: a runtime on async drivers and a listener."""
+    """What the client holds per event loop: a runtime on async drivers, a listener, and the
+    gate that admits as many calls at once as the store has connections."""
 
-    def __init__(self, view: Any, runtime: Runtime, listener: SettleListener) -> None:
+    def __init__(self, view: Any, runtime: Runtime, listener: SettleListener,
+                 connections: int | None) -> None:
         self.view = view
         self.runtime = runtime
         self.listener = listener
+        self.gate = asyncio.Semaphore(connections) if connections else None
 
 
 class AsyncSagas:
@@ -108,6 +111,8 @@ class AsyncSagas:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Loop] = (
             weakref.WeakKeyDictionary())
         self._publisher: ThreadPoolExecutor | None = None  # shared by this client's loops
+        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[_Loop]] = (
+            weakref.WeakKeyDictionary())
 
     # ------------------------------------------------------------ operations
 
@@ -196,13 +201,27 @@ class AsyncSagas:
 
     async def _call(self, call: Callable[[Any], T]) -> T:
         loop = await self._loop()
-        return await in_greenlet(call, loop.view)
+        if loop.gate is None:
+            return await in_greenlet(call, loop.view)
+        # A call past the store's connections waits here, first come first served, before its
+        # replay and planning rather than after them at the pool: 200 concurrent starts on 15
+        # PostgreSQL connections then finish in waves, as a thread pool's do, instead of all
+        # together at the end (docs/async.md, Cost).
+        async with loop.gate:
+            return await in_greenlet(call, loop.view)
 
     async def _loop(self) -> _Loop:
         running = asyncio.get_running_loop()
         found = self._loops.get(running)
         if found is None:
-            found = await in_greenlet(self._open)
+            # The first calls on a loop, concurrent, open one store between them (each used to
+            # open its own, the last one kept and the others' connections left open).
+            opening = self._opening.get(running)
+            if opening is None:
+                opening = running.create_task(in_greenlet(self._open))
+                self._opening[running] = opening
+                opening.add_done_callback(lambda _: self._opening.pop(running, None))
+            found = await asyncio.shield(opening)
             self._loops[running] = found
         return found
 
@@ -214,7 +233,8 @@ class AsyncSagas:
         runtime = Runtime(opened.store, sagas.settings, sagas.registry, sagas.middlewares,
                           BridgedDispatcher(sagas.dispatcher, self._publisher),
                           default_clock(sagas.clock))
-        return _Loop(sagas.on_runtime(runtime), runtime, SettleListener(opened.listen))
+        return _Loop(sagas.on_runtime(runtime), runtime, SettleListener(opened.listen),
+                     opened.connections)
 
 
 def _publish_threads(app: Any) -> int:

@@ -33,10 +33,12 @@ _REDIS = {"redis", "rediss", "unix", *CLUSTER_SCHEMES}
 
 @dataclass(frozen=True)
 class AsyncStore:
-    """A store on asyncio drivers and how to listen for settled sagas on it (None: poll)."""
+    """A store on asyncio drivers, how to listen for settled sagas on it (None: poll), and
+    how many calls it serves at once (its connections; None: no bound)."""
 
     store: Store
     listen: Listen | None
+    connections: int | None = None
 
 
 def open_async_store(target: str | Store, settings: SagaSettings) -> AsyncStore:
@@ -89,7 +91,8 @@ def _redis_store(url: str, settings: SagaSettings) -> AsyncStore:
     store._owns_client = True  # closed with the async client
     # Cluster pub/sub of redis.asyncio varies by version: cluster waiters poll.
     listen = None if scheme in CLUSTER_SCHEMES else redis_listen(client, store.settle_channel)
-    return AsyncStore(store, listen)
+    connections = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    return AsyncStore(store, listen, connections if isinstance(connections, int) else _POOL_SIZE)
 
 
 def _sql_store(url: str, settings: SagaSettings) -> AsyncStore:
@@ -111,7 +114,16 @@ def _sql_store(url: str, settings: SagaSettings) -> AsyncStore:
     store = SqlStore(engine.sync_engine, table_prefix=settings.table_prefix)
     store._owns_engine = True  # disposed of with the async client
     channel = store.settle_channel
+    connections = _sql_connections(options)
     if channel is None:
-        return AsyncStore(store, None)
+        return AsyncStore(store, None, connections)
     dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-    return AsyncStore(store, postgres_listen(dsn, channel))
+    return AsyncStore(store, postgres_listen(dsn, channel), connections)
+
+
+def _sql_connections(options: dict[str, Any]) -> int | None:
+    """The pool's pool_size + max_overflow; None when the store sets no bound (SQLite files)
+    or the overflow is unbounded (-1)."""
+    if "pool_size" not in options or int(options.get("max_overflow", 10)) < 0:
+        return None
+    return int(options["pool_size"]) + int(options.get("max_overflow", 10))

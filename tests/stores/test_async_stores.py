@@ -99,3 +99,42 @@ def test_a_store_object_that_does_io_is_refused_clearly(tmp_path: Path) -> None:
             await sagas.aio.get("x")
 
     asyncio.run(run())
+
+
+@pytest.mark.postgres
+def test_calls_past_the_stores_connections_wait_before_they_begin(
+        postgres_url: str, monkeypatch: Any) -> None:
+    """The PostgreSQL engine holds 15 connections (5 + 10 overflow): of 40 concurrent starts,
+    at most 15 run at once, the others waiting before their replay, not at the pool."""
+    sagas = _sagas(postgres_url, table_prefix=f"aio{uuid.uuid4().hex[:6]}_")
+    inside: list[int] = []
+    original = Sagas.start
+
+    def counting(self: Sagas, definition: str, input: Any, saga_id: str | None = None) -> Any:
+        inside.append(1)
+        try:
+            return original(self, definition, input, saga_id=saga_id)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(Sagas, "start", counting)
+    peak = 0
+
+    async def run() -> None:
+        nonlocal peak
+        aio = sagas.aio
+        try:
+            starts = [asyncio.ensure_future(aio.start("aio-order", {"sku": "A"}, saga_id=f"g{n}"))
+                      for n in range(40)]
+            while not all(s.done() for s in starts):
+                peak = max(peak, len(inside))
+                await asyncio.sleep(0)
+            assert {s.result().record.state for s in starts} == {"running"}
+        finally:
+            await aio.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        sagas.store.drop_tables()  # type: ignore[attr-defined]
+    assert 1 <= peak <= 15
