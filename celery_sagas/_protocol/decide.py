@@ -26,7 +26,6 @@ from .decisions import (
     Redispatch,
     Review,
     SagaPolicy,
-    StartCompensation,
     Vanished,
     Wait,
 )
@@ -164,7 +163,7 @@ def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Dec
     if isinstance(outcome, Crashed):
         return Review(outcome.error_code, outcome.reason, outcome.exception, outcome.traceback)
     if isinstance(outcome, Refused):
-        return StartCompensation(outcome.error_code, outcome.reason)
+        return outcome
     if isinstance(outcome, Returned):
         if flight is not None:
             return flight

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._records import SagaRecord, StepRecord
+from .decisions import StartCompensation
 from .kinds import kind_of
 
 __all__ = [
@@ -130,12 +131,7 @@ class Crashed:
     traceback: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """run() raised StepNotCommitted: roll back what was done."""
-
-    error_code: str
-    reason: str
-
+# run() raised StepNotCommitted: the outcome is already the decision to roll back what was done.
+Refused = StartCompensation
 
 Outcome = Returned | Suspended | Diverged | Crashed | Refused
