@@ -161,7 +161,7 @@ def _forward(saga: SagaRecord, outcome: Outcome, flight: Decision | None) -> Dec
     if isinstance(outcome, Diverged):
         return Review(codes.NONDETERMINISTIC, outcome.reason)
     if isinstance(outcome, Crashed):
-        return Review(outcome.error_code, outcome.reason, outcome.exception, outcome.traceback)
+        return outcome
     if isinstance(outcome, Refused):
         return outcome
     if isinstance(outcome, Returned):

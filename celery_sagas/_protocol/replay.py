@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._records import SagaRecord, StepRecord
-from .decisions import StartCompensation
+from .decisions import Review, StartCompensation
 from .kinds import kind_of
 
 __all__ = [
@@ -119,17 +119,10 @@ class Diverged:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Crashed:
-    """run() itself raised or misused the context: a bug, sent to manual review
-    (``exception``: the type and message of what run() raised, if it raised; ``traceback``:
-    where, as ``_values.traceback_text`` summarises it)."""
-
-    error_code: str
-    reason: str
-    exception: str | None = None
-    traceback: str | None = None
-
+# run() itself raised or misused the context: a bug, already the decision to send the saga to
+# manual review (``exception``: the type and message of what run() raised, if it raised;
+# ``traceback``: where, as ``_values.traceback_text`` summarises it).
+Crashed = Review
 
 # run() raised StepNotCommitted: the outcome is already the decision to roll back what was done.
 Refused = StartCompensation
