@@ -38,8 +38,8 @@ def open_store(backend: str, url: str, stem: str = "bench") -> RedisStore | SqlS
 
 
 def _redis_writer(store: RedisStore) -> Callable[[list[Envelope]], None]:
-    """HSET each record and ZADD it to its state and label indexes and its bucket's id index,
-    as the create script does."""
+    """HSET each record and ZADD it to its state and label indexes and its bucket's id and
+    creation indexes, as the create script does (created at its last write: never rewritten)."""
     layout, client = store.layout, store._client
 
     def write(batch: list[Envelope]) -> None:
@@ -52,23 +52,24 @@ def _redis_writer(store: RedisStore) -> Callable[[list[Envelope]], None]:
             for label in (None, e.label):
                 pipe.zadd(layout.record_index(e.kind, e.id, e.state, label), {e.id: e.updated_at_ms})
             pipe.zadd(layout.ids(e.kind, store.bucket_of(e.id)), {e.id: 0})
+            pipe.zadd(layout.created(e.kind, store.bucket_of(e.id)), {e.id: e.updated_at_ms})
         pipe.execute()
 
     return write
 
 
 def _postgres_writer(store: SqlStore) -> Callable[[list[Envelope]], None]:
-    """COPY into the envelope table."""
+    """COPY into the envelope table (created at its last write, as the store inserts it)."""
     table = build_tables(store.table_prefix).envelopes
     columns = ("kind", "id", "version", "state", "updated_at_ms", "body", "label")
-    statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+    statement = f"COPY {table.name} ({', '.join(columns)}, created_at_ms) FROM STDIN"
 
     def copy(batch: list[Envelope]) -> None:
         raw = store.engine.raw_connection()
         try:
             with raw.cursor() as cursor, cursor.copy(statement) as copy_in:  # type: ignore[attr-defined]
                 for e in batch:
-                    copy_in.write_row(tuple(getattr(e, c) for c in columns))
+                    copy_in.write_row((*(getattr(e, c) for c in columns), e.updated_at_ms))
             raw.commit()
         finally:
             raw.close()

@@ -10,8 +10,8 @@ and times every page with Flask's test client: the first request (the overview's
 counts every minute of its chart; later ones only the recent minutes), one more warm-up, then
 the median (and the slowest) of ``--repeat`` requests: the overview, the sagas list filtered
 by state, definition and id prefix (``scan_prefix``: the primary key on PostgreSQL, the id index
-on Redis), sorted by last write either way (``scan_ordered``) and their next pages, one saga
-and the attention queue. It also counts the store primitives the first request calls (the
+on Redis), sorted by last write or by creation either way (``scan_ordered``) and their next
+pages, one saga and the attention queue. It also counts the store primitives the first request calls (the
 overview calls ``count``, and one ``scan`` of the open sagas idle past ``stale_after``; a list
 page one ``scan``, ``scan_prefix`` or ``scan_ordered``). Prints the
 figures with the load average, writes ``bench/results/web_pages.json``, and removes what it
@@ -190,6 +190,10 @@ def pages(client: Any) -> dict[str, str]:
         "sagas, id prefix, in review": "/sagas?id=order-0&state=manual-review",
         "sagas, newest first": "/sagas?sort=newest",
         "sagas, oldest first": "/sagas?sort=oldest",
+        "sagas, newest created": "/sagas?sort=newest-created",
+        "sagas, oldest created": "/sagas?sort=oldest-created",
+        "sagas, open, newest created":
+            "/sagas?state=running&state=compensating&sort=newest-created",
         "sagas, open, newest first": "/sagas?state=running&state=compensating&sort=newest",
         "sagas, sync-user, newest first": "/sagas?definition=sync-user&sort=newest",
         "saga (manual review)": "/saga?id=" + _review_id(client),
@@ -197,6 +201,8 @@ def pages(client: Any) -> dict[str, str]:
     }
     for name, first_page in (("sagas, next page", "/sagas"),
                              ("sagas, newest first, next page", "/sagas?sort=newest"),
+                             ("sagas, newest created, next",
+                              "/sagas?sort=newest-created"),
                              ("sagas, id prefix, next page", "/sagas?id=order-001")):
         _, first = _get(client, first_page)
         found = re.search(r'<a class="next" href="([^"]*)"', first)

@@ -18,9 +18,17 @@ from ._codec import Codec
 from ._records import APPROVAL, SAGA, ApprovalRecord, ApprovalState, SagaRecord, SagaState
 from ._values import MAX_SAFE_INTEGER, printable
 from .errors import InvalidRecordError, SagaValidationError, UndecryptableRecord
-from .stores.base import Envelope, OrderedScan, Page, StateListing, Store, check_state
+from .stores.base import Envelope, OrderedScan, OrderKey, Page, StateListing, Store, check_state
 
-__all__ = ["CorruptRecord", "RecordPage", "Scans"]
+__all__ = ["BROWSE_ORDERS", "CorruptRecord", "RecordPage", "Scans"]
+
+# ``Sagas.browse(order=...)``: (newest first, what the store's ``OrderedScan`` sorts by)
+BROWSE_ORDERS: dict[str, tuple[bool, OrderKey]] = {
+    "newest": (True, "updated"),
+    "oldest": (False, "updated"),
+    "newest-created": (True, "created"),
+    "oldest-created": (False, "created"),
+}
 
 R = TypeVar("R")
 S = TypeVar("S", bound=Enum)
@@ -129,17 +137,20 @@ class Scans:
     def sagas_by_write(
         self, states: Sequence[SagaState | str], *, definition: str | None = None,
         updated_before_ms: int | None = None, newest_first: bool = False,
-        cursor: str | None = None, limit: int = 100,
+        cursor: str | None = None, limit: int = 100, by: OrderKey = "updated",
     ) -> RecordPage[SagaRecord]:
-        """One page of saga records in ``states`` (of one definition) by last write across
-        the states, oldest or newest first (the store's ``OrderedScan``; SagaValidationError
-        on a store without it)."""
+        """One page of saga records in ``states`` (of one definition) by last write (or by
+        creation, ``by="created"``) across the states, oldest or newest first (the store's
+        ``OrderedScan``; SagaValidationError on a store without it)."""
         names = _states(SagaState, states)
         if not isinstance(self.store, OrderedScan):
-            raise SagaValidationError("this store cannot list by last write (no OrderedScan)")
+            raise SagaValidationError("this store cannot list sorted (no OrderedScan)")
+        # ``by`` only when not the default: a store written before it still sorts by last write
+        chosen: dict[str, OrderKey] = {"by": by} if by != "updated" else {}
         page = self.store.scan_ordered(SAGA, names, label=definition,
                                        updated_before_ms=updated_before_ms,
-                                       newest_first=newest_first, cursor=cursor, limit=limit)
+                                       newest_first=newest_first, cursor=cursor, limit=limit,
+                                       **chosen)
         return _decoded(page, SAGA, lambda e: e.state in names, self._saga)
 
     def due_sagas(self, due_before_ms: int, *, bucket: int | None = None,

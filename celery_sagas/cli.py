@@ -32,6 +32,7 @@ from ._celery.facade import Sagas, sagas_of
 from ._cli_export import export_line, export_target
 from ._findings import REPORTS
 from ._records import SAGA, SagaHistory, SagaRecord, SagaState
+from ._scans import BROWSE_ORDERS
 from .errors import (
     InvalidRecordError,
     SagaConfigurationError,
@@ -158,9 +159,9 @@ def _limit_option(default: int, what: str) -> Callable[[F], F]:
 @click.option("--state", type=click.Choice([str(s) for s in SagaState]),
               help="Only sagas in this state (default: every state).")
 @click.option("--definition", help="Only sagas of this definition.")
-@click.option("--sort", "order", type=click.Choice(["newest", "oldest"]),
-              help="By last write across states, newest or oldest first (default: state by "
-                   "state, oldest first).")
+@click.option("--sort", "order", type=click.Choice(list(BROWSE_ORDERS)),
+              help="Across states by last write (newest, oldest) or by creation "
+                   "(newest-created, oldest-created) (default: state by state, oldest first).")
 @_limit_option(50, "sagas")
 @cursor_option
 @json_option
@@ -615,11 +616,15 @@ def reseal(ctx: click.Context, state: str | None, limit: int, cursor: str | None
 @click.pass_context
 @_operation
 def reindex(ctx: click.Context, as_json: bool) -> None:
-    """Add sagas written before the store kept an id index to it (once after an upgrade).
+    """Add sagas written before the store kept its id and creation indexes to them (once
+    after an upgrade).
 
-    The web UI's id-prefix search reads that index. On Redis, sagas created by a version
-    without it are found only after this command (idempotent: run it again once the last
-    process was upgraded); SQL and memory stores need nothing (it reports 0).
+    The web UI's id-prefix search and its sort by creation read them. On Redis, sagas created
+    by a version without them are found only after this command; on SQL, rows inserted
+    before the created_at_ms column sort at their last write until it fills it. Either way a
+    saga indexed here counts as created at its last write (its true creation time was never
+    stored). Idempotent: run it again once the last process was upgraded; the memory store
+    needs nothing (it reports 0).
     """
     store = _session(ctx).sagas.store
     added = store.index_ids(SAGA, [str(s) for s in SagaState]) \

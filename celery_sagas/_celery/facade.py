@@ -33,7 +33,7 @@ from .._protocol.findings import Finding
 from .._records import SAGA, SagaHistory, SagaRecord, SagaState
 from .._replay_check import ReplayCheck, replay_check
 from .._reseal import ResealPage, reseal_page
-from .._scans import RecordPage
+from .._scans import BROWSE_ORDERS, RecordPage
 from .._sweep import SweepReport
 from ..errors import (
     NonDurableStoreError,
@@ -519,18 +519,21 @@ class Sagas:
         """One page of saga records, state by state (every state unless ``states``), oldest
         first, of one definition and last written before ``updated_before_ms`` if given; the
         store's indexes do the filtering (``limit`` 1..1000). ``order="newest"`` or
-        ``"oldest"`` lists them by last write across the states instead (the store's
-        ``OrderedScan``). Payloads no key decrypts read as ``ENCRYPTED``."""
+        ``"oldest"`` lists them by last write across the states instead, ``"newest-created"``
+        or ``"oldest-created"`` by creation (the store's ``OrderedScan``). Payloads no key
+        decrypts read as ``ENCRYPTED``."""
         scans = self._process.current.views
         chosen = list(states or SagaState)
         if order is None:
             return scans.sagas(chosen, definition=definition,
                                updated_before_ms=updated_before_ms, cursor=cursor, limit=limit)
-        if order not in ("newest", "oldest"):
-            raise SagaValidationError(f"order must be 'newest' or 'oldest', got {order!r}")
+        if order not in BROWSE_ORDERS:
+            raise SagaValidationError(
+                f"order must be one of {', '.join(BROWSE_ORDERS)}, got {str(order)[:40]!r}")
+        newest_first, by = BROWSE_ORDERS[order]
         return scans.sagas_by_write(chosen, definition=definition,
                                     updated_before_ms=updated_before_ms,
-                                    newest_first=order == "newest", cursor=cursor, limit=limit)
+                                    newest_first=newest_first, cursor=cursor, limit=limit, by=by)
 
     def reseal(self, *, states: Sequence[SagaState | str] | None = None,
                cursor: str | None = None, limit: int = 100) -> ResealPage:

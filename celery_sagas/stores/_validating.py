@@ -20,10 +20,12 @@ from .._values import timestamp_ms
 from ..errors import SagaValidationError
 from ._cursor import decode_position
 from .base import (
+    ORDER_KEYS,
     Envelope,
     Fence,
     Lease,
     LeaseHolder,
+    OrderKey,
     Page,
     check_bucket,
     check_count_args,
@@ -307,19 +309,29 @@ class ValidatingOrderedScan(ABC):
 
     def scan_ordered(self, kind: str, states: Sequence[str], *, label: str | None = None,
                      updated_before_ms: int | None = None, newest_first: bool = False,
-                     cursor: str | None = None, limit: int = 100) -> Page:
+                     cursor: str | None = None, limit: int = 100,
+                     by: OrderKey = "updated") -> Page:
         """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``, and last written
-        before ``updated_before_ms``) by (updated_at_ms, id), from the opaque ``cursor`` on."""
+        before ``updated_before_ms``) by (updated_at_ms, id), or by (creation time, id) with
+        ``by="created"``, from the opaque ``cursor`` on."""
         wanted = check_scan_args(kind, states, limit, updated_before_ms, label)
         if not isinstance(newest_first, bool):
             raise SagaValidationError("newest_first must be a bool")
-        return self._scan_ordered(kind, wanted, label, updated_before_ms, newest_first,
-                                  decode_position(cursor), limit)
+        if by not in ORDER_KEYS:
+            raise SagaValidationError(f"by must be one of {', '.join(ORDER_KEYS)}, got {by!r}")
+        scan = self._scan_created if by == "created" else self._scan_ordered
+        return scan(kind, wanted, label, updated_before_ms, newest_first,
+                    decode_position(cursor), limit)
 
     @abstractmethod
     def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,
                       newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
         """``states`` come without repeats; ``at`` is the first position of the page, if any."""
+
+    @abstractmethod
+    def _scan_created(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """As ``_scan_ordered``, by (creation time, id); ``at`` is such a position."""
 
 
 class ValidatingCountSnapshot(ABC):

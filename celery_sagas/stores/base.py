@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from .._values import MAX_SAFE_INTEGER, duration_ms, identifier, timestamp_ms, token
 from ..errors import SagaValidationError
@@ -41,6 +41,7 @@ __all__ = [
     "MAX_NOTES",
     "MAX_NOTE_BYTES",
     "MAX_SCAN_LIMIT",
+    "ORDER_KEYS",
     "CountSnapshot",
     "Envelope",
     "Fence",
@@ -49,6 +50,7 @@ __all__ = [
     "LeaseHolder",
     "LeaseTakeover",
     "Notifying",
+    "OrderKey",
     "OrderedScan",
     "Page",
     "PrefixScan",
@@ -75,6 +77,8 @@ __all__ = [
 ]
 
 MAX_SCAN_LIMIT = 1000
+OrderKey = Literal["updated", "created"]  # what ``OrderedScan.scan_ordered`` sorts by
+ORDER_KEYS: tuple[OrderKey, ...] = ("updated", "created")
 MAX_NOTES = 1000  # notes a record holds before a compare-and-set absorbs them
 MAX_NOTE_BYTES = 2 * 1024 * 1024
 
@@ -330,7 +334,12 @@ class OrderedScan(Protocol):
     """An optional store capability: the records of a kind in several states as one list by
     (``updated_at_ms``, id), oldest or newest first, across states and buckets, merged from the
     state (or label) indexes: a page reads at most ``limit + 1`` entries of each index merged,
-    never every record. Every built-in store has it; the web UI's sort uses it."""
+    never every record. Every built-in store has it; the web UI's sort uses it.
+
+    ``by="created"`` orders by creation time instead: the ``updated_at_ms`` of the envelope
+    ``create`` stored, which later writes never change (the ``Envelope`` carries no such field:
+    the store keeps an index of it). Callers pass ``by`` only for ``"created"``, so a store
+    written before it still serves the sort by last write."""
 
     def scan_ordered(
         self,
@@ -342,9 +351,11 @@ class OrderedScan(Protocol):
         newest_first: bool = False,
         cursor: str | None = None,
         limit: int = 100,
+        by: OrderKey = "updated",
     ) -> Page:
         """Up to ``limit`` records of ``kind`` in ``states`` (and ``label``, and last written
-        before ``updated_before_ms``) by (updated_at_ms, id), from the opaque ``cursor`` on."""
+        before ``updated_before_ms``) by (updated_at_ms, id), or by (creation time, id) with
+        ``by="created"``, from the opaque ``cursor`` on."""
         ...
 
 
@@ -365,10 +376,12 @@ class CountSnapshot(Protocol):
 @runtime_checkable
 class IdIndexing(Protocol):
     """An optional store capability: add records written before the store kept an id index
-    to it (Redis; the other stores read their primary key and lack the method)."""
+    or a creation index to them (Redis: both; SQL: fills ``created_at_ms`` on rows inserted
+    before the column; memory lacks the method). Such a record counts as created at its last
+    write: its true creation time was never stored."""
 
     def index_ids(self, kind: str, states: Sequence[str]) -> int:
-        """Index the ids of the records of ``kind`` in ``states``; how many were added."""
+        """Index the records of ``kind`` in ``states``; how many were added."""
         ...
 
 

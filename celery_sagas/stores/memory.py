@@ -48,6 +48,8 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], Envelope] = {}
         self._index: dict[tuple[object, ...], list[_Position]] = {}
+        self._born: dict[str, list[_Position]] = {}  # per kind: (created ms, id), sorted
+        self._born_at: dict[tuple[str, str], int] = {}  # (kind, id): the create's updated_at_ms
         self._leases: dict[_LeaseKey, Lease] = {}
         self._fences: dict[_LeaseKey, int] = {}
         self._cursors: dict[_LeaseKey, str | None] = {}
@@ -69,6 +71,10 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             if (envelope.kind, envelope.id) in self._records:
                 return False
             self._put(envelope)
+            key = (envelope.kind, envelope.id)
+            self._born_at[key] = envelope.updated_at_ms
+            bisect.insort(self._born.setdefault(envelope.kind, []),
+                          (envelope.updated_at_ms, envelope.id))
             return True
 
     def _get(self, kind: str, record_id: str) -> Envelope | None:
@@ -112,6 +118,8 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             if current is None or current.version != expected_version:
                 return False
             self._drop(current)
+            born = self._born[kind]
+            del born[bisect.bisect_left(born, (self._born_at.pop((kind, record_id)), record_id))]
             return True
 
     # ------------------------------------------------------------------ scans
@@ -195,6 +203,29 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             found = list(heapq.merge(*runs, reverse=newest_first))[:limit + 1]
             items = tuple(self._records[(kind, record_id)] for _, record_id in found[:limit])
         return Page(items, encode_position(found[limit]) if len(found) > limit else None)
+
+    def _scan_created(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """The kind's creation index walked from ``at``, its records filtered (``OrderedScan``
+        with ``by="created"``)."""
+        wanted = set(states)
+        with self._lock:
+            born = self._born.get(kind, [])
+            if newest_first:
+                run = born[:bisect.bisect_right(born, at)] if at else born
+                walk = iter(run[::-1])
+            else:
+                walk = iter(born[bisect.bisect_left(born, at):] if at else born)
+            found: list[tuple[_Position, Envelope]] = []
+            for position in walk:
+                record = self._records[(kind, position[1])]
+                if record.state in wanted and label in (None, record.label) and (
+                        before is None or record.updated_at_ms < before):
+                    found.append((position, record))
+                    if len(found) > limit:
+                        break
+        following = encode_position(found[limit][0]) if len(found) > limit else None
+        return Page(tuple(record for _, record in found[:limit]), following)
 
     def _count_snapshot(self, kind: str, states: list[str], labels: list[str]
                         ) -> dict[tuple[str, str | None], int]:

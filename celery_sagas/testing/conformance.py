@@ -539,15 +539,24 @@ class StoreConformance:
             if (cursor := page.cursor) is None:
                 return seen
 
-    def test_an_ordered_scan_lists_several_states_by_last_write_either_way(self) -> None:
+    def _ordered_store(self) -> OrderedScan:
         store = self._store()
         if not isinstance(store, OrderedScan):
             pytest.skip("this store has no ordered scan (OrderedScan is optional)")
+        return store
+
+    def _made_in_two_states(self) -> tuple[str, str, list[Envelope], list[str]]:
+        """Two fresh states' 14 records, three a millisecond (ties), one more in a third
+        state; and their ids by (updated_at_ms, id)."""
         first, second, other = _fresh("st"), _fresh("st"), _fresh("st")
         made = [self._created(_envelope(_fresh(f"o{n}"), (first, second)[n % 2], T0 + n // 3))
-                for n in range(14)]  # ties: three records a millisecond, in both states
+                for n in range(14)]
         self._created(_envelope(_fresh("x"), other, T0 + 1))
-        order = [e.id for e in sorted(made, key=lambda e: (e.updated_at_ms, e.id))]
+        return first, second, made, [e.id for e in sorted(made, key=lambda e: (e.updated_at_ms, e.id))]
+
+    def test_an_ordered_scan_lists_several_states_by_last_write_either_way(self) -> None:
+        store = self._ordered_store()
+        first, second, made, order = self._made_in_two_states()
         assert self._ordered_ids(store, [first, second], newest_first=False) == order
         assert self._ordered_ids(store, [first, second], newest_first=True) == order[::-1]
         assert self._ordered_ids(store, [first, second], newest_first=True, limit=1000) == \
@@ -558,14 +567,42 @@ class StoreConformance:
                                  updated_before_ms=T0 + 2) == before[::-1]
 
     def test_an_ordered_scan_places_a_rewritten_record_at_its_new_write(self) -> None:
-        store = self._store()
-        if not isinstance(store, OrderedScan):
-            pytest.skip("this store has no ordered scan (OrderedScan is optional)")
+        store = self._ordered_store()
         state, done = _fresh("st"), _fresh("st")
         old, young = (self._created(_envelope(_fresh("r"), state, T0 + n)) for n in (0, 5))
-        assert store.compare_and_set(_next(old, state=done, updated_at_ms=T0 + 9), 1) is True
+        assert self._store().compare_and_set(_next(old, state=done, updated_at_ms=T0 + 9), 1) is True
         assert self._ordered_ids(store, [state, done], newest_first=True) == [old.id, young.id]
         assert self._ordered_ids(store, [state], newest_first=False) == [young.id]
+
+    def test_an_ordered_scan_by_created_lists_by_creation_either_way(self) -> None:
+        store = self._ordered_store()
+        first, second, made, order = self._made_in_two_states()
+        both = [first, second]
+        assert self._ordered_ids(store, both, newest_first=False, by="created") == order
+        assert self._ordered_ids(store, both, newest_first=True, by="created") == order[::-1]
+        assert self._ordered_ids(store, [second, first], newest_first=True, limit=1000,
+                                 by="created") == order[::-1]
+        seconds = [e.id for e in made if e.state == second]
+        assert self._ordered_ids(store, [second], newest_first=False, by="created") == \
+            [i for i in order if i in seconds]
+        early = [i for i in order if i in {e.id for e in made if e.updated_at_ms < T0 + 2}]
+        assert self._ordered_ids(store, both, newest_first=True, updated_before_ms=T0 + 2,
+                                 by="created") == early[::-1]
+
+    def test_an_ordered_scan_by_created_keeps_a_rewritten_record_in_place(self) -> None:
+        store = self._ordered_store()
+        state, done, label = _fresh("st"), _fresh("st"), _fresh("lb")
+        old, mid, young = (self._created(replace(_envelope(_fresh("r"), state, T0 + n),
+                                                 label=label)) for n in (0, 5, 7))
+        assert self._store().compare_and_set(_next(old, state=done, updated_at_ms=T0 + 9), 1) is True
+        assert self._store().delete("saga", mid.id, 1) is True
+        newest = self._ordered_ids(store, [state, done], newest_first=True, by="created")
+        assert newest == [young.id, old.id]  # by last write it would be old, young
+        assert self._ordered_ids(store, [state, done], newest_first=False, label=label,
+                                 by="created") == [old.id, young.id]
+        assert self._ordered_ids(store, [state], newest_first=False, by="created") == [young.id]
+        with pytest.raises(SagaValidationError):
+            store.scan_ordered("saga", [state], by="born")  # type: ignore[arg-type]
 
     def test_a_count_snapshot_counts_per_state_in_all_and_per_label(self) -> None:
         store = self._store()

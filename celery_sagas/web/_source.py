@@ -11,8 +11,9 @@ list costs what it shows, never the number of sagas kept (docs/design.md §4.1):
   stale, not those waiting by design: ``_attention``) and pending approvals whose gate still
   waits;
 - the sagas list is one page of ``sagas.browse(states, definition=..., order=...)``: the
-  store filters by state and definition; sorted by last write (``order`` newest or oldest),
-  one page of the store's ordered scan (``OrderedScan``: the state indexes merged). An id prefix is one page
+  store filters by state and definition; sorted by last write or by creation (``order``,
+  one of ``ORDERS``), one page of the store's ordered scan (``OrderedScan``: its indexes
+  merged). An id prefix is one page
   of the store's prefix scan
   (``PrefixScan``: every built-in store; Redis from its id index); with a store without it the
   prefix is filtered here, on the envelopes of the store's scan (only matches are decoded), at
@@ -95,8 +96,10 @@ _QUEUE_PAGES = 8  # pages of the findings walk one filtered queue page reads at 
 _CURSOR_VERSION = 2
 _MAX_CURSOR = 4096
 _MAX_BROWSE = 1000
-# The sagas list's sorts: by last write, across states (``OrderedScan``).
-ORDERS = {"newest": "last written, newest first", "oldest": "last written, oldest first"}
+# The sagas list's sorts, across states (``OrderedScan``): by last write or by creation; the
+# keys are ``sagas.browse``'s orders.
+ORDERS = {"newest": "last written, newest first", "oldest": "last written, oldest first",
+          "newest-created": "created, newest first", "oldest-created": "created, oldest first"}
 T = TypeVar("T")
 
 
@@ -426,8 +429,8 @@ class SagaSource:
                         self.saga(prefix))
 
     def _browse(self, chosen: SagaFilter, cursor: str | None, limit: int) -> RecordPage[SagaRecord]:
-        """One page of ``sagas.browse``: in index order, or by last write (``order``: the
-        store merges its indexes, ``OrderedScan``)."""
+        """One page of ``sagas.browse``: in index order, or by last write or creation
+        (``order``: the store merges its indexes, ``OrderedScan``)."""
         return self._sagas.browse(states=chosen.browsed_states, definition=chosen.definition,
                                   updated_before_ms=chosen.updated_before_ms, cursor=cursor,
                                   limit=limit, order=chosen.order)

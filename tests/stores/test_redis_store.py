@@ -903,6 +903,37 @@ def test_index_ids_backfills_records_written_before_the_id_index(
     assert [e.id for e in page.items] == [f"old-{n}" for n in range(11, 20, 2)]
 
 
+def test_index_ids_backfills_the_creation_index_at_the_last_write(
+        rstore: RedisStore, raw: redis.Redis, unique_prefix: str) -> None:
+    made = [envelope(f"born-{n:02d}", "running", at=T0 + n) for n in range(6)]
+    for each in made:
+        assert rstore.create(each)
+    assert rstore.compare_and_set(replace(made[0], version=2, updated_at_ms=T0 + 50), 1)
+    layout = KeyLayout(unique_prefix)
+    raw.delete(*(layout.created("saga", b) for b in range(layout.buckets)))  # as before it
+    assert rstore.scan_ordered("saga", ["running"], by="created").items == ()
+    assert rstore.index_ids("saga", ["running"]) == 6
+    assert rstore.index_ids("saga", ["running"]) == 0  # idempotent
+    page = rstore.scan_ordered("saga", ["running"], by="created", limit=100)
+    assert [e.id for e in page.items] == [f"born-{n:02d}" for n in (1, 2, 3, 4, 5, 0)]
+
+
+def test_a_created_page_of_rare_states_reads_on_and_skips_records_gone(
+        rstore: RedisStore, raw: redis.Redis, unique_prefix: str) -> None:
+    for n in range(40):
+        assert rstore.create(envelope(f"mix-{n:02d}", "running" if n % 10 == 0 else "completed",
+                                      at=T0 + n))
+    layout = KeyLayout(unique_prefix)
+    raw.delete(layout.record("saga", "mix-10"))  # an entry whose record is gone
+    page = rstore.scan_ordered("saga", ["running"], by="created", limit=2)
+    # a page reads at most 8 rounds of limit + 1 entries: short, with a cursor going on
+    assert [e.id for e in page.items] == ["mix-00"] and page.cursor is not None
+    rest = rstore.scan_ordered("saga", ["running"], by="created", cursor=page.cursor, limit=2)
+    assert [e.id for e in rest.items] == ["mix-20", "mix-30"]
+    whole = rstore.scan_ordered("saga", ["running"], by="created", limit=10, newest_first=True)
+    assert [e.id for e in whole.items] == ["mix-30", "mix-20", "mix-00"]
+
+
 def test_a_prefix_scan_page_of_rare_matches_reads_on_until_full(rstore: RedisStore) -> None:
     for n in range(40):
         assert rstore.create(envelope(f"mix-{n:02d}", "running" if n % 10 == 0 else "completed"))

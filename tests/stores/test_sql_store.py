@@ -457,8 +457,9 @@ def _plan(store: SqlStore, statement: str, parameters: Any) -> list[str]:
 
 def _row_of(table: Any, written: Envelope) -> dict[str, Any]:
     """The row the store writes for ``written`` (no notes)."""
-    row = {column.name: getattr(written, column.name) for column in table.c if column.name != "notes"}
-    return {**row, "notes": None}
+    row = {column.name: getattr(written, column.name) for column in table.c
+           if column.name not in ("notes", "created_at_ms")}
+    return {**row, "notes": None, "created_at_ms": written.updated_at_ms}
 
 
 def _fill_for_planner(store: SqlStore, bulk: list[Envelope], live: list[Envelope]) -> None:
@@ -482,21 +483,24 @@ def _the_only_statement(store: SqlStore, call: Callable[[], object]) -> tuple[st
     return statement, parameters
 
 
-def _assert_served_by(store: SqlStore, call: Callable[[], object], index: str, columns: str) -> None:
-    """The one statement ``call`` sends reads the envelopes only through ``index``
-    (on SQLite: through its leading ``columns``), never by walking the table."""
+def _assert_served_by(store: SqlStore, call: Callable[[], object], index: str, columns: str,
+                      *, or_by: tuple[str, ...] = ()) -> None:
+    """The one statement ``call`` sends reads the envelopes only through ``index`` (or one of
+    ``or_by``; on SQLite: through its leading ``columns``), never by walking the table."""
     plan = _plan(store, *_the_only_statement(store, call))
-    envelopes, index = tables_of(store).envelopes.name, f"ix_{store.table_prefix}envelopes_{index}"
+    envelopes = tables_of(store).envelopes.name
+    names = [f"ix_{store.table_prefix}envelopes_{name}" for name in (index, *or_by)]
     dialect = store.engine.dialect.name
     if dialect == "sqlite":
-        assert any(f"INDEX {index} ({columns}" in line for line in plan), plan
+        assert any(f"INDEX {name} ({columns}" in line for line in plan for name in names), plan
         assert not any(line.startswith(f"SCAN {envelopes}") for line in plan), plan
     elif dialect == "postgresql":
-        assert any(index in line for line in plan), plan
+        assert any(name in line for line in plan for name in names), plan
         assert not any(f"Seq Scan on {envelopes}" in line for line in plan), plan
     else:
         touched = [line for line in plan if line.startswith(f"table={envelopes} ")]
-        assert touched and all(line.endswith(f"key={index}") for line in touched), plan
+        assert touched and all(any(line.endswith(f"key={name}") for name in names)
+                               for line in touched), plan
 
 
 def _fill_with_finished_sagas(store: SqlStore) -> None:
@@ -517,6 +521,21 @@ def test_the_scan_query_uses_the_scan_index(store: SqlStore, states: list[str]) 
     )
 
 
+@pytest.mark.parametrize("newest_first", [False, True])
+def test_an_ordered_scan_by_created_uses_the_created_index(store: SqlStore,
+                                                           newest_first: bool) -> None:
+    _fill_with_finished_sagas(store)
+    states = ["running", "compensating"]
+    first = store.scan_ordered("saga", states, newest_first=newest_first, limit=5, by="created")
+    assert first.cursor is not None and len(first.items) == 5
+    _assert_served_by(
+        store,
+        lambda: store.scan_ordered("saga", states, newest_first=newest_first,
+                                   cursor=first.cursor, limit=5, by="created"),
+        "created", "kind=? AND state=?",
+    )
+
+
 def test_a_count_uses_the_scan_index(store: SqlStore) -> None:
     _fill_with_finished_sagas(store)
     assert store.count("saga", ["running", "compensating"], updated_after_ms=T0 + 2) == 28
@@ -524,6 +543,7 @@ def test_a_count_uses_the_scan_index(store: SqlStore) -> None:
         store,
         lambda: store.count("saga", ["running", "compensating"], updated_after_ms=T0 + 2),
         "scan", "kind=? AND state=?",
+        or_by=("created",),  # 30 rows: a planner may read either (kind, state) range
     )
 
 
@@ -655,7 +675,9 @@ def test_create_schema_upgrades_a_table_of_the_previous_version(previous_version
     try:
         columns, indexes = _shape(store)
         assert {"label", "due_at_ms", "notes"} <= columns
-        assert {f"ix_{prefix}envelopes_{name}" for name in ("scan", "label", "due")} <= indexes
+        assert {f"ix_{prefix}envelopes_{name}"
+                for name in ("scan", "label", "due", "created")} <= indexes
+        assert "created_at_ms" in columns
         old = Envelope("saga", "old-1", 3, "running", T0, '{"old":true}')
         assert store.get("saga", "old-1") == old
         noted = store.annotate("saga", "old-1", "claim", expected_version=3)
@@ -675,6 +697,30 @@ def test_create_schema_upgrades_a_table_of_the_previous_version(previous_version
         assert _shape(again) == (columns, indexes)
     finally:
         again.close()
+
+
+def test_rows_from_before_the_created_column_sort_at_their_last_write_until_reindexed(
+        previous_version: tuple[str, str]) -> None:
+    url, prefix = previous_version  # old-1: running, last written at T0, no creation time
+    store = SqlStore.from_url(url, table_prefix=prefix)
+    try:
+        assert store.create(envelope("new-1", at=T0 - 5)) is True
+        assert store.create(envelope("new-2", at=T0 + 5)) is True
+        def created() -> list[str]:
+            page = store.scan_ordered("saga", ["running"], limit=1000, by="created")
+            return [e.id for e in page.items]
+        assert created() == ["new-1", "old-1", "new-2"]
+        paged = store.scan_ordered("saga", ["running"], limit=1, newest_first=True, by="created")
+        paged = store.scan_ordered("saga", ["running"], limit=1, newest_first=True,
+                                   cursor=paged.cursor, by="created")
+        assert [e.id for e in paged.items] == ["old-1"]
+        assert store.index_ids("saga", ["running"]) == 1
+        assert store.index_ids("saga", ["running"]) == 0  # idempotent
+        moved = Envelope("saga", "old-1", 4, "running", T0 + 9, "{}")
+        assert store.compare_and_set(moved, 3) is True
+        assert created() == ["new-1", "old-1", "new-2"]  # filled with T0, kept after the write
+    finally:
+        store.close()
 
 
 def test_stores_racing_to_upgrade_the_previous_schema_all_open(previous_version: tuple[str, str]) -> None:

@@ -1278,3 +1278,26 @@ def test_list_sorts_by_last_write_across_states_and_pages_in_that_order(shop: Sh
     ids = [s["saga_id"] for s in by_state["sagas"]]
     assert abs(ids.index("o-a") - ids.index("o-c")) == 1  # by default state by state
     assert plugin(shop, "list", "--sort", "sideways").exit_code == 2
+
+
+def test_list_sorts_by_creation_which_a_later_write_does_not_change(shop: Shop) -> None:
+    # given: c-a then c-b created in review a minute apart, then c-a resolved (written last)
+    effect_id = ambiguous_charge(shop, "c-a")
+    shop.clock.advance(60_000)
+    ambiguous_charge(shop, "c-b")
+    shop.clock.advance(60_000)
+    resolved = plugin(shop, "resolve", "c-a", "--step", "shop.charge", "--effect-id", effect_id,
+                      "--committed", "--result", '{"charge": "ch-op"}')
+    assert resolved.exit_code == 0, resolved.output
+
+    # when
+    created = as_json(plugin(shop, "list", "--sort", "newest-created", "--limit", "1", "--json"))
+    rest = as_json(plugin(shop, "list", "--sort", "newest-created", "--limit", "1", "--json",
+                          "--cursor", created["cursor"]))
+    oldest = as_json(plugin(shop, "list", "--sort", "oldest-created", "--json"))
+    written = as_json(plugin(shop, "list", "--sort", "newest", "--json"))
+
+    # then
+    assert [s["saga_id"] for s in created["sagas"] + rest["sagas"]] == ["c-b", "c-a"]
+    assert [s["saga_id"] for s in oldest["sagas"]] == ["c-a", "c-b"]
+    assert [s["saga_id"] for s in written["sagas"]] == ["c-a", "c-b"]

@@ -1,11 +1,13 @@
 """Issue 26 items 4 and 6 in headless Chromium over a real Redis store and a real worker: a
 saga whose charge raised shows where (its traceback summary); over 1,200 sagas an id prefix
 finds every match through the Redis id index, page after page, and the list sorts by last
-write, newest or oldest first, server-side."""
+write or by creation, newest or oldest first, server-side (a saga written again keeps its place
+by creation)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +94,29 @@ def test_where_a_step_raised_a_prefix_over_the_store_and_a_sort_in_the_browser(
         by_css(driver, "#sort-updated a").click()  # the header turns the order over
         eventually(lambda: "sort=oldest" in driver.current_url, "the oldest first")
         assert listed(driver) == [f"bulk-{n:04d}" for n in range(50)]
+
+        # item 6, by creation: the three sagas created first are written again now; by last
+        # write they come first, by creation they keep their place (last, newest first)
+        store = stack.sagas.store
+        for n in range(3):
+            stored = store.get("saga", f"bulk-{n:04d}")
+            assert stored is not None
+            again = replace(stored, version=stored.version + 1,
+                            updated_at_ms=crashed.updated_at_ms + 1_000 + n)
+            assert store.compare_and_set(again, stored.version)
+        open_and_done = "state=completed&state=compensated&state=running"
+        driver.get(f"{base}/sagas?{open_and_done}&sort=newest")
+        assert listed(driver)[:4] == ["bulk-0002", "bulk-0001", "bulk-0000", "bulk-1199"]
+        by_css(driver, "#sort-created a").click()
+        eventually(lambda: "sort=newest-created" in driver.current_url, "newest created first")
+        assert listed(driver) == [f"bulk-{n:04d}" for n in range(1199, 1149, -1)]
+        assert by_css(driver, "select#sort option:checked").get_attribute("value") == \
+            "newest-created"
+        by_css(driver, "#sort-created a").click()  # turned over: oldest created first
+        eventually(lambda: "sort=oldest-created" in driver.current_url, "oldest created first")
+        assert listed(driver)[:4] == ["bulk-0000", "bulk-0001", "bulk-0002", "bulk-0003"]
+        screenshot(driver, "sagas-by-creation")
+        first_row = all_css(driver, "table.sagas tbody tr")[0]
+        created_cell = first_row.find_element("css selector", "td.created").text
+        updated_cell = first_row.find_element("css selector", "td.updated").text
+        assert created_cell and updated_cell and created_cell < updated_cell

@@ -112,3 +112,27 @@ def test_a_sorted_list_pages_with_its_cursor_and_keeps_the_sort(web: Web) -> Non
     assert seen == [f"p-{n}" for n in range(4, -1, -1)]
     first = text_of(web, "/sagas?sort=newest")
     assert "sort=newest" in first.split('class="pager"')[1]
+
+
+def test_the_list_sorts_by_creation_which_a_later_write_does_not_change(web: Web) -> None:
+    # given: c-0, c-1, c-2 created a minute apart, in review; then c-0 resolved (written last)
+    effects = []
+    for n in range(3):
+        effects.append(in_review(web.shop, f"c-{n}"))
+        web.shop.clock.advance(60_000)
+    web.sagas.resolve("c-0", "shop.charge", effects[0], "committed", result={"charge": "ch-1"},
+                      actor="ops", reason="charged at the bank")
+
+    # when
+    by_creation = text_of(web, "/sagas?sort=newest-created")
+    oldest_created = text_of(web, "/sagas?sort=oldest-created")
+    by_write = text_of(web, "/sagas?sort=newest")
+
+    # then: the created column, newest created first; by last write c-0 comes first
+    assert _listed(by_creation) == ["c-2", "c-1", "c-0"]
+    assert _listed(oldest_created) == ["c-0", "c-1", "c-2"]
+    assert _listed(by_write) == ["c-0", "c-2", "c-1"]
+    assert '<option value="newest-created" selected>' in by_creation
+    assert 'sort=oldest-created" title="sort by creation">created ↓' in by_creation
+    created = iso(web.shop.record("c-1").created_at_ms)
+    assert f'<td class="time created">{created}</td>' in by_creation

@@ -8,6 +8,7 @@ Every key the Redis store touches is named here and nowhere else (never inside L
     {<prefix>:<b>}:l:<kind>:<state>:<label>    label index: zset, score updated_at_ms, member id
     {<prefix>:<b>}:d:<kind>                    due index:   zset, score due_at_ms, member id
     {<prefix>:<b>}:i:<kind>                    id index:    zset, score 0, member id (by id)
+    {<prefix>:<b>}:c:<kind>                    creation:    zset, score created ms, member id
     {<prefix>:<b>}:lease:<name>                lease hash: owner token expires_at_ms fence cursor
 
 ``b`` is the bucket: CRC-32 of the record id modulo the bucket count, stable across processes
@@ -117,6 +118,11 @@ class KeyLayout:
         """The sorted set of a bucket's record ids of one kind, all at score 0 (lexical order:
         a prefix is one ZRANGE BYLEX)."""
         return f"{self.tag(bucket)}:i:{_part(kind, 'record kind', _KIND)}"
+
+    def created(self, kind: str, bucket: int) -> str:
+        """The sorted set indexing a bucket's records of one kind by creation time (the
+        updated_at_ms ``create`` stored; later writes leave it)."""
+        return f"{self.tag(bucket)}:c:{_part(kind, 'record kind', _KIND)}"
 
     def lease(self, name: str, bucket: int) -> str:
         """The hash holding one bucket's lease ``name`` (holder, fence, cursor)."""

@@ -168,6 +168,7 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
             self._layout.record_index(kind, record_id, state, label) if label else state_index,
             self._layout.due(kind, self.bucket_of(record_id)),
             self._layout.ids(kind, self.bucket_of(record_id)),
+            self._layout.created(kind, self.bucket_of(record_id)),
         ]
         args: list[str | int | bytes] = [
             record_id, envelope.version, state, envelope.updated_at_ms, _utf8(envelope.body),
@@ -243,7 +244,8 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
                 layout.record(kind, record_id), state_index,
                 layout.record_index(kind, record_id, state, label) if label else state_index,
                 layout.due(kind, self.bucket_of(record_id)),
-                layout.ids(kind, self.bucket_of(record_id)), *fence_keys,
+                layout.ids(kind, self.bucket_of(record_id)),
+                layout.created(kind, self.bucket_of(record_id)), *fence_keys,
             ]
             args: list[str | int | bytes] = [record_id, expected_version, state, label, *fence_args]
             status, detail = _status(self._run(self._scripts.delete, keys, args, "delete"),
@@ -369,6 +371,30 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
                 items.append(envelope)
         return Page(tuple(items), encode_position(found[limit]) if len(found) > limit else None)
 
+    def _scan_created(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """Every bucket's creation index read from ``at`` (one pipeline), merged by (score, id);
+        the records fetched in one more, those of other states or labels or last written from
+        ``before`` on dropped. Reads again until the page is full or the index runs out, at
+        most ``_PREFIX_ROUNDS`` times (a page can hold fewer than ``limit``; its cursor goes
+        on). Records written before the index existed need ``index_ids`` once."""
+        keys = [self._layout.created(kind, bucket) for bucket in range(self.buckets)]
+        items: list[Envelope] = []
+        for _ in range(_PREFIX_ROUNDS):
+            found = sorted((p for rows in self._ordered_rows(keys, at, None, newest_first, limit + 1)
+                            for p in rows), reverse=newest_first)[:limit + 1]
+            for n, envelope in self._prefixed(kind, [m for _, m in found[:limit]], states, label):
+                if before is not None and envelope.version and envelope.updated_at_ms >= before:
+                    continue
+                items.append(envelope)
+                if len(items) == limit:
+                    following = found[n + 1] if n + 1 < len(found) else None
+                    return Page(tuple(items), encode_position(following) if following else None)
+            if len(found) <= limit:
+                return Page(tuple(items), None)
+            at = found[limit]
+        return Page(tuple(items), encode_position(at) if at else None)
+
     def _ordered_rows(self, keys: list[str], at: tuple[int, str] | None, before: int | None,
                       newest_first: bool, want: int) -> list[list[tuple[int, str]]]:
         """Per index, its first ``want`` (score, id) from ``at`` (inclusive) in that direction,
@@ -425,9 +451,10 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
         if not ids:
             return 0
         text, index = script_text("index_id"), self._layout.ids(kind, bucket)
+        created = self._layout.created(kind, bucket)
         pipe = self._client.pipeline(transaction=False)
         for record_id in ids:
-            pipe.eval(text, 2, self._layout.record(kind, record_id), index, record_id)
+            pipe.eval(text, 3, self._layout.record(kind, record_id), index, created, record_id)
         with self._driver("index_ids"):
             return sum(int(n) for n in pipe.execute())
 

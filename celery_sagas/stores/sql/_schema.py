@@ -4,14 +4,16 @@
 (``label`` and ``due_at_ms`` included), the notes appended since the last compare-and-set
 (newline-separated: a note never holds a newline), plus the opaque JSON body. Three indexes
 serve the scans and counts: (kind, state, updated_at_ms, id), (kind, label, state,
-updated_at_ms, id) and (kind, due_at_ms, id); every key column is ASCII, so on MySQL/MariaDB
+updated_at_ms, id) and (kind, due_at_ms, id), and a fourth the sort by creation,
+(kind, state, created_at_ms, id); every key column is ASCII, so on MySQL/MariaDB
 each index stays far below InnoDB's 3072-byte key limit (the widest is 487 bytes).
 
 ``<prefix>leases`` holds one row per lease name; the row is never deleted, so its fencing
 number only grows and its cursor survives release and expiry.
 
-A table made by an earlier version lacks ``label``, ``due_at_ms``, ``notes`` and the two newer
-indexes; ``upgrade_envelopes`` adds them (all nullable, so existing rows stay valid).
+A table made by an earlier version lacks ``label``, ``due_at_ms``, ``notes``,
+``created_at_ms`` and the newer indexes; ``upgrade_envelopes`` adds them (all nullable, so
+existing rows stay valid).
 """
 
 from __future__ import annotations
@@ -80,10 +82,15 @@ def build_tables(prefix: str) -> Tables:
         Column("label", ascii_key(LABEL_LEN), nullable=True),
         Column("due_at_ms", BigInteger, nullable=True),
         Column("notes", long_text(), nullable=True),  # NULL or empty: no notes
+        # the updated_at_ms of the envelope ``create`` inserted, never changed after; NULL on a
+        # row inserted before the column existed (``index_ids`` fills it with updated_at_ms)
+        Column("created_at_ms", BigInteger, nullable=True),
         # scan and count walk (kind, state[, label]) oldest first, paging on (updated_at_ms, id)
         Index(f"ix_{prefix}envelopes_scan", "kind", "state", "updated_at_ms", "id"),
         Index(f"ix_{prefix}envelopes_label", "kind", "label", "state", "updated_at_ms", "id"),
         Index(f"ix_{prefix}envelopes_due", "kind", "due_at_ms", "id"),
+        # scan_ordered(by="created") walks (kind, state) by (created_at_ms, id)
+        Index(f"ix_{prefix}envelopes_created", "kind", "state", "created_at_ms", "id"),
         **_MYSQL_OPTIONS,
     )
     leases = Table(

@@ -27,6 +27,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -84,6 +85,7 @@ from ..base import (
     LeaseHolder,
     Page,
     check_envelope,
+    check_scan_args,
     prefix_end,
 )
 from ._dialects import (
@@ -387,24 +389,38 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
         updated_at_ms, id) index in that direction (an index range, read backwards for newest
         first), merged by a UNION ALL ordered the same way (``OrderedScan``)."""
         table = self._tables.envelopes
-        members = []
-        for state in states:
-            member = select(*_record_columns(table)).where(table.c.kind == kind,
-                                                            table.c.state == state)
-            if label is not None:
-                member = member.where(table.c.label == label)
-            if before is not None:
-                member = member.where(table.c.updated_at_ms < before)
-            if at is not None:
-                bound = _until if newest_first else _from
-                member = member.where(*bound(table.c.updated_at_ms, table.c.id, at))
-            members.append(member.order_by(*_order(table.c, newest_first)).limit(limit + 1))
-        stmt = members[0]
-        if len(members) > 1:
-            merged = union_all(*(select(member.subquery()) for member in members)).subquery()
-            stmt = select(merged).order_by(*_order(merged.c, newest_first)).limit(limit + 1)
+        walk = _Walk(table, kind, label, before, newest_first, at, limit)
+        stmt = walk.merged([walk.member(state, table.c.updated_at_ms) for state in states])
         return self._page("scan_ordered", kind, stmt, limit,
-                          lambda row: encode_position((int(row.updated_at_ms), str(row.id))))
+                          lambda row: encode_position((int(row.position), str(row.id))))
+
+    def _scan_created(self, kind: str, states: list[str], label: str | None, before: int | None,
+                      newest_first: bool, at: tuple[int, str] | None, limit: int) -> Page:
+        """One statement: per state, the next ``limit + 1`` rows of the (kind, state,
+        created_at_ms, id) index in that direction, and of its rows without a creation time
+        (inserted before the column: taken as created at their updated_at_ms until
+        ``index_ids`` fills them, a NULL seek on the same index), merged by a UNION ALL on that
+        position (``OrderedScan`` with ``by="created"``)."""
+        table = self._tables.envelopes
+        created = table.c.created_at_ms
+        walk = _Walk(table, kind, label, before, newest_first, at, limit)
+        stmt = walk.merged([member for state in states for member in (
+            walk.member(state, created, created.is_not(None)),
+            walk.member(state, table.c.updated_at_ms, created.is_(None)))])
+        return self._page("scan_ordered", kind, stmt, limit,
+                          lambda row: encode_position((int(row.position), str(row.id))))
+
+    def index_ids(self, kind: str, states: Sequence[str]) -> int:
+        """Give the records of ``kind`` in ``states`` inserted before the ``created_at_ms``
+        column existed their last write as creation time (an approximation: the true one was
+        never stored); how many rows were filled (``IdIndexing``, ``celery sagas reindex``)."""
+        wanted = check_scan_args(kind, states, 1, None)
+        table = self._tables.envelopes
+        stmt = update(table).where(table.c.kind == kind, table.c.state.in_(wanted),
+                                   table.c.created_at_ms.is_(None)
+                                   ).values(created_at_ms=table.c.updated_at_ms)
+        with self._driver_errors("index_ids"), self._engine.begin() as conn:
+            return int(conn.execute(stmt).rowcount)
 
     def _page(self, operation: str, kind: str, stmt: Select[Any], limit: int,
               cursor_of: Callable[[Row[Any]], str]) -> Page:
@@ -629,6 +645,42 @@ class _Statements:
         self.stored_states: Select[Any] = _stored_states(table)
 
 
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """One page of an ordered scan: each member one state's index range by (position, id)."""
+
+    table: Table
+    kind: str
+    label: str | None
+    before: int | None
+    newest_first: bool
+    at: tuple[int, str] | None
+    limit: int
+
+    def member(self, state: str, position: Any, *only: ColumnElement[bool]) -> Select[Any]:
+        """The state's next ``limit + 1`` rows by (``position``, id) from ``at`` in the walk's
+        direction (of ``label``, last written before ``before``, and ``only``)."""
+        c = self.table.c
+        member = select(*_record_columns(self.table), position.label("position")).where(
+            c.kind == self.kind, c.state == state, *only)
+        if self.label is not None:
+            member = member.where(c.label == self.label)
+        if self.before is not None:
+            member = member.where(c.updated_at_ms < self.before)
+        if self.at is not None:
+            bound = _until if self.newest_first else _from
+            member = member.where(*bound(position, c.id, self.at))
+        return member.order_by(*_order_on(position, c.id, self.newest_first)).limit(self.limit + 1)
+
+    def merged(self, members: list[Select[Any]]) -> Select[Any]:
+        """The members as one list by (position, id): a UNION ALL when more than one."""
+        if len(members) == 1:
+            return members[0]
+        union = union_all(*(select(member.subquery()) for member in members)).subquery()
+        return select(union).order_by(*_order_on(union.c.position, union.c.id,
+                                                 self.newest_first)).limit(self.limit + 1)
+
+
 def _by_id(table: Table) -> tuple[ColumnElement[bool], ...]:
     return table.c.kind == bindparam("p_kind"), table.c.id == bindparam("p_id")
 
@@ -695,12 +747,14 @@ def _row(envelope: Envelope) -> dict[str, Any]:
         "label": envelope.label,
         "due_at_ms": envelope.due_at_ms,
         "notes": None,
+        "created_at_ms": envelope.updated_at_ms,  # the creation time scan_ordered sorts by
     }
 
 
 def _envelope(kind: str, row: Row[Any]) -> Envelope:
-    """An envelope from a row; a row whose columns have the wrong types is an invalid record."""
-    record_id, version, state, updated_at_ms, body, label, due_at_ms, notes = tuple(row)
+    """An envelope from a row (its record columns first; a sort position may follow); a row
+    whose columns have the wrong types is an invalid record."""
+    record_id, version, state, updated_at_ms, body, label, due_at_ms, notes = tuple(row)[:8]
     if not (
         type(version) is int
         and 0 <= version <= MAX_SAFE_INTEGER  # as on Redis: a BIGINT holds up to 2**63-1
@@ -771,11 +825,11 @@ def _until(position: ColumnElement[int], record_id: ColumnElement[str], at: tupl
     return position <= at[0], or_(position < at[0], record_id <= at[1])
 
 
-def _order(columns: Any, newest_first: bool) -> tuple[Any, ...]:
-    """ORDER BY (updated_at_ms, id), descending for newest first."""
+def _order_on(position: Any, record_id: Any, newest_first: bool) -> tuple[Any, ...]:
+    """ORDER BY (position, id), descending for newest first."""
     if newest_first:
-        return columns.updated_at_ms.desc(), columns.id.desc()
-    return columns.updated_at_ms, columns.id
+        return position.desc(), record_id.desc()
+    return position, record_id
 
 
 def _token_hash(lease_token: str) -> str:

@@ -5,6 +5,7 @@
 -- KEYS[3]  label index    {<prefix>:<b>}:l:<kind>:<state>:<label>  (used when ARGV[6] ~= '')
 -- KEYS[4]  due index      {<prefix>:<b>}:d:<kind>                  (used when ARGV[7] ~= '')
 -- KEYS[5]  id index       {<prefix>:<b>}:i:<kind>                  (zset, score 0: by id)
+-- KEYS[6]  creation index {<prefix>:<b>}:c:<kind>                  (zset, score ARGV[4])
 -- ARGV[1]  record id
 -- ARGV[2]  version        (decimal integer >= 1)
 -- ARGV[3]  state
@@ -23,6 +24,7 @@ redis.call('HSET', KEYS[1], 'id', ARGV[1], 'version', ARGV[2], 'state', ARGV[3],
   'updated_at_ms', ARGV[4], 'body', ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('ZADD', KEYS[5], 0, ARGV[1])
+redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[1], 'label', ARGV[6])
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])

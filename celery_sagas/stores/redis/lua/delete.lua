@@ -6,18 +6,19 @@
 -- KEYS[3]  label index, believed state    {<prefix>:<b>}:l:<kind>:<ARGV[3]>:<ARGV[4]> (if labelled)
 -- KEYS[4]  due index                      {<prefix>:<b>}:d:<kind>
 -- KEYS[5]  id index                       {<prefix>:<b>}:i:<kind>
--- KEYS[6]  optional: the lease hash       {<prefix>:<b>}:lease:<name> the delete is fenced by
+-- KEYS[6]  creation index                 {<prefix>:<b>}:c:<kind>
+-- KEYS[7]  optional: the lease hash       {<prefix>:<b>}:lease:<name> the delete is fenced by
 -- ARGV[1]  record id
 -- ARGV[2]  expected stored version (decimal integer)
 -- ARGV[3]  the state the caller believes is stored
 -- ARGV[4]  the label the caller believes is stored ('' for none)
--- ARGV[5]  with KEYS[6] only: the fencing number of the writer's grant
+-- ARGV[5]  with KEYS[7] only: the fencing number of the writer's grant
 --
 -- Returns {status, detail}; only 'deleted' wrote anything: {'deleted', ''}, {'stale', ''},
 -- {'absent', ''}, {'fenced', n}, {'moved', state + '\n' + label} (call again with those),
 -- {'corrupt', why}.
 
-local refusal = (#KEYS == 6 and fence_refusal(KEYS[6], ARGV[5])) or not_a_record(KEYS[1])
+local refusal = (#KEYS == 7 and fence_refusal(KEYS[7], ARGV[5])) or not_a_record(KEYS[1])
 if refusal then
   return refusal
 end
@@ -38,5 +39,6 @@ if label ~= '' then
 end
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('DEL', KEYS[1])
 return {'deleted', ''}
