@@ -9,6 +9,7 @@ acted on. Scans made for ``display`` return it as a record with ``ENCRYPTED`` pa
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -52,6 +53,15 @@ class RecordPage(Generic[R]):
     records: tuple[R, ...]
     corrupt: tuple[CorruptRecord, ...]
     cursor: str | None
+
+
+def _takes(method: Callable[..., object], name: str) -> bool:
+    """Whether ``method`` accepts the keyword argument ``name`` (or any, by ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return True
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _states(enum: type[S], states: Sequence[S | str]) -> list[str]:
@@ -147,6 +157,9 @@ class Scans:
             raise SagaValidationError("this store cannot list sorted (no OrderedScan)")
         # ``by`` only when not the default: a store written before it still sorts by last write
         chosen: dict[str, OrderKey] = {"by": by} if by != "updated" else {}
+        if chosen and not _takes(self.store.scan_ordered, "by"):
+            raise SagaValidationError("this store cannot list by creation (its scan_ordered "
+                                      "takes no by=)")
         page = self.store.scan_ordered(SAGA, names, label=definition,
                                        updated_before_ms=updated_before_ms,
                                        newest_first=newest_first, cursor=cursor, limit=limit,

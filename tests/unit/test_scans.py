@@ -42,6 +42,17 @@ class WrongKind(MemoryStore):
         return Page(tuple(replace(e, kind="approval") for e in page.items), page.cursor)
 
 
+class LastWriteOnly(MemoryStore):
+    """A store whose ordered scan predates ``by=`` (sorts by last write only)."""
+
+    def scan_ordered(self, kind: str, states: Any, *, label: str | None = None,  # type: ignore[override]
+                     updated_before_ms: int | None = None, newest_first: bool = False,
+                     cursor: str | None = None, limit: int = 100) -> Page:
+        return super().scan_ordered(kind, states, label=label, newest_first=newest_first,
+                                    updated_before_ms=updated_before_ms, cursor=cursor,
+                                    limit=limit)
+
+
 def saga(saga_id: str, state: SagaState = SagaState.RUNNING, at: int = T0, definition: str = "demo",
          steps: tuple[Any, ...] = ()) -> SagaRecord:
     return SagaRecord(saga_id, definition, state, {"n": 1}, at, at, steps,
@@ -227,3 +238,25 @@ def test_an_envelope_the_codec_wrote_is_what_scans_read_back(store: MemoryStore)
     assert scans(store).sagas(["running"]).records == (record,)
     envelope = store.get("saga", "s1")
     assert isinstance(envelope, Envelope) and envelope.label == "demo"
+
+
+def test_sorted_by_creation_a_rewritten_saga_keeps_its_place(store: MemoryStore) -> None:
+    put(store, saga("s1", at=T0))
+    put(store, saga("s2", at=T0 + 5))
+    stored = store.get("saga", "s1")
+    assert stored is not None
+    assert store.compare_and_set(replace(stored, version=2, updated_at_ms=T0 + 9), 1)
+    by_creation = scans(store).sagas_by_write(["running"], newest_first=True, by="created")
+    by_write = scans(store).sagas_by_write(["running"], newest_first=True)
+    assert [r.saga_id for r in by_creation.records] == ["s2", "s1"]
+    assert [r.saga_id for r in by_write.records] == ["s1", "s2"]
+
+
+def test_a_store_whose_ordered_scan_predates_by_still_sorts_by_last_write() -> None:
+    older = LastWriteOnly()
+    put(older, saga("s1", at=T0))
+    put(older, saga("s2", at=T0 + 5))
+    page = scans(older).sagas_by_write(["running"], newest_first=True)
+    assert [r.saga_id for r in page.records] == ["s2", "s1"]
+    with pytest.raises(SagaValidationError, match="by creation"):
+        scans(older).sagas_by_write(["running"], by="created")
