@@ -6,10 +6,13 @@ from collections.abc import Sequence
 
 from .. import _values as values
 from ..errors import SagaValidationError
+from .base import OrderKey
 
 __all__ = ["decode_cursor", "decode_position", "encode_cursor", "encode_position"]
 
-_ORDERED = ["ordered"]  # the one "state" an ordered-scan cursor names
+# The "state" an ordered-scan cursor names: what it sorts by (a cursor of one sort is refused
+# by the other; "ordered", the sort by last write, is what cursors named before "created").
+_ORDERED: dict[OrderKey, str] = {"updated": "ordered", "created": "created"}
 
 # A real cursor is a few dozen characters; anything far longer is not one of ours.
 _MAX_CURSOR = 4096
@@ -36,11 +39,16 @@ def decode_cursor(
     return fields[0], (fields[1], fields[2]), tuple(fields[3:])
 
 
-def encode_position(position: tuple[int, str]) -> str:
-    """The cursor of an ordered scan: the (updated_at_ms, id) its next page starts at."""
-    return encode_cursor(_ORDERED, _ORDERED[0], position)
+def encode_position(position: tuple[int, str], by: OrderKey = "updated") -> str:
+    """The cursor of an ordered scan by ``by``: the (position, id) its next page starts at."""
+    return encode_cursor(list(_ORDERED.values()), _ORDERED[by], position)
 
 
-def decode_position(cursor: str | None) -> tuple[int, str] | None:
-    """The (updated_at_ms, id) an ordered-scan cursor names; None starts at the top."""
-    return decode_cursor(cursor, _ORDERED)[1]
+def decode_position(cursor: str | None, by: OrderKey = "updated") -> tuple[int, str] | None:
+    """The (position, id) an ordered-scan cursor of the sort ``by`` names; None starts at the
+    top; a cursor of the other sort is refused."""
+    names = list(_ORDERED.values())
+    index, position, _ = decode_cursor(cursor, names)
+    if cursor is not None and names[index] != _ORDERED[by]:
+        raise SagaValidationError("a cursor of another sort")
+    return position

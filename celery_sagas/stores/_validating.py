@@ -321,7 +321,7 @@ class ValidatingOrderedScan(ABC):
             raise SagaValidationError(f"by must be one of {', '.join(ORDER_KEYS)}, got {by!r}")
         scan = self._scan_created if by == "created" else self._scan_ordered
         return scan(kind, wanted, label, updated_before_ms, newest_first,
-                    decode_position(cursor), limit)
+                    decode_position(cursor, by), limit)
 
     @abstractmethod
     def _scan_ordered(self, kind: str, states: list[str], label: str | None, before: int | None,

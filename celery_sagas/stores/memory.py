@@ -224,7 +224,7 @@ class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
                     found.append((position, record))
                     if len(found) > limit:
                         break
-        following = encode_position(found[limit][0]) if len(found) > limit else None
+        following = encode_position(found[limit][0], "created") if len(found) > limit else None
         return Page(tuple(record for _, record in found[:limit]), following)
 
     def _count_snapshot(self, kind: str, states: list[str], labels: list[str]

@@ -603,6 +603,13 @@ class StoreConformance:
         assert self._ordered_ids(store, [state], newest_first=False, by="created") == [young.id]
         with pytest.raises(SagaValidationError):
             store.scan_ordered("saga", [state], by="born")  # type: ignore[arg-type]
+        created = store.scan_ordered("saga", [state, done], by="created", limit=1).cursor
+        written = store.scan_ordered("saga", [state, done], limit=1).cursor
+        assert created is not None and written is not None
+        with pytest.raises(SagaValidationError):  # a cursor of one sort is refused by the other
+            store.scan_ordered("saga", [state, done], cursor=created)
+        with pytest.raises(SagaValidationError):
+            store.scan_ordered("saga", [state, done], cursor=written, by="created")
 
     def test_a_count_snapshot_counts_per_state_in_all_and_per_label(self) -> None:
         store = self._store()

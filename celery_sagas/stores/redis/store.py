@@ -389,11 +389,11 @@ class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
                 items.append(envelope)
                 if len(items) == limit:
                     following = found[n + 1] if n + 1 < len(found) else None
-                    return Page(tuple(items), encode_position(following) if following else None)
+                    return Page(tuple(items), encode_position(following, "created") if following else None)
             if len(found) <= limit:
                 return Page(tuple(items), None)
             at = found[limit]
-        return Page(tuple(items), encode_position(at) if at else None)
+        return Page(tuple(items), encode_position(at, "created") if at else None)
 
     def _ordered_rows(self, keys: list[str], at: tuple[int, str] | None, before: int | None,
                       newest_first: bool, want: int) -> list[list[tuple[int, str]]]:

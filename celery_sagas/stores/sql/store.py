@@ -408,7 +408,7 @@ class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
             walk.member(state, created, created.is_not(None)),
             walk.member(state, table.c.updated_at_ms, created.is_(None)))])
         return self._page("scan_ordered", kind, stmt, limit,
-                          lambda row: encode_position((int(row.position), str(row.id))))
+                          lambda row: encode_position((int(row.position), str(row.id)), "created"))
 
     def index_ids(self, kind: str, states: Sequence[str]) -> int:
         """Give the records of ``kind`` in ``states`` inserted before the ``created_at_ms``
