@@ -138,3 +138,34 @@ def test_calls_past_the_stores_connections_wait_before_they_begin(
     finally:
         sagas.store.drop_tables()  # type: ignore[attr-defined]
     assert 1 <= peak <= 15
+
+
+@pytest.mark.postgres
+def test_the_pools_overflow_stays_open_between_waves(postgres_url: str, monkeypatch: Any) -> None:
+    """120 concurrent starts run in waves of 15: the engine opens its 15 connections once,
+    not an overflow connection per call past the first 5 (closed on return, reopened at once)."""
+    import psycopg
+
+    sagas = _sagas(postgres_url, table_prefix=f"aio{uuid.uuid4().hex[:6]}_")
+    opened: list[int] = []
+    connect = psycopg.AsyncConnection.connect.__func__  # type: ignore[attr-defined]
+
+    async def counting(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(1)
+        return await connect(cls, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(counting))
+
+    async def run() -> None:
+        aio = sagas.aio
+        try:
+            await asyncio.gather(*(aio.start("aio-order", {"sku": "A"}, saga_id=f"w{n}")
+                                   for n in range(120)))
+        finally:
+            await aio.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        sagas.store.drop_tables()  # type: ignore[attr-defined]
+    assert 1 <= len(opened) <= 16  # the pool's 15, and the LISTEN connection of wait's notices
