@@ -30,17 +30,11 @@ from . import _cli_format as fmt
 from . import _history_format as hfmt
 from ._celery.facade import Sagas, sagas_of
 from ._cli_export import export_line, export_target
+from ._error_kinds import ErrorKind, error_kind
 from ._findings import REPORTS
 from ._records import SAGA, SagaHistory, SagaRecord, SagaState
 from ._scans import BROWSE_ORDERS
-from .errors import (
-    InvalidRecordError,
-    SagaConfigurationError,
-    SagaError,
-    SagaNotFound,
-    SagaValidationError,
-    StoreError,
-)
+from .errors import SagaConfigurationError, SagaError, SagaNotFound
 from .stores.base import MAX_SCAN_LIMIT, IdIndexing
 
 __all__ = [
@@ -59,6 +53,13 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_UNAVAILABLE = 4
+_EXIT_CODES = {
+    ErrorKind.NOT_FOUND: EXIT_NOT_FOUND,
+    ErrorKind.INVALID: EXIT_USAGE,
+    ErrorKind.MISCONFIGURED: EXIT_USAGE,
+    ErrorKind.UNAVAILABLE: EXIT_UNAVAILABLE,
+    ErrorKind.REFUSED: EXIT_REFUSED,
+}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -110,14 +111,10 @@ def _fail(message: str, code: int) -> NoReturn:
 
 def exit_code(exc: BaseException) -> int | None:
     """The exit code an error maps to, or None for one the CLI does not translate."""
-    if isinstance(exc, SagaNotFound):
-        return EXIT_NOT_FOUND
-    if isinstance(exc, (SagaValidationError, SagaConfigurationError)):
-        return EXIT_USAGE
-    if isinstance(exc, (StoreError, InvalidRecordError, OperationalError, ConnectionError)):
-        return EXIT_UNAVAILABLE
     if isinstance(exc, SagaError):
-        return EXIT_REFUSED
+        return _EXIT_CODES[error_kind(exc)]
+    if isinstance(exc, (OperationalError, ConnectionError)):  # the broker failed
+        return EXIT_UNAVAILABLE
     return None
 
 

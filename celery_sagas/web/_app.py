@@ -11,14 +11,8 @@ from urllib.parse import urlencode
 from flask import Flask, Response, g, request
 from werkzeug.datastructures import MultiDict
 
-from celery_sagas.errors import (
-    InvalidRecordError,
-    SagaConfigurationError,
-    SagaError,
-    SagaNotFound,
-    SagaValidationError,
-    StoreError,
-)
+from celery_sagas._error_kinds import ErrorKind, error_kind
+from celery_sagas.errors import SagaConfigurationError, SagaError
 
 from . import _actions, _pages
 from ._auth import (
@@ -143,14 +137,17 @@ def _refresh() -> dict[str, Any]:
             "refresh_off": off}
 
 
+_STATUSES = {
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.INVALID: 400,
+    ErrorKind.MISCONFIGURED: 409,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.REFUSED: 409,
+}
+
+
 def _status(exc: SagaError) -> int:
-    if isinstance(exc, SagaNotFound):
-        return 404
-    if isinstance(exc, SagaValidationError):
-        return 400
-    if isinstance(exc, (StoreError, InvalidRecordError)):
-        return 503
-    return 409
+    return _STATUSES[error_kind(exc)]
 
 
 def _refused(exc: SagaError) -> tuple[str, int]:
