@@ -141,6 +141,9 @@ class SagaContext:
         local_id: Callable[[], str] | None = None,
         colocate: Callable[[str], str] | None = None,
     ) -> None:
+        # new_id draws effect ids; local_id draws ids of records the saga owns (approvals),
+        # which must fall in the saga's bucket (docs/design.md §4.2); colocate moves a default
+        # child saga id into it the same way on every replay.
         self._saga = saga
         self._colocate = colocate or (lambda candidate: candidate)
         self._registry = registry
@@ -403,22 +406,10 @@ class SagaContext:
         return self._position
 
 
-def replay(
-    definition: SagaDefinition,
-    saga: SagaRecord,
-    registry: Registry,
-    new_id: Callable[[], str],
-    now_ms: int,
-    local_id: Callable[[], str] | None = None,
-    colocate: Callable[[str], str] | None = None,
-) -> Outcome:
-    """Run ``definition.run`` against the record; user errors become outcomes, never escape.
-
-    ``new_id`` draws effect ids; ``local_id`` draws ids of records the saga owns (approvals),
-    which must fall in the saga's bucket (docs/design.md §4.2); ``colocate`` moves a default
-    child saga id into it the same way on every replay.
-    """
-    ctx = SagaContext(saga, registry, new_id, now_ms, local_id, colocate)
+def replay(definition: SagaDefinition, ctx: SagaContext) -> Outcome:
+    """Run ``definition.run`` against the record of ``ctx``; user errors become outcomes,
+    never escape."""
+    saga = ctx._saga
     try:
         value = definition.run(ctx, saga.input)
     except _Suspend as suspend:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from . import _inline as inline
 from ._announcer import Announcer
 from ._clock import Clock, now_ms
-from ._context import replay
+from ._context import SagaContext, replay
 from ._definitions import Registry, Timing
 from ._dispatch import Dispatcher
 from ._events import Phase, Stage
@@ -134,9 +134,10 @@ class Planner:
         now = now_ms(self.clock)
 
         def run_replay() -> Any:
-            return replay(definition, saga, self.registry, self.new_id, now,
-                          lambda: self.topology.colocated_id(saga.saga_id),
-                          lambda candidate: self.topology.colocated(saga.saga_id, candidate))
+            return replay(definition, SagaContext(
+                saga, self.registry, self.new_id, now,
+                lambda: self.topology.colocated_id(saga.saga_id),
+                lambda candidate: self.topology.colocated(saga.saga_id, candidate)))
 
         return decide(saga, run_replay, now, policy, dead_effects(saga.steps))
 

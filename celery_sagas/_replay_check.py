@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._context import replay
+from ._context import SagaContext, replay
 from ._definitions import Registry
 from ._protocol.replay import Diverged
 from ._records import SagaRecord, SagaState
@@ -64,8 +64,8 @@ def _divergence(saga: SagaRecord, registry: Registry, now_ms: int,
             found = f"{candidate}.{n}"
         return found
 
-    outcome = replay(definition, saga, registry, lambda: str(uuid.uuid4()), now_ms,
-                     lambda: uuid.uuid4().hex, colocate)
+    outcome = replay(definition, SagaContext(saga, registry, lambda: str(uuid.uuid4()), now_ms,
+                                             lambda: uuid.uuid4().hex, colocate))
     if isinstance(outcome, Diverged):
         return Divergence(saga.saga_id, saga.definition, outcome.reason)
     return None

@@ -13,7 +13,7 @@ import pytest
 
 from celery_sagas import SignalTimeout
 from celery_sagas._codec import Codec
-from celery_sagas._context import replay
+from celery_sagas._context import SagaContext, replay
 from celery_sagas._definitions import Registry, SagaDefinition
 from celery_sagas._protocol import moves
 from celery_sagas._protocol.children import child_saga_id, settle
@@ -273,7 +273,7 @@ def test_a_timer_matches_its_record_whatever_wake_up_run_asks_for_now() -> None:
 
 def _replayed(record: SagaRecord, run: Any) -> Any:
     definition = SagaDefinition(record.definition, run)
-    return replay(definition, record, Registry(), lambda: "id", NOW)
+    return replay(definition, SagaContext(record, Registry(), lambda: "id", NOW))
 
 
 def test_patched_is_false_behind_recorded_steps_and_true_at_the_frontier() -> None:
@@ -441,7 +441,7 @@ def test_a_default_child_id_is_moved_into_its_parent_bucket_the_same_way_every_t
     def colocate(candidate: str) -> str:
         return candidate + ".3"
 
-    outcomes = [replay(definition, saga(), registry, lambda: "id", NOW, colocate=colocate)
+    outcomes = [replay(definition, SagaContext(saga(), registry, lambda: "id", NOW, colocate=colocate))
                 for _ in range(2)]
     ids = [o.new_steps[0].kwargs["saga_id"] for o in outcomes if isinstance(o, Suspended)]
     assert ids == ["order-42/1.3", "order-42/1.3"]
