@@ -46,8 +46,15 @@ from .base import (
     check_scan_args,
 )
 
-__all__ = ["ValidatingCountSnapshot", "ValidatingLeaseTakeover", "ValidatingOrderedScan",
-           "ValidatingPrefixScan", "ValidatingStateListing", "ValidatingStore"]
+__all__ = [
+    "ValidatingCountSnapshot",
+    "ValidatingLeaseTakeover",
+    "ValidatingOrderedScan",
+    "ValidatingPrefixScan",
+    "ValidatingScanStore",
+    "ValidatingStateListing",
+    "ValidatingStore",
+]
 
 
 class ValidatingStore(ABC):
@@ -354,3 +361,9 @@ class ValidatingCountSnapshot(ABC):
     def _count_snapshot(self, kind: str, states: list[str], labels: list[str]
                         ) -> dict[tuple[str, str | None], int]:
         """``states`` and ``labels`` come checked, without repeats."""
+
+
+class ValidatingScanStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
+                          ValidatingOrderedScan, ValidatingCountSnapshot):
+    """``ValidatingStore`` with the optional capabilities every shipped store has (prefix,
+    ordered and snapshot scans, lease takeover); state listing stays a mixin of its own."""

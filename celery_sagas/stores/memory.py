@@ -16,14 +16,7 @@ import zlib
 from .._frozen import replace
 from ..errors import FencedWriteRefused, SagaValidationError
 from ._cursor import decode_cursor, encode_cursor, encode_position
-from ._validating import (
-    ValidatingCountSnapshot,
-    ValidatingLeaseTakeover,
-    ValidatingOrderedScan,
-    ValidatingPrefixScan,
-    ValidatingStateListing,
-    ValidatingStore,
-)
+from ._validating import ValidatingScanStore, ValidatingStateListing
 from .base import MAX_NOTES, Envelope, Fence, Lease, LeaseHolder, Page
 
 __all__ = ["MemoryStore"]
@@ -32,8 +25,7 @@ _Position = tuple[int, str]  # (updated_at_ms or due_at_ms, id)
 _LeaseKey = tuple[str, int]  # (name, bucket)
 
 
-class MemoryStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
-                  ValidatingLeaseTakeover, ValidatingOrderedScan, ValidatingCountSnapshot):
+class MemoryStore(ValidatingScanStore, ValidatingStateListing):
     """Keeps every record in process memory behind one lock; loses everything on exit.
 
     Its arguments are checked by ``ValidatingStore`` (docs/design.md §4.4).

@@ -46,13 +46,7 @@ from ...errors import (
 )
 from .._cursor import decode_cursor, encode_cursor, encode_position
 from .._urls import CLUSTER_SCHEMES, flag_value, redact, redact_text, split_cluster, url_problem
-from .._validating import (
-    ValidatingCountSnapshot,
-    ValidatingLeaseTakeover,
-    ValidatingOrderedScan,
-    ValidatingPrefixScan,
-    ValidatingStore,
-)
+from .._validating import ValidatingScanStore
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -81,8 +75,7 @@ _PREFIX_ROUNDS = 8  # id-index reads one prefix-scan page makes at most to fill 
 _BACKFILL_BATCH = 1000  # ids one backfill round trip indexes
 
 
-class RedisStore(ValidatingStore, ValidatingPrefixScan, ValidatingLeaseTakeover,
-                 ValidatingOrderedScan, ValidatingCountSnapshot):
+class RedisStore(ValidatingScanStore):
     """Envelopes and leases in Redis; every primitive is atomic on the server (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4).
 

@@ -69,14 +69,7 @@ from ...errors import (
     StoreUnavailable,
 )
 from .._cursor import decode_cursor, encode_cursor, encode_position
-from .._validating import (
-    ValidatingCountSnapshot,
-    ValidatingLeaseTakeover,
-    ValidatingOrderedScan,
-    ValidatingPrefixScan,
-    ValidatingStateListing,
-    ValidatingStore,
-)
+from .._validating import ValidatingScanStore, ValidatingStateListing
 from ..base import (
     MAX_NOTES,
     Envelope,
@@ -110,8 +103,7 @@ _SCHEMA_ATTEMPTS = 10  # a racer may lose once per table, column and index it cr
 _MAX_STATES = 64  # stored_states stops there: a kind has a handful of states
 
 
-class SqlStore(ValidatingStore, ValidatingStateListing, ValidatingPrefixScan,
-               ValidatingLeaseTakeover, ValidatingOrderedScan, ValidatingCountSnapshot):
+class SqlStore(ValidatingScanStore, ValidatingStateListing):
     """Records and leases in two tables of PostgreSQL, SQLite or MySQL/MariaDB (arguments are
     checked by ``ValidatingStore``, docs/design.md §4.4)."""
 
