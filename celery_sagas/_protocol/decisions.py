@@ -82,20 +82,24 @@ class Wake:
 
 
 @dataclass(frozen=True, slots=True)
-class Redispatch:
-    """Send an unclaimed step (or its compensator) again under the same effect id."""
+class _OfEffect:
+    """Which effect of a step a decision is about: its execution, or (``compensation``) its
+    compensator's."""
 
     step: StepRecord
     compensation: bool
 
 
 @dataclass(frozen=True, slots=True)
-class Vanished:
+class Redispatch(_OfEffect):
+    """Send an unclaimed step (or its compensator) again under the same effect id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Vanished(_OfEffect):
     """A claimed attempt went silent: retry it (idempotent), declare it ambiguous, or (a step
     declared ``compensate_unknown``, ``compensate``) compensate it."""
 
-    step: StepRecord
-    compensation: bool
     retry: bool
     error_code: str
     compensate: bool = False
@@ -131,20 +135,23 @@ class FinishCompensation:
 
 
 @dataclass(frozen=True, slots=True)
-class StartCompensation:
-    """run() refused to go on (raised StepNotCommitted): roll back."""
+class _TurnBack:
+    """Why a saga leaves its forward path: the error code and reason written to its record."""
 
     error_code: str
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
-class Review:
+class StartCompensation(_TurnBack):
+    """run() refused to go on (raised StepNotCommitted): roll back."""
+
+
+@dataclass(frozen=True, slots=True)
+class Review(_TurnBack):
     """Stop for an operator (``exception``: what user code raised, ``traceback``: where; both
     kept in the record)."""
 
-    error_code: str
-    reason: str
     exception: str | None = None
     traceback: str | None = None
 
