@@ -96,6 +96,49 @@ def test_a_vanished_attempt_is_compensated_once_when_declared(shop: Shop, dead_p
     assert (record.state, record.error_code) == (SagaState.COMPENSATED, "worker_lost")
 
 
+def test_a_step_silent_past_its_time_limit_is_compensated_when_declared(shop: Shop) -> None:
+    # given: the label step (time limit 10 s) was claimed on another host and never reported
+    definition = _label_saga(shop, compensate_unknown=True, time_limit=10)
+    definition.start({"id": "o-7"}, saga_id="u-1")
+    shop.deliver_next()  # reserve
+    shop.driver.take()  # the label's message, taken by the silent host
+    shop.claim_as("other-host:4242", "t.label", "u-1")
+
+    # when: the sweep runs past the time limit and its grace
+    shop.clock.advance(10_000 + shop.sagas.settings.timing.grace_ms)
+    shop.sagas.sweep()
+    shop.driver.run_until_idle()
+
+    # then: compensated (not in review), the label cancelled once, told the outcome is unknown
+    record = shop.record("u-1")
+    assert (record.state, record.error_code) == (SagaState.COMPENSATED, "time_limit")
+    assert "label" not in shop.script.names()
+    [cancel] = shop.script.of("cancel")
+    assert cancel.kwargs["saga"].outcome == "unknown"
+    assert cancel.kwargs["saga"].reason == CompensationReason("time_limit", "t.label")
+
+
+def test_an_idempotent_step_whose_retries_ran_out_is_compensated_when_declared(
+        shop: Shop) -> None:
+    # given: an idempotent label step (1 retry) whose every attempt raises something undeclared
+    definition = _label_saga(shop, compensate_unknown=True, idempotent=True, retries=1,
+                             backoff=lambda _: 0)
+    shop.script.then("label", ConnectionError("reset"), ConnectionError("reset"))
+
+    # when
+    definition.start({"id": "o-7"}, saga_id="u-1")
+    shop.driver.run_until_idle()
+
+    # then: both attempts ran, then the label was cancelled once as unknown, not reviewed
+    record = shop.record("u-1")
+    assert (record.state, record.error_code) == (SagaState.COMPENSATED, "step_error")
+    step = shop.step("t.label", "u-1")
+    assert (step.state, step.attempts, step.outcome_unknown) == (
+        StepState.COMPENSATED, 2, True)
+    assert shop.script.names() == ["reserve", "label", "label", "cancel", "release"]
+    assert shop.script.of("cancel")[0].kwargs["saga"].outcome == "unknown"
+
+
 def test_a_refusal_in_run_gives_compensators_no_step(shop: Shop) -> None:
     definition = _label_saga(shop, compensate_unknown=True)
     definition.start({"id": "o-7", "refuse": True}, saga_id="u-1")
