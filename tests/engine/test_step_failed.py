@@ -10,7 +10,7 @@ from celery_sagas._records import SagaState, StepState
 from tests.engine.conftest import CardDeclined, Shop
 
 
-def _two_providers(shop: Shop) -> Any:
+def two_providers(shop: Shop) -> Any:
     """reserve, charge card A; on StepFailed charge card B instead; then ship."""
     reserve, charge, ship = shop.tasks["reserve"], shop.tasks["charge"], shop.tasks["ship"]
     caught: list[tuple[str, str, str]] = []
@@ -34,7 +34,7 @@ def _two_providers(shop: Shop) -> Any:
 
 def test_a_caught_failure_takes_another_provider_and_completes(shop: Shop) -> None:
     # given: provider A declines the card
-    definition = _two_providers(shop)
+    definition = two_providers(shop)
     shop.script.then("charge", CardDeclined("insufficient funds"))
 
     # when
@@ -54,7 +54,7 @@ def test_a_caught_failure_takes_another_provider_and_completes(shop: Shop) -> No
 
 def test_every_replay_takes_the_same_except_path(shop: Shop) -> None:
     # given: a saga that caught the failure and recorded provider B's charge
-    definition = _two_providers(shop)
+    definition = two_providers(shop)
     shop.script.then("charge", CardDeclined("no"))
     definition.start({"id": "o-1"}, saga_id="p-1")
     shop.deliver_next()  # reserve
@@ -74,7 +74,7 @@ def test_every_replay_takes_the_same_except_path(shop: Shop) -> None:
 
 
 def test_a_caught_failure_may_end_run_normally(shop: Shop) -> None:
-    definition = _two_providers(shop)
+    definition = two_providers(shop)
     shop.script.then("charge", CardDeclined("no"))
     definition.start({"id": "o-1", "give_up": True}, saga_id="p-1")
     shop.driver.run_until_idle()
@@ -94,7 +94,7 @@ def test_an_uncaught_failure_compensates_as_before(shop: Shop) -> None:
 
 
 def test_a_failure_after_a_caught_one_compensates_everything_committed(shop: Shop) -> None:
-    definition = _two_providers(shop)
+    definition = two_providers(shop)
     shop.script.then("charge", CardDeclined("no"))
     shop.script.then("ship", StepNotCommitted("no_courier"))
     definition.start({"id": "o-1"}, saga_id="p-1")
@@ -108,7 +108,7 @@ def test_a_failure_after_a_caught_one_compensates_everything_committed(shop: Sho
 
 
 def test_the_history_says_run_caught_the_failure(shop: Shop) -> None:
-    definition = _two_providers(shop)
+    definition = two_providers(shop)
     shop.script.then("charge", CardDeclined("no"))
     definition.start({"id": "o-1"}, saga_id="p-1")
     shop.driver.run_until_idle()
@@ -117,3 +117,17 @@ def test_the_history_says_run_caught_the_failure(shop: Shop) -> None:
     assert entries.count(("caught", "charge-a", "card_declined")) == 1
     failed_at = entries.index(("failed", "charge-a", "card_declined"))
     assert entries.index(("caught", "charge-a", "card_declined")) > failed_at
+
+
+def test_show_lists_the_caught_failure_in_its_history(shop: Shop) -> None:
+    from celery_sagas import _history_format as hfmt
+
+    definition = two_providers(shop)
+    shop.script.then("charge", CardDeclined("no"))
+    definition.start({"id": "o-1"}, saga_id="p-1")
+    shop.driver.run_until_idle()
+    lines = hfmt.events_text(shop.sagas.history("p-1")).splitlines()
+    assert [line.split()[1:4] for line in lines if " caught " in line] == [
+        ["caught", "charge-a", "#1"]]
+    [caught] = [line for line in lines if " caught " in line]
+    assert "(card_declined)" in caught

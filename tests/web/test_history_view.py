@@ -7,6 +7,8 @@ import re
 
 from celery_sagas import SagaState
 from celery_sagas.web._history_view import history_timeline
+from tests.engine.conftest import CardDeclined
+from tests.engine.test_step_failed import two_providers
 from tests.web.conftest import Web, gated, in_review
 from tests.web.test_actions import resolve_form
 
@@ -57,3 +59,18 @@ def test_a_cancelled_approval_wait_keeps_its_length(web: Web) -> None:
     assert "ended, saga compensating" in gate.title
     assert gate.width > 20
     assert any(m.kind == "operator" and "cancel by olive" in m.title for m in drawn.marks)
+
+
+def test_a_failure_run_caught_is_on_the_saga_page(web: Web) -> None:
+    # given: charge-a declined, run caught StepFailed and charged card B
+    definition = two_providers(web.shop)
+    web.shop.script.then("charge", CardDeclined("no"))
+    definition.start({"id": "o-1"}, saga_id="p-1")
+    web.shop.driver.run_until_idle()
+
+    # when
+    history = text_of(web, "/saga?id=p-1").split('id="history"', 1)[1]
+
+    # then: the history shows the failure and that run caught it
+    caught = re.search(r'<tr class="event-caught">.*?</tr>', history, re.S)
+    assert caught and "charge-a" in caught.group(0) and "card_declined" in caught.group(0)
