@@ -75,7 +75,8 @@ def build(config: Config) -> Shop:
                      saga: Any = None) -> None:
         """Cancel the label by its request id, whatever came of the purchase."""
         provider.note("cancel_label", saga, outcome=saga.outcome, undoes=saga.forward_effect_id,
-                      reason=str(saga.reason), result=result)
+                      reason=str(saga.reason), result=result,
+                      input=saga.input)
 
     @sagas.saga("real-label")
     def _shipping(ctx: Any, data: dict[str, Any]) -> Any:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import ROOT, Stack, wait_until
+from tests.e2e.conftest import ROOT, Process, Stack, wait_until
 from tests.e2e.real_sagas_app import build
 
 pytestmark = pytest.mark.e2e
@@ -56,16 +56,29 @@ def test_retry_on_recovers_when_the_limit_lifts(real_stack: Stack) -> None:
     assert real_stack.ops("release") == []
 
 
+def _kill(stack: Stack, kill: str, worker: Process, pid: int) -> None:
+    """SIGKILL the pool child ``pid`` (``pool-child``), or the whole ``worker`` and start a
+    fresh worker and beat (``whole-worker``: the sweep finds the dead claimer)."""
+    if kill == "pool-child":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        worker.kill()
+        stack.worker()
+        stack.beat()
+
+
+@pytest.mark.parametrize("kill", ["pool-child", "whole-worker"])
 def test_a_compensate_unknown_step_killed_mid_body_is_compensated_exactly_once(
-        real_stack: Stack) -> None:
+        real_stack: Stack, kill: str) -> None:
     # given: a worker, and a label purchase that blocks mid-body
-    real_stack.worker()
+    worker = real_stack.worker()
     plan = {"block": {"label": "go"}}
     real_stack.sagas.start("real-label", {"sku": "S", "id": "s1", "plan": plan}, saga_id="lbl-1")
     started = wait_until(lambda: real_stack.ops("label.start", "lbl-1"), what="label started")
 
-    # when: the pool child running it is SIGKILLed (the broker requeues the message)
-    os.kill(int(started[0]["pid"]), signal.SIGKILL)
+    # when: the pool child running it is SIGKILLed (the broker requeues the message), or the
+    # whole worker (a fresh worker and beat, whose sweep finds the claimer dead)
+    _kill(real_stack, kill, worker, int(started[0]["pid"]))
     record = real_stack.wait_settled("lbl-1")
     real_stack.release("go")
 
@@ -79,20 +92,23 @@ def test_a_compensate_unknown_step_killed_mid_body_is_compensated_exactly_once(
     assert (cancel["outcome"], cancel["undoes"], cancel["result"]) == (
         "unknown", step.effect_id, None)
     assert cancel["reason"] == "real.label: worker_lost"
+    assert cancel["input"] == {"sku": "S", "id": "s1", "plan": plan}
     assert len(real_stack.ops("release", "lbl-1")) == 1
 
 
+@pytest.mark.parametrize("kill", ["pool-child", "whole-worker"])
 def test_a_caught_step_failed_then_a_worker_kill_resumes_on_the_except_path(
-        real_stack: Stack) -> None:
+        real_stack: Stack, kill: str) -> None:
     # given: provider A declines; provider B's charge blocks mid-body
-    real_stack.worker()
+    worker = real_stack.worker()
     plan = {"decline": ["pay_a"], "block": {"pay_b": "go"}}
     real_stack.sagas.start("real-pay", {"sku": "P", "amount": 5, "id": "p1", "plan": plan},
                            saga_id="pay-1")
     started = wait_until(lambda: real_stack.ops("pay_b.start", "pay-1"), what="pay_b started")
 
-    # when: the pool child running provider B is SIGKILLed, then B answers
-    os.kill(int(started[0]["pid"]), signal.SIGKILL)
+    # when: the pool child running provider B is SIGKILLed (or the whole worker, then fresh
+    # processes replay run: a worker and beat, whose sweep finds B's claimer dead); B answers
+    _kill(real_stack, kill, worker, int(started[0]["pid"]))
     wait_until(lambda: len(real_stack.ops("pay_b.start", "pay-1")) == 2, what="pay_b retried")
     real_stack.release("go")
     record = real_stack.wait_settled("pay-1")
