@@ -16,6 +16,14 @@ The fake providers keep a ledger (one JSON line per call, keyed by effect id):
 - ``refund.nothing``: the refund of a charge whose outcome was unknown (``charge_unknown``,
   declared ``compensate_unknown``) found the charge never applied: nothing to undo.
 
+The options of issue 29 have their plans too: ``limited`` ({op: n}) answers ``RateLimited``
+(a ``.fail`` line, nothing applied) to the first n attempts of ``charge_limited``, declared
+``retry_on=(RateLimited,)`` with 3 retries (n = 4 runs them out: a known failure);
+``fallback`` charges with ``charge``, and when it fails with a known outcome ``run`` catches
+``StepFailed`` and charges with a backup (``charge_idem`` as step ``rel.charge-backup``);
+``parallel_undo`` starts the saga under ``rel-order-parallel-undo``, whose compensators are
+sent at once (``compensation="parallel"``).
+
 Idempotent providers (``charge_idem``, the ``refund`` compensator) apply an effect id once:
 an ``O_EXCL`` marker file per effect id is the provider's own deduplication table.
 
@@ -36,25 +44,42 @@ from typing import Any
 
 from celery import Celery
 
-from celery_sagas import Sagas, SignalTimeout, StepNotCommitted
+from celery_sagas import Sagas, SignalTimeout, StepFailed, StepNotCommitted
 from tests.e2e.app import worker_app
 from tests.reliability.recording import SkewedClock, TracingStore, append_line
 
 DEFINITION = "rel-order"
 INLINE_DEFINITION = "rel-order-inline"  # the same run, its steps inline (docs/design.md §3.2)
+PARALLEL_UNDO_DEFINITION = "rel-order-parallel-undo"  # the same run, compensation="parallel"
 CHILD_DEFINITION = "rel-payment"
 STEP_NAMES = {
     "reserve": "rel.reserve", "charge": "rel.charge", "charge_idem": "rel.charge_idem",
-    "charge_unknown": "rel.charge_unknown", "ship": "rel.ship",
+    "charge_unknown": "rel.charge_unknown", "charge_limited": "rel.charge_limited",
+    "ship": "rel.ship",
 }
 COMPENSATORS = {"release": "rel.release", "refund": "rel.refund"}
 SECOND_RESERVE = "rel.reserve-b"  # the step name of the parallel branch's reservation
+BACKUP_CHARGE = "rel.charge-backup"  # the step name of the charge run takes after StepFailed
 # Provider ops whose repeated body run under one effect id would be a double side effect.
-NON_IDEMPOTENT_STEPS = ("reserve", "charge", "charge_unknown", "ship")
+NON_IDEMPOTENT_STEPS = ("reserve", "charge", "charge_unknown", "charge_limited", "ship")
+# Ops run again under one effect id only after a known failure (a ``.fail`` line): the
+# non-idempotent compensator, and a step declared retry_on.
+RETRIED_AFTER_A_KNOWN_FAILURE = ("release", "charge_limited")
 IDEMPOTENT_STEPS = ("charge_idem",)
 # Steps declared compensate_unknown: an unknown outcome of theirs is compensated, never
 # reviewed (and their compensator tolerates nothing to undo).
 COMPENSATE_UNKNOWN_STEPS = (STEP_NAMES["charge_unknown"],)
+
+
+class RateLimited(Exception):
+    """The provider answered 429 Too Many Requests: nothing was applied."""
+
+
+def definition_for(plan: dict[str, Any]) -> str:
+    """The definition a saga with ``plan`` is started under."""
+    if plan.get("inline"):
+        return INLINE_DEFINITION
+    return PARALLEL_UNDO_DEFINITION if plan.get("parallel_undo") else DEFINITION
 
 
 @dataclass(frozen=True)
@@ -213,6 +238,9 @@ def build(config: Config) -> Shop:
     def behave(op: str, plan: dict[str, Any], ctx: Any, idempotent: bool) -> dict[str, Any]:
         provider.record(f"{op}.start", ctx)
         _pause(plan, op)
+        if ctx.attempt <= plan.get("limited", {}).get(op, 0):
+            provider.record(f"{op}.fail", ctx)
+            raise RateLimited("429 Too Many Requests")
         if plan.get("decline") == op:
             provider.record(f"{op}.fail", ctx)
             raise StepNotCommitted("declined")
@@ -258,6 +286,12 @@ def build(config: Config) -> Shop:
         """Charge the card; refunded even when the outcome is unknown (compensate_unknown)."""
         return {**behave("charge_unknown", plan, saga, True), "charged": amount}
 
+    @sagas.step(compensate=COMPENSATORS["refund"], retry_on=(RateLimited,), retries=3,
+                backoff=lambda attempt: 0.05 * attempt, name=STEP_NAMES["charge_limited"])
+    def charge_limited(amount: int, plan: dict[str, Any], *, saga: Any = None) -> dict[str, Any]:
+        """Charge the card with a provider that rate-limits (not idempotent; retry_on)."""
+        return {**behave("charge_limited", plan, saga, False), "charged": amount}
+
     @sagas.compensator(name=COMPENSATORS["refund"], idempotent=True)
     def refund(amount: int, plan: dict[str, Any], *, result: Any = None, saga: Any = None) -> None:
         """Refund the charge by its effect id (idempotent: the provider dedupes by effect id);
@@ -286,7 +320,8 @@ def build(config: Config) -> Shop:
         """Reserve, charge, ship; with ``parallel`` a second reservation runs beside the
         charge. The plan in the input scripts the providers; ``nap`` sleeps (ms, a durable
         timer) and ``signal`` waits for the signal "go" (``signal_timeout`` s, then goes on)
-        after the reservation; ``child`` charges in a child saga."""
+        after the reservation; ``child`` charges in a child saga; ``fallback`` charges with a
+        backup when the charge fails (``StepFailed`` caught)."""
         plan = data.get("plan", {})
         ctx.step(reserve, data["sku"], plan)
         if plan.get("nap"):
@@ -296,6 +331,14 @@ def build(config: Config) -> Shop:
                 ctx.wait_signal("go", timeout=plan.get("signal_timeout"))
         charge_task = charge_idem if plan.get("idempotent") else charge
         charge_task = charge_unknown if plan.get("unknown") else charge_task
+        charge_task = charge_limited if plan.get("limited") else charge_task
+        if plan.get("fallback"):
+            try:
+                ctx.step(charge_task, data["amount"], plan)
+            except StepFailed:
+                ctx.step(charge_idem, data["amount"], plan, step_name=BACKUP_CHARGE)
+            ctx.step(ship, data["id"], plan)
+            return
         charging = (ctx.call_child(payment, {"amount": data["amount"], "plan": plan})
                     if plan.get("child") else ctx.call(charge_task, data["amount"], plan))
         if plan.get("parallel"):
@@ -307,6 +350,7 @@ def build(config: Config) -> Shop:
 
     order = sagas.saga(DEFINITION)(run_order)
     sagas.saga(INLINE_DEFINITION, inline=True)(run_order)
+    sagas.saga(PARALLEL_UNDO_DEFINITION, compensation="parallel")(run_order)
     return Shop(app, sagas, order, store)
 
 

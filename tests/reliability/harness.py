@@ -26,7 +26,7 @@ from typing import Any
 from celery_sagas._protocol.kinds import CHILD_TASK
 from celery_sagas._records import SagaRecord, StepState
 from celery_sagas.errors import SagaError
-from tests.reliability.app import DEFINITION, INLINE_DEFINITION
+from tests.reliability.app import definition_for
 from tests.reliability.cluster import Cluster
 from tests.reliability.invariants import SETTLED, Violation, check, fence_stats
 from tests.reliability.recording import append_line, read_lines
@@ -324,7 +324,7 @@ def _submit(cluster: Cluster, load: Load, rng: random.Random, tracker: Tracker) 
         saga_id = f"{cluster.config.prefix}-{index}"
         data = {"sku": f"sku{index}", "amount": index + 1, "id": f"o{index}",
                 "plan": load.plans(rng, index)}
-        definition = INLINE_DEFINITION if data["plan"].get("inline") else DEFINITION
+        definition = definition_for(data["plan"])
         retrying(lambda s=saga_id, d=data, n=definition: cluster.sagas.start(n, d, saga_id=s),
                  f"start {saga_id}")
         tracker.add(saga_id)

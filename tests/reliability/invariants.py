@@ -6,10 +6,11 @@ store says at the end. Together they must show:
 1. no saga lost or stuck: every started saga exists and is completed, compensated or in
    manual review;
 2. no non-idempotent body ran twice: one ``<op>.start`` per effect id for a step; for a
-   compensator, a new run only after the provider reported a known failure; and no provider
-   applied one effect id twice;
-3. no ambiguous step was compensated, and no compensator undid an effect the provider never
-   applied;
+   compensator and a step declared ``retry_on``, a new run only after the provider reported a
+   known failure; and no provider applied one effect id twice;
+3. no ambiguous step was compensated, no compensator undid an effect the provider never
+   applied, and no step recorded ``failed`` (a known failure: ``run`` may have caught it and
+   gone on, nothing will undo it) had its effect applied;
 4. a compensated saga undid every committed effect exactly once (a completed one none), and
    every effect a provider applied belongs to a step of its saga's record;
 5. no write under a stale lease grant was accepted: a fenced write that began after a newer
@@ -38,7 +39,11 @@ from typing import Any
 
 from celery_sagas._protocol.kinds import kind_of
 from celery_sagas._records import SagaRecord, SagaState, StepState
-from tests.reliability.app import COMPENSATE_UNKNOWN_STEPS, NON_IDEMPOTENT_STEPS
+from tests.reliability.app import (
+    COMPENSATE_UNKNOWN_STEPS,
+    NON_IDEMPOTENT_STEPS,
+    RETRIED_AFTER_A_KNOWN_FAILURE,
+)
 
 SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
 COMPENSATOR_OPS = ("release", "refund")
@@ -79,18 +84,17 @@ def _lost_or_stuck(started: Iterable[str], records: Mapping[str, SagaRecord | No
 
 def _double_runs(ops: Mapping[str, list[Mapping[str, Any]]]) -> list[Violation]:
     found = []
-    for op in NON_IDEMPOTENT_STEPS:
-        for effect, count in Counter(line["effect_id"] for line in ops.get(f"{op}.start", [])).items():
-            if count > 1:
+    for op in (*NON_IDEMPOTENT_STEPS, "release"):
+        starts = Counter(line["effect_id"] for line in ops.get(f"{op}.start", []))
+        # The non-idempotent compensator and a retry_on step run again under their effect id
+        # only after a known failure (nothing was applied).
+        failures = Counter(x["effect_id"] for x in ops.get(f"{op}.fail", [])) \
+            if op in RETRIED_AFTER_A_KNOWN_FAILURE else Counter()
+        for effect, count in starts.items():
+            if count > 1 + failures[effect]:
                 saga = next(x["saga_id"] for x in ops[f"{op}.start"] if x["effect_id"] == effect)
-                found.append(Violation("double-run", saga, f"{op} body ran {count}x for {effect}"))
-    # A non-idempotent compensator runs again under its effect id only after a known failure.
-    starts = Counter(x["effect_id"] for x in ops.get("release.start", []))
-    failures = Counter(x["effect_id"] for x in ops.get("release.fail", []))
-    for effect, count in starts.items():
-        if count > 1 + failures[effect]:
-            found.append(Violation("double-run", None, f"release ran {count}x for {effect} "
-                                   f"after {failures[effect]} known failures"))
+                found.append(Violation("double-run", saga, f"{op} body ran {count}x for {effect} "
+                                       f"after {failures[effect]} known failures"))
     for op in {key.split(".")[0] for key in ops}:
         for effect, count in Counter(x["effect_id"] for x in ops.get(f"{op}.done", [])).items():
             if count > 1:
@@ -139,6 +143,10 @@ def _compensation_rules(records: Mapping[str, SagaRecord | None],
                     and not step.outcome_unknown:
                 found.append(Violation("phantom-commit", saga_id,
                                        f"{step.name} is {step.state}, never applied"))
+            if step.state is StepState.FAILED and step.effect_id in applied:
+                found.append(Violation("failed-applied", saga_id,
+                                       f"{step.name} is failed ({step.error_code}), but "
+                                       f"{step.effect_id} was applied"))
             if step.state is StepState.AMBIGUOUS and (saga_id, step.name) in comp_started:
                 found.append(Violation("ambiguous-compensated", saga_id, f"step {step.name}"))
             if record.state is SagaState.COMPENSATED and step.compensator is not None \

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-OPS = ("reserve", "charge", "charge_idem", "charge_unknown", "ship", "release", "refund")
+OPS = ("reserve", "charge", "charge_idem", "charge_unknown", "charge_limited", "ship", "release",
+       "refund")
 
 
 def mixed_plan(rng: random.Random, index: int) -> dict[str, Any]:
@@ -86,3 +87,26 @@ def waiting_plan(rng: random.Random, index: int) -> dict[str, Any]:
 def inline_plan(rng: random.Random, index: int) -> dict[str, Any]:
     """``mixed_plan`` for the saga whose steps run inline (``@sagas.saga(inline=True)``)."""
     return {**mixed_plan(rng, index), "inline": True}
+
+
+def options_plan(rng: random.Random, index: int) -> dict[str, Any]:
+    """``mixed_plan`` with issue 29's options: one saga in two compensates in parallel
+    (``parallel_undo``); a quarter charge with a rate-limited provider (``retry_on``; 1 to 4
+    refusals, 4 running out its 3 retries); a quarter catch a failed charge and charge a backup
+    (``StepFailed``); one in six charges with a step declared ``compensate_unknown`` that often
+    raises after it began; a third of the rest have the shipment declined (they compensate)."""
+    plan = mixed_plan(rng, index)
+    plan["parallel_undo"] = rng.random() < 0.5
+    for key in ("idempotent", "unknown", "crash", "crash_after"):
+        plan.pop(key, None)
+    roll = rng.random()
+    if roll < 0.25:
+        plan["limited"] = {"charge_limited": rng.choice((1, 2, 3, 4))}
+    elif roll < 0.5:
+        plan.update(fallback=True, parallel=False,
+                    decline=rng.choice(("charge", "charge", "ship", None)))
+    elif roll < 0.67:
+        plan.update(unknown=True, crash=rng.choice(("charge_unknown", "charge_unknown", None)))
+    if "decline" not in plan and rng.random() < 0.33:
+        plan["decline"] = "ship"
+    return plan

@@ -31,6 +31,7 @@ from tests.reliability.plans import (
     hanging_plan,
     inline_plan,
     mixed_plan,
+    options_plan,
     slow_plan,
     waiting_plan,
 )
@@ -148,6 +149,17 @@ def pool_kills(workdir: Path, size: Size, broker: str | None = None,
                  (faults.kill_random_child, 0.4))
     return Chaos("pool-kills", f"pool-child SIGKILL{label}", load, "kill-child-in-body",
                  build).run(workdir)
+
+
+def option_kills(workdir: Path, size: Size) -> Report:
+    """Sagas using issue 29's options (retry_on, a caught StepFailed, compensate_unknown,
+    parallel compensation) while pool children are SIGKILLed in step bodies, in compensators
+    and anywhere."""
+    load = _load(size.n(50, 300), options_plan, 0.6, (faults.kill_in_body(), 0.5),
+                 (faults.kill_in_body(("release", "refund"), "kill-compensator"), 0.2),
+                 (faults.kill_random_child, 0.3))
+    return Chaos("option-kills", "retry_on, StepFailed, compensate_unknown, parallel undo",
+                 load, "kill-child-in-body").run(workdir)
 
 
 def inline_kills(workdir: Path, size: Size) -> Report:
@@ -447,6 +459,7 @@ def waiting_cancels(workdir: Path, size: Size) -> Report:
 SCENARIOS: dict[str, Callable[[Path, Size], Report]] = {
     "pool-kills": pool_kills,
     "inline-kills": inline_kills,
+    "option-kills": option_kills,
     "worker-kills": worker_kills,
     "compensation-kills": compensation_kills,
     "redis-restarts": redis_restarts,

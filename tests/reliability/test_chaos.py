@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from celery_sagas._records import SagaState, StepState
 from tests.reliability import probes, scenarios
+from tests.reliability.app import PARALLEL_UNDO_DEFINITION, STEP_NAMES
 from tests.reliability.cluster import PrivatePostgres
 from tests.reliability.harness import Report
 
@@ -34,6 +36,29 @@ def test_inline_steps_killed_mid_body_or_mid_settle_keep_every_invariant(tmp_pat
     report = _clean(scenarios.inline_kills(tmp_path, scenarios.CI))
     assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation"}, report.summary()
     assert report.outcomes["completed"] > 0
+
+
+def test_retry_on_a_caught_step_failed_and_parallel_compensation_keep_every_invariant(
+        tmp_path: Path) -> None:
+    # Issue 29's options under pool-child kills (in bodies, compensators and anywhere): no
+    # retry_on body ran again but after a known failure, no failed step had applied, and a
+    # compensate_unknown step compensated is no blind compensation (invariants.py).
+    report = _clean(scenarios.option_kills(tmp_path, scenarios.CI))
+    assert set(report.manual_review) <= {"ambiguous_step", "ambiguous_compensation"}, report.summary()
+    records = [r for r in report.records.values() if r is not None]
+    steps = [(r, s) for r in records for s in r.steps]
+    # each option was exercised: a charge retried on RateLimited then committed, and one
+    # whose retries ran out; a caught failure that completed on the backup charge; a
+    # declared step compensated as unknown; sagas compensated in parallel
+    limited = [s for _, s in steps if s.task == STEP_NAMES["charge_limited"]]
+    assert any(s.attempts > 1 and s.state is not StepState.FAILED for s in limited), report.summary()
+    assert any((s.state, s.error_code) == (StepState.FAILED, "rate_limited") for s in limited), \
+        report.summary()
+    assert any(r.state is SagaState.COMPLETED and s.name == STEP_NAMES["charge"]
+               and s.state is StepState.FAILED for r, s in steps), report.summary()
+    assert any(s.outcome_unknown for _, s in steps), report.summary()
+    assert any(r.definition == PARALLEL_UNDO_DEFINITION and r.state is SagaState.COMPENSATED
+               for r in records), report.summary()
 
 
 def test_a_whole_worker_killed_and_restarted_loses_no_saga(tmp_path: Path) -> None:

@@ -157,3 +157,35 @@ def test_an_ambiguous_compensation_without_a_compensator_that_began_is_a_spuriou
     began = _line("release.start", "c1", undoes="e1")
     assert _rules({"s1": record}, [*applied, began]) == []
     assert _rules({"s1": record}, applied) == ["spurious-review"]
+
+
+def test_a_retry_on_body_runs_again_only_after_a_known_failure() -> None:
+    # given: rel.charge_limited rate-limited twice (a .fail line each), then applied
+    step = StepRecord("rel.charge_limited", "rel.charge_limited", "e1", "c1",
+                      StepState.COMMITTED, compensator="rel.refund", attempts=3)
+    record = _saga(SagaState.COMPLETED, step)
+    limited = [_line("charge_limited.start", "e1", step="rel.charge_limited", attempt=n)
+               for n in (1, 2, 3)]
+    fails = [_line("charge_limited.fail", "e1", step="rel.charge_limited", attempt=n)
+             for n in (1, 2)]
+    applied = [_line("charge_limited.done", "e1", step="rel.charge_limited", attempt=3)]
+    assert _rules({"s1": record}, [*limited, *fails, *applied]) == []
+    # a third start after a single known failure ran the body again after an unknown outcome
+    assert _rules({"s1": record}, [*limited, fails[0], *applied]) == ["double-run"]
+
+
+def test_a_step_recorded_failed_whose_effect_was_applied_is_reported() -> None:
+    # given: run caught the charge's StepFailed, charged the backup and completed
+    charge = StepRecord("rel.charge", "rel.charge", "e1", "c1", StepState.FAILED,
+                        compensator="rel.refund", attempts=1, error_code="declined")
+    backup = StepRecord("rel.charge-backup", "rel.charge_idem", "e2", "c2", StepState.COMMITTED,
+                        compensator="rel.refund", attempts=1)
+    record = _saga(SagaState.COMPLETED, charge, backup)
+    ledger = [_line("charge.start", "e1", step="rel.charge"),
+              _line("charge.fail", "e1", step="rel.charge"),
+              _line("charge_idem.start", "e2", step="rel.charge-backup"),
+              _line("charge_idem.done", "e2", step="rel.charge-backup")]
+    assert _rules({"s1": record}, ledger) == []
+    # the failed charge had in fact applied: an effect nothing will ever undo
+    applied = _line("charge.done", "e1", step="rel.charge")
+    assert _rules({"s1": record}, [*ledger, applied]) == ["failed-applied"]
