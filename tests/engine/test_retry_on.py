@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from celery_sagas import StepFailed
 from celery_sagas._records import SagaState, StepState
 from celery_sagas.errors import SagaConfigurationError
 from tests.engine.conftest import CardDeclined, Shop
@@ -64,6 +65,38 @@ def test_retry_on_exhausted_is_a_known_failure_and_compensates(shop: Shop) -> No
     assert shop.script.names().count("release") == 1
     record = shop.record("r-1")
     assert (record.state, record.error_code) == (SagaState.COMPENSATED, "rate_limited")
+
+
+def test_retry_on_exhausted_raises_step_failed_in_run_which_may_go_on(shop: Shop) -> None:
+    # given: run catches the failure of a call whose retry runs out and notifies instead
+    @shop.sagas.step(name="t.call", compensate=None, backoff=lambda _: 0,
+                     retry_on=(RateLimited,), retries=1)
+    def call(user: str) -> Any:
+        return shop.script.play("t.call", (user,), {}, {"called": user})
+
+    caught: list[tuple[str, str]] = []
+
+    @shop.sagas.saga("limited-or-notify")
+    def run(ctx: Any, data: dict[str, Any]) -> Any:
+        try:
+            return ctx.step(call, data["user"])
+        except StepFailed as failed:
+            caught.append((failed.step, failed.code))
+            return ctx.step(shop.tasks["notify"], data["user"])
+
+    shop.script.then("t.call", RateLimited("429"), RateLimited("429"))
+
+    # when
+    run.start({"user": "u"}, saga_id="r-1")
+    shop.driver.run_until_idle()
+
+    # then: 1 + 1 attempts, StepFailed(rate_limited) caught, completed on the notification
+    assert caught[0] == ("t.call", "rate_limited")
+    record = shop.record("r-1")
+    assert record.state == SagaState.COMPLETED
+    assert [(s.name, s.state) for s in record.steps] == [
+        ("t.call", StepState.FAILED), ("shop.notify", StepState.COMMITTED)]
+    assert shop.script.names() == ["t.call", "t.call", "notify"]
 
 
 def test_an_undeclared_exception_of_a_retry_on_step_stays_ambiguous(shop: Shop) -> None:
