@@ -135,8 +135,10 @@ def test_a_label_whose_purchase_timed_out_is_cancelled_and_the_order_compensated
     assert (record.state, record.error_code) == ("compensated", "step_error")
     label = record.step("shop.buy_label")
     assert label is not None and label.outcome_unknown
-    actions = [(service, action) for service, action, _ in provider().effects()]
-    assert ("shipping", "cancel-label") in actions
+    # the label bought under its effect id was cancelled by that request id, as unknown
+    assert ("shipping", "label", label.effect_id) in provider().effects()
+    cancel = provider().call(label.compensation_effect_id, "shipping", "cancel-label", {})
+    assert cancel == {"cancelled": label.effect_id, "outcome": "unknown"}
     refund = provider().call(record.step("shop.charge_card").compensation_effect_id,
                              "payments", "refund", {})
     assert refund["why"] == "shop.buy_label: step_error"
