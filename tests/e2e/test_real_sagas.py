@@ -172,22 +172,29 @@ def test_replay_check_finds_the_sagas_a_reordering_would_break(real_stack: Stack
     # given: three sagas in flight on code version 1, each stopped in its charge (the worker
     # that ran them is gone), and one done
     worker = real_stack.worker(concurrency=4)
+    real_stack.sagas.start("real-deploy", {"sku": "S", "amount": 1, "id": "done", "plan": {}},
+                           saga_id="deploy-done")
+    assert real_stack.wait_settled("deploy-done").state == "completed"
     plan = {"block": "charge", "release": "never"}
     for n in range(3):
         real_stack.sagas.start("real-deploy", {"sku": f"S{n}", "amount": n, "id": f"d{n}",
                                                "plan": plan}, saga_id=f"deploy-{n}")
-    wait_until(lambda: len(real_stack.ops("charge.start")) == 3, what="three charges started")
+    wait_until(lambda: len(real_stack.ops("charge.start")) == 4,
+               what="the three blocked charges started")
     worker.kill()
     before = _dump(real_stack)
 
-    # when: the check runs with the starting code, the reordered code and the patched code
-    same = _replay_check(real_stack, 1, "--json")
-    reordered = _replay_check(real_stack, 2)
-    reordered_json = _replay_check(real_stack, 2, "--json", "--definition", "real-deploy")
-    limited = _replay_check(real_stack, 2, "--json", "--limit", "1")
-    patched = _replay_check(real_stack, 3)
+    # when: the check runs with the starting code, the reordered code and the patched code,
+    # the store dumped after each run
+    runs, dumps = [], []
+    for version, *args in ((1, "--json"), (2,), (2, "--json", "--definition", "real-deploy"),
+                           (2, "--json", "--limit", "1"), (3,)):
+        runs.append(_replay_check(real_stack, version, *args))
+        dumps.append(_dump(real_stack))
+    same, reordered, reordered_json, limited, patched = runs
 
-    # then: exit 0, then 1 naming each saga, then 0 again; the store is untouched
+    # then: exit 0, then 1 naming each saga in flight (not the one done), then 0 again; no
+    # run changed the store
     assert same.returncode == 0, same.stderr
     assert json.loads(same.stdout) == {"checked": 3, "ok": True, "nondeterministic": [],
                                        "unreadable": []}
@@ -200,6 +207,7 @@ def test_replay_check_finds_the_sagas_a_reordering_would_break(real_stack: Stack
     assert "tests.e2e.app.charge" in found[0]["reason"]
     assert limited.returncode == 1 and json.loads(limited.stdout)["checked"] == 1
     assert patched.returncode == 0, patched.stdout + patched.stderr
-    assert _dump(real_stack) == before
+    assert all(dump == before for dump in dumps)
+    assert "deploy-done" not in reordered.stdout
     assert [r.state for r in map(real_stack.sagas.get, ("deploy-0", "deploy-1"))] == [
         "running", "running"]
