@@ -328,8 +328,8 @@ def findings_text(findings: Sequence[Finding], corrupt: Sequence[CorruptRecord])
 # ---------------------------------------------------------------- sweeps and approvals
 
 
-_SWEEP_FIELDS = ("acquired", "fence", "complete", "lease_lost", "examined", "acted", "deleted",
-                 "errors", "pages")  # as they are; findings and corrupt records by their views
+_SWEEP_FIELDS = ("acquired", "fence", "complete", "lease_lost", "held", "examined", "acted",
+                 "deleted", "errors", "pages")  # as they are; findings and corrupt records by their views
 
 
 def sweep_view(report: SweepReport) -> dict[str, Any]:
@@ -344,9 +344,16 @@ def sweep_text(report: SweepReport) -> str:
     """A sweep report for people."""
     if not report.acquired:
         return "sweep skipped: another sweeper holds the lease"
-    status = "complete" if report.complete else "stopped early (lease lost)"
+    head = f"sweep complete under fence {report.fence}"
+    if report.lease_lost:
+        head = f"sweep stopped early (lease lost) under fence {report.fence}"
+    elif report.held:
+        swept = report.total_buckets - len(report.held)
+        head = (f"sweep partial under fence {report.fence}: swept {swept} of "
+                f"{report.total_buckets} buckets; another sweeper holds bucket "
+                + ", ".join(map(str, sorted(report.held))))
     lines = [
-        f"sweep {status} under fence {report.fence}",
+        head,
         f"examined {report.examined}  acted on {report.acted}  deleted {report.deleted}  "
         f"errors {report.errors}  pages {report.pages}",
     ]

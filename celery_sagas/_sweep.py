@@ -66,6 +66,8 @@ class SweepReport:
     fences: dict[int, int] = field(default_factory=dict)  # bucket -> fencing number held
     complete: bool = False
     lease_lost: bool = False
+    held: list[int] = field(default_factory=list)  # buckets another sweeper held: not swept
+    total_buckets: int = 0  # the store's buckets, each tried once
     buckets: int = 0
     examined: int = 0
     acted: int = 0
@@ -184,6 +186,7 @@ class Sweeper:
         store = self.engine.repository.store
         first = (shard * store.buckets) // max(1, shards)
         order = [(first + i) % store.buckets for i in range(store.buckets)]
+        report.total_buckets = len(order)
         leases = Leases(store, self.engine.clock, owner=self.owner)
         swept = 0
         try:
@@ -208,6 +211,7 @@ class Sweeper:
         just swept by another shard, or swept since ``sent_at_ms``), else 0."""
         lease = leases.acquire(SWEEP_LEASE, self.lease_ms, bucket=bucket)
         if lease is None:
+            report.held.append(bucket)
             return 0
         report.acquired = True
         report.fence = max(report.fence or 0, lease.fence)

@@ -559,13 +559,13 @@ def sweep(ctx: click.Context, as_json: bool) -> None:
     """Run one reconciliation pass now.
 
     Beat runs the same pass every sagas_sweep_interval seconds. Exit 1 when another
-    sweeper holds the lease or took it over during the pass (stopped early), 4 when the pass
-    met errors (the report counts them; the worker log of the sweep names each record and
-    cause).
+    sweeper holds the lease of a bucket (the others are swept: partial) or took one over
+    during the pass (stopped early), 4 when the pass met errors (the report counts them; the
+    worker log of the sweep names each record and cause).
     """
     report = _session(ctx).sagas.sweep()
     _emit(as_json, fmt.sweep_view(report), fmt.sweep_text(report))
-    if not report.acquired or report.lease_lost:
+    if not report.acquired or report.lease_lost or report.held:
         raise click.exceptions.Exit(EXIT_REFUSED)
     if report.errors:
         raise click.exceptions.Exit(EXIT_UNAVAILABLE)
