@@ -40,6 +40,12 @@ __all__ = ["ChildSagas", "Drive"]
 
 logger = logging.getLogger("celery_sagas.children")
 
+# A child limit's code -> the setting that sets it and its value (the refusal's log names both).
+_LIMIT_OF: dict[str, Callable[[Limits], tuple[str, int]]] = {
+    codes.CHILD_DEPTH_EXCEEDED: lambda limits: ("sagas_child_depth_limit", limits.child_depth),
+    codes.TOO_MANY_CHILDREN: lambda limits: ("sagas_children_limit", limits.children),
+}
+
 _SETTLED = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.MANUAL_REVIEW)
 
 
@@ -150,7 +156,9 @@ class ChildSagas:
         return codes.CHILD_DEPTH_EXCEEDED if depth > limits.child_depth else None
 
     def _refuse(self, parent_id: str, step: StepRecord, child_id: str, code: str) -> None:
-        logger.warning("saga %s: child step %s refused (%s)", parent_id, step.name, code)
+        setting, limit = _LIMIT_OF[code](self.drive.limits)
+        logger.warning("saga %s: child step %s refused: %s (past %s = %d)", parent_id,
+                       step.name, code, setting, limit)
 
         def decide(parent: SagaRecord) -> Plan | None:
             current = parent.step(step.name)

@@ -7,6 +7,7 @@ its size limit can still be cancelled."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -107,6 +108,26 @@ def test_a_saga_that_starts_itself_stops_at_the_depth_limit_and_compensates(
     assert deepest.error_code == "child_depth_exceeded"
     root = limited.get("r")
     assert root is not None and root.error_code == "child_compensated"
+
+
+@pytest.mark.parametrize(("definition", "data", "says"), [
+    ("again", {}, "child_depth_exceeded (past sagas_child_depth_limit = 3)"),
+    ("fan", {"n": 6, "wait": False}, "too_many_children (past sagas_children_limit = 5)"),
+])
+def test_a_refused_child_step_is_logged_naming_the_setting_and_its_value(
+        limited: Sagas, tree: dict[str, Any], caplog: pytest.LogCaptureFixture, definition: str,
+        data: dict[str, Any], says: str) -> None:
+    # given
+    driver = SagaDriver(limited)
+
+    # when
+    with caplog.at_level(logging.WARNING, logger="celery_sagas.children"):
+        tree[definition].start(data, saga_id="r")
+        driver.run_until_idle(max_messages=500)
+
+    # then
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refusals and all(says in line for line in refusals), refusals
 
 
 def test_one_child_more_than_the_limit_fails_its_step_and_the_parent_compensates(
