@@ -236,3 +236,44 @@ def test_a_worker_without_the_key_leaves_no_claim_and_a_keyed_worker_carries_the
     assert record.state == "completed", record
     assert len(stack.ops("reserve.start", "keyless")) == 1
     assert "worker_lost" not in keyless.text() and "time_limit" not in keyless.text()
+
+
+def test_an_export_without_the_key_refuses_sealed_sagas_from_the_shell(
+        sealed_redis: Stack, tmp_path: Path) -> None:
+    # given: three sagas completed by a worker that seals with OLD, and an operator's shell
+    # whose configuration lists no key (issue 25 item 9: export exited 0 writing "<encrypted>"
+    # as data, an unwritable --output printed a traceback, --limit 2 exported every saga)
+    stack = sealed_redis
+    stack.worker()
+    for n in range(3):
+        order(stack, f"exp-{n}")
+    for n in range(3):
+        assert stack.wait_settled(f"exp-{n}").state == "completed"
+    keyed = stack.config
+    stack.config = replace(keyed, encryption_keys=())
+    target = tmp_path / "out.jsonl"
+
+    # when
+    refused = cli(stack, "sagas", "export", "--output", str(target))
+    unwritable = cli(stack, "sagas", "export", "--keep-sealed", "--output", "/proc/nope/x.jsonl")
+    sealed = cli(stack, "sagas", "export", "--keep-sealed", "--limit", "2")
+    stack.config = keyed
+    opened = cli(stack, "sagas", "export", "--limit", "2")
+
+    # then: refused naming the saga and the way out, no file written
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert "exp-" in refused.stderr and "--keep-sealed" in refused.stderr
+    assert not target.exists() and "<encrypted>" not in refused.stdout
+    # an unwritable path is a usage error, not a traceback
+    assert unwritable.returncode == 2, (unwritable.stdout, unwritable.stderr)
+    assert "--output" in unwritable.stderr and "Traceback" not in unwritable.stderr
+    # kept sealed: two sagas in all, each its stored form under "sealed", no payload in clear
+    assert sealed.returncode == 0, sealed.stderr
+    lines = [json.loads(line) for line in sealed.stdout.splitlines()]
+    assert len(lines) == 2 and all("input" not in line for line in lines)
+    assert all(isinstance(line["sealed"]["body"]["sealed"], str) for line in lines)
+    assert MARK not in sealed.stdout and "<encrypted>" not in sealed.stdout
+    # with the key: two sagas, payloads opened
+    assert opened.returncode == 0, opened.stderr
+    lines = [json.loads(line) for line in opened.stdout.splitlines()]
+    assert [line["input"]["sku"] for line in lines] == [MARK, MARK]

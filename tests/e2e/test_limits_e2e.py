@@ -13,6 +13,7 @@ import pytest
 
 from celery_sagas import SagaState
 from celery_sagas._records import StepState
+from tests.e2e.app import build
 from tests.e2e.conftest import Stack, wait_until
 from tests.e2e.test_cli_subprocess import celery_sagas
 
@@ -96,6 +97,41 @@ def test_signals_nobody_waits_for_are_refused_past_the_limit_and_the_saga_still_
     record = redis_stack.wait_settled(saga_id)
     assert record.state is SagaState.COMPENSATED
     assert (len(before.signals), record.signals, record.signals_dropped) == (100, (), 100)
+    assert len(redis_stack.ops("release", saga_id)) == 1
+
+
+def test_a_saga_past_the_record_limit_in_signals_refuses_more_and_still_cancels(
+        redis_stack: Stack) -> None:
+    # given: a saga waiting for "go", grown past the 1 MiB record limit by 280 signals of 4 KB
+    # that a process with higher limits let in (issue 25 defect 2: the next signal raised
+    # PayloadTooLarge yet was recorded, and `celery sagas cancel` exited 2)
+    redis_stack.worker()
+    saga_id = f"big-{uuid.uuid4().hex[:6]}"
+    redis_stack.sagas.start("e2e-signal", {"sku": "A", "id": saga_id}, saga_id=saga_id)
+    wait_until(lambda: len(redis_stack.sagas.get(saga_id).steps) == 2, what="the wait")
+    loose = build(redis_stack.config, payload_limit=8 * 2**20, signal_limit=1000,
+                  signal_bytes_limit=8 * 2**20)
+    try:
+        for i in range(280):
+            loose.sagas.signal(saga_id, "other", {"n": i, "pad": "x" * 4000})
+    finally:
+        loose.sagas.store.close()
+    before = redis_stack.sagas.get(saga_id)
+    assert sum(len(str(s.payload)) for s in before.signals) > 2**20
+
+    # when: an operator with the default limits signals it, then cancels it
+    refused = celery_sagas(redis_stack, "signal", saga_id, "other", "--payload", '{"n": 280}')
+    after_refusal = redis_stack.sagas.get(saga_id)
+    cancelled = celery_sagas(redis_stack, "cancel", saga_id)
+
+    # then: the signal is refused and written nowhere; the cancel compensates on the worker
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert "sagas_signal_limit" in refused.stderr, refused.stderr
+    assert (after_refusal.version, after_refusal.signals) == (before.version, before.signals)
+    assert cancelled.returncode == 0, (cancelled.stdout, cancelled.stderr)
+    record = redis_stack.wait_settled(saga_id)
+    assert record.state is SagaState.COMPENSATED
+    assert (record.signals, record.signals_dropped) == ((), 280)
     assert len(redis_stack.ops("release", saga_id)) == 1
 
 
