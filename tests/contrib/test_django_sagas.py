@@ -3,11 +3,13 @@ saga that exists only once the transaction that asked for it committed."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from celery import Celery
-from django.db import transaction
+from celery import _state as celery_state
+from django.db import connection, transaction
 from django.test import override_settings
 
 from celery_sagas import Saga, Sagas
@@ -62,6 +64,36 @@ def test_a_definition_name_is_looked_up_on_the_current_celery_app_as_the_docs_sh
     # then
     started = sagas.get(saga_id)
     assert started is not None and started.input == {"order_id": "o-6"}
+
+
+def test_a_request_thread_of_a_threaded_server_finds_the_project_s_sagas(sagas: Sagas) -> None:
+    # given: the project's app is the default one, as Celery's Django fixup makes the app
+    # docs/django.md's celery.py creates (DJANGO_SETTINGS_MODULE set first). A threaded server
+    # (runserver, gunicorn --threads) runs each request in a thread of its own, whose current
+    # app is that default: Celery's current app is per thread.
+    previous = celery_state.default_app
+    sagas.app.set_default()
+    started: list[str] = []
+
+    def request() -> None:
+        try:
+            with transaction.atomic():
+                started.append(start_on_commit("order", {"order_id": "o-7"}, saga_id="o-7"))
+        finally:
+            connection.close()
+
+    # when
+    try:
+        thread = threading.Thread(target=request)
+        thread.start()
+        thread.join(timeout=30)
+    finally:
+        celery_state.set_default_app(previous)
+
+    # then
+    assert started == ["o-7"]
+    record = sagas.get("o-7")
+    assert record is not None and record.input == {"order_id": "o-7"}
 
 
 def test_a_rolled_back_transaction_starts_nothing(sagas: Sagas) -> None:
