@@ -20,6 +20,7 @@ import pytest
 
 from tests import processes
 from tests.isolation import WORKER, endpoint, unique
+from tests.ordering import slowest_first
 
 REQUIRE = os.environ.get("CELERY_SAGAS_REQUIRE_SERVICES") == "1"
 
@@ -49,6 +50,13 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[CLUSTER_UP] = "1" if _cluster_answers() else "0"
         os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="celery-sagas-run-")
         processes.at_end(_stop_the_runs_cluster)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker, the slowest tests first (tests/ordering.py): every worker sorts its
+    collection the same way, and the controller hands the tests out in that order."""
+    if hasattr(config, "workerinput"):
+        items[:] = slowest_first(items)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
