@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from celery_sagas import Sagas
@@ -381,7 +381,9 @@ def make_cluster(workdir: Path, *, broker: str | None = None, store: str | None 
         )
         config.control.mkdir(exist_ok=True)
         config.applied.mkdir(exist_ok=True)
-        return Cluster(config, build(config), redis=redis)
+        # The scan delay slows the workers' sweeps (so faults land mid-sweep); the sweeps this
+        # process drives to settle the run need not wait (16 buckets of delayed pages each).
+        return Cluster(config, build(replace(config, scan_delay_ms=0)), redis=redis)
     except BaseException:
         if redis is not None:
             redis.close()

@@ -229,12 +229,19 @@ def settle(cluster: Cluster, tracker: Tracker, timeout: float, notes: Counter[st
     return None
 
 
+def settle_all(cluster: Cluster, saga_ids: Iterable[str], timeout: float = 60.0) -> None:
+    """Sweep from here until every one of ``saga_ids`` settled; AssertionError with the logs
+    past ``timeout``."""
+    tracker = Tracker(cluster)
+    for saga_id in saga_ids:
+        tracker.add(saga_id)
+    if settle(cluster, tracker, timeout, Counter()) is None:
+        raise AssertionError(f"sagas {sorted(tracker.open)} did not settle\n{cluster.logs()}")
+
+
 def settle_one(cluster: Cluster, saga_id: str, timeout: float = 60.0) -> SagaRecord:
     """Sweep from here until one saga settled; AssertionError with the logs past ``timeout``."""
-    tracker = Tracker(cluster)
-    tracker.add(saga_id)
-    if settle(cluster, tracker, timeout, Counter()) is None:
-        raise AssertionError(f"saga {saga_id} did not settle\n{cluster.logs()}")
+    settle_all(cluster, [saga_id], timeout)
     record = cluster.sagas.get(saga_id)
     assert record is not None
     return record

@@ -31,7 +31,7 @@ from tests.e2e.conftest import wait_until
 from tests.reliability import faults
 from tests.reliability.app import DEFINITION, STEP_NAMES
 from tests.reliability.cluster import Cluster, children_of, make_cluster
-from tests.reliability.harness import FaultLog, Report, finish, settle_one
+from tests.reliability.harness import FaultLog, Report, finish, settle_all, settle_one
 from tests.reliability.recording import read_lines
 
 
@@ -82,8 +82,7 @@ def paused_sweeper(workdir: Path, stale: int = 6) -> Report:
                    what="the paused sweeper to stop")
         if newer is not None:
             Leases(cluster.shop.store, SystemClock(), owner="probe").release(newer)
-        for saga_id in started:
-            settle_one(cluster, saga_id)
+        settle_all(cluster, started)
         finish(cluster, started, report)
         refused = [e for e in read_lines(cluster.config.fences)
                    if e["ev"] == "write" and e["pid"] == pid and e["outcome"] == "refused"]
