@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery.utils.nodenames import host_format
 
 from tests import processes
 from tests.conftest import REDIS_BROKER_URL as REDIS_BROKER
@@ -50,6 +51,7 @@ class Process:
 
     proc: subprocess.Popen[bytes]
     log: Path
+    name: str = ""  # a worker's node name (``w1a2b3c4d@host``), for control commands to it
 
     @property
     def pid(self) -> int:
@@ -113,6 +115,7 @@ class Stack:
              "--without-heartbeat"],
             "worker",
         )
+        process.name = host_format(name)
         wait_until(lambda: "ready." in process.text() or process.proc.poll() is not None,
                    timeout=60, what="worker ready")
         assert process.proc.poll() is None, process.text()[-3000:]

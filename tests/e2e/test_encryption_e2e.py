@@ -189,7 +189,8 @@ def test_celery_inspect_conf_on_a_real_worker_shows_no_key(sealed_redis: Stack) 
     process = sealed_redis.worker()
 
     # when
-    inspected = cli(sealed_redis, "inspect", "conf", "--json", "-t", "20")
+    # its reply ends the wait (without -d, every worker on the broker had 20 s to answer)
+    inspected = cli(sealed_redis, "inspect", "conf", "--json", "-t", "20", "-d", process.name)
     reported = cli(sealed_redis, "report")
 
     # then

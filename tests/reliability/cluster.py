@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from celery.utils.nodenames import host_format
+
 from celery_sagas import Sagas
 from tests import processes
 from tests.e2e.conftest import ROOT, Process, wait_until, wipe_store
@@ -265,6 +267,7 @@ class Cluster:
              "--without-heartbeat"],
             "worker", env,
         )
+        process.name = host_format(name)
         with self._lock:
             self.workers.append((process, dict(env or {})))
         if wait:

@@ -93,11 +93,12 @@ def test_a_claim_sent_while_the_store_is_stopped_runs_its_body_once_and_complete
     # first thing it sends once the store is stopped
     cluster, server, _ = stack
     control = cluster.shop.app.control
-    control.cancel_consumer(cluster.config.queue, reply=True, timeout=10)
+    worker = [cluster.workers[0][0].name]  # its reply ends the wait (not the whole timeout)
+    control.cancel_consumer(cluster.config.queue, destination=worker, reply=True, timeout=10)
     _start(cluster, "claim-1", {})
     server.pause()
     try:
-        control.add_consumer(cluster.config.queue, reply=True, timeout=10)
+        control.add_consumer(cluster.config.queue, destination=worker, reply=True, timeout=10)
         wait_until(lambda: "did not answer the claim" in cluster.logs(), timeout=30,
                    what="the claim to time out")
         time.sleep(STALL_S)
