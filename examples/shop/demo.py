@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     from .orders import place_order
     from .provider import provider
 
+    if not args.broker:  # kombu polls the in-memory broker, by default once a second
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                             "polling_interval": 0.05}
+
     run = uuid.uuid4().hex[:6]
     orders = [
         {"id": f"order-{run}-1", "sku": "BOOK-42", "qty": 1, "card": "4242", "total": 30},
