@@ -27,6 +27,15 @@ def _sagas(stack: Stack) -> dict[str, Any]:
     return {r.saga_id: r for r in stack.sagas.browse(limit=1000).records}
 
 
+def _waiting_for_go(stack: Stack, prefix: str) -> str:
+    """A new e2e-signal saga's id, once it waits for its "go" signal (a worker running)."""
+    stack.worker()
+    saga_id = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    stack.sagas.start("e2e-signal", {"sku": "A", "id": saga_id}, saga_id=saga_id)
+    wait_until(lambda: len(stack.sagas.get(saga_id).steps) == 2, what="the wait")
+    return saga_id
+
+
 def test_a_saga_that_starts_itself_stops_at_the_depth_limit_and_the_chain_compensates(
         redis_stack: Stack) -> None:
     # given
@@ -78,10 +87,7 @@ def test_a_chain_at_the_depth_limit_is_cancelled_from_the_shell(redis_stack: Sta
 def test_signals_nobody_waits_for_are_refused_past_the_limit_and_the_saga_still_cancels(
         redis_stack: Stack) -> None:
     # given: a saga waiting for "go", sent a hundred signals of another name
-    redis_stack.worker()
-    saga_id = f"sig-{uuid.uuid4().hex[:6]}"
-    redis_stack.sagas.start("e2e-signal", {"sku": "A", "id": saga_id}, saga_id=saga_id)
-    wait_until(lambda: len(redis_stack.sagas.get(saga_id).steps) == 2, what="the wait")
+    saga_id = _waiting_for_go(redis_stack, "sig")
     for i in range(100):
         redis_stack.sagas.signal(saga_id, "other", {"n": i, "pad": "x" * 1000})
     before = redis_stack.sagas.get(saga_id)
@@ -105,10 +111,7 @@ def test_a_saga_past_the_record_limit_in_signals_refuses_more_and_still_cancels(
     # given: a saga waiting for "go", grown past the 1 MiB record limit by 280 signals of 4 KB
     # that a process with higher limits let in (issue 25 defect 2: the next signal raised
     # PayloadTooLarge yet was recorded, and `celery sagas cancel` exited 2)
-    redis_stack.worker()
-    saga_id = f"big-{uuid.uuid4().hex[:6]}"
-    redis_stack.sagas.start("e2e-signal", {"sku": "A", "id": saga_id}, saga_id=saga_id)
-    wait_until(lambda: len(redis_stack.sagas.get(saga_id).steps) == 2, what="the wait")
+    saga_id = _waiting_for_go(redis_stack, "big")
     loose = build(redis_stack.config, payload_limit=8 * 2**20, signal_limit=1000,
                   signal_bytes_limit=8 * 2**20)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,21 @@ def test_a_store_object_that_does_io_is_refused_clearly(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
+def _run_then_drop(sagas: Sagas, run: Callable[[], Awaitable[None]]) -> None:
+    """Run ``run`` in a new event loop, close its async client, then drop the SQL tables."""
+
+    async def closing() -> None:
+        try:
+            await run()
+        finally:
+            await sagas.aio.aclose()
+
+    try:
+        asyncio.run(closing())
+    finally:
+        sagas.store.drop_tables()  # type: ignore[attr-defined]
+
+
 @pytest.mark.postgres
 def test_calls_past_the_stores_connections_wait_before_they_begin(
         postgres_url: str, monkeypatch: Any) -> None:
@@ -122,21 +138,14 @@ def test_calls_past_the_stores_connections_wait_before_they_begin(
 
     async def run() -> None:
         nonlocal peak
-        aio = sagas.aio
-        try:
-            starts = [asyncio.ensure_future(aio.start("aio-order", {"sku": "A"}, saga_id=f"g{n}"))
-                      for n in range(40)]
-            while not all(s.done() for s in starts):
-                peak = max(peak, len(inside))
-                await asyncio.sleep(0)
-            assert {s.result().record.state for s in starts} == {"running"}
-        finally:
-            await aio.aclose()
+        starts = [asyncio.ensure_future(sagas.aio.start("aio-order", {"sku": "A"}, saga_id=f"g{n}"))
+                  for n in range(40)]
+        while not all(s.done() for s in starts):
+            peak = max(peak, len(inside))
+            await asyncio.sleep(0)
+        assert {s.result().record.state for s in starts} == {"running"}
 
-    try:
-        asyncio.run(run())
-    finally:
-        sagas.store.drop_tables()  # type: ignore[attr-defined]
+    _run_then_drop(sagas, run)
     assert 1 <= peak <= 15
 
 
@@ -157,15 +166,8 @@ def test_the_pools_overflow_stays_open_between_waves(postgres_url: str, monkeypa
     monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(counting))
 
     async def run() -> None:
-        aio = sagas.aio
-        try:
-            await asyncio.gather(*(aio.start("aio-order", {"sku": "A"}, saga_id=f"w{n}")
-                                   for n in range(120)))
-        finally:
-            await aio.aclose()
+        await asyncio.gather(*(sagas.aio.start("aio-order", {"sku": "A"}, saga_id=f"w{n}")
+                               for n in range(120)))
 
-    try:
-        asyncio.run(run())
-    finally:
-        sagas.store.drop_tables()  # type: ignore[attr-defined]
+    _run_then_drop(sagas, run)
     assert 1 <= len(opened) <= 16  # the pool's 15, and the LISTEN connection of wait's notices
