@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from . import _values as values
 from ._cas import MAX_RACES, until_written
 from ._codec import Codec, carries_write, new_write_id
-from ._frozen import replace
 from ._protocol.history import DEFAULT_HISTORY_LIMIT, recorded
-from ._protocol.notes import apply_notes, parse_note
+from ._protocol.notes import ClaimNote, apply_notes, parse_note
 from ._records import SAGA, OperatorAction, SagaRecord, SagaState
 from ._topology import Topology
 from .errors import (
@@ -233,19 +232,17 @@ class SagaRepository:
         return record
 
     def _take_back(self, envelope: Envelope, note: str) -> bool:
-        """Remove ``note``, just appended to ``envelope``, without decoding the record: when it
-        is the record's only note, write the body back unchanged at the next version (a
-        compare-and-set clears notes). Whether it was taken back."""
-        if envelope.notes != (note,):
-            logger.error("saga %s: a note on a record this process cannot decrypt could not be "
-                         "taken back (other notes precede it)", envelope.id)
-            return False
-        unchanged = replace(envelope, version=envelope.version + 1, notes=())
-        taken = self.store.compare_and_set(unchanged, envelope.version)
-        if not taken:
-            logger.error("saga %s: a note on a record this process cannot decrypt could not be "
-                         "taken back (the record moved on)", envelope.id)
-        return taken
+        """Take back ``note``, a claim just appended to ``envelope``, without decoding the
+        record: append its withdrawal note, which every reader applies after it (wherever the
+        claim is by then, and whatever notes precede it). Whether it was appended."""
+        claim = parse_note(note)
+        assert isinstance(claim, ClaimNote)
+        withdrawal = claim.withdrawn().text()
+        if self.store.annotate(SAGA, envelope.id, withdrawal) is not None:
+            return True
+        logger.error("saga %s: a claim on a record this process cannot decrypt could not be "
+                     "taken back (the record is gone or holds too many notes)", envelope.id)
+        return False
 
     def update(
         self,

@@ -13,6 +13,11 @@ signal to the record's ``signals`` unless a signal with its id is there already,
 send is one signal. Its payload is kept as the codec stored it (``{"payload": value}``, or a
 sealed token where payloads are encrypted, docs/design.md §7): whoever applies notes passes
 ``open_payload`` to turn it back into the value.
+
+A withdrawal note takes a claim back without reading the record: a delivery that cannot decrypt
+the record it just claimed (a worker without the newest key, docs/design.md §7) appends one,
+and every reader applies the claim and then its withdrawal (``moves.withdraw_claim``), wherever
+the claim is by then (still a note, or written into the body by a reader with the key).
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .._frozen import replace
-from .._records import HistoryEvent, OperatorAction, SagaRecord, SignalRecord
+from .._records import (
+    AttemptRef,
+    HistoryEvent,
+    OperatorAction,
+    SagaRecord,
+    SignalRecord,
+    StepRecord,
+)
 from .._values import (
     actor,
     effect_id,
@@ -37,18 +49,19 @@ from .._values import (
 )
 from ..errors import IllegalTransition
 from .history import recorded
-from .moves import claim_compensation, claim_step
+from .moves import claim_compensation, claim_step, withdraw_claim
 
 __all__ = [
-    "ClaimNote", "Note", "OpenPayload", "SignalNote", "apply_notes", "clear_payload", "parse_note",
-    "with_signal",
+    "ClaimNote", "Note", "OpenPayload", "SignalNote", "WithdrawNote", "apply_notes",
+    "clear_payload", "parse_note", "with_signal",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimNote:
-    """A delivery's claim of the start of one effect of a step."""
+class _ClaimerNote:
+    """A note about one effect of a step by one claimer (its tag), stored under ``KEY``."""
 
+    KEY: ClassVar[str]
     step: str
     effect_id: str
     claimer: str
@@ -56,8 +69,26 @@ class ClaimNote:
 
     def text(self) -> str:
         """The note as stored: one line of JSON."""
-        return json.dumps({"claim": [self.step, self.effect_id, self.claimer, self.at_ms]},
+        return json.dumps({self.KEY: [self.step, self.effect_id, self.claimer, self.at_ms]},
                           separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimNote(_ClaimerNote):
+    """A delivery's claim of the start of one effect of a step."""
+
+    KEY: ClassVar[str] = "claim"
+
+    def withdrawn(self) -> WithdrawNote:
+        """The note that takes this claim back (its body never began)."""
+        return WithdrawNote(self.step, self.effect_id, self.claimer, self.at_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawNote(_ClaimerNote):
+    """A claimer's taking back of its own claim, whose body never began."""
+
+    KEY: ClassVar[str] = "withdraw"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,25 +128,30 @@ def clear_payload(stored: Any) -> Any:
     return stored["payload"]
 
 
-Note = ClaimNote | SignalNote
+Note = ClaimNote | SignalNote | WithdrawNote
+_CLAIMER_NOTES: dict[str, type[ClaimNote] | type[WithdrawNote]] = {
+    made.KEY: made for made in (ClaimNote, WithdrawNote)}
 
 
 def parse_note(text: str) -> Note:
     """Read a stored note; ValueError when it is not one this version writes."""
     raw = json.loads(text)
-    if isinstance(raw, dict) and set(raw) == {"signal"}:
-        return _signal_note(raw["signal"])
-    if not isinstance(raw, dict) or set(raw) != {"claim"}:
+    if not isinstance(raw, dict) or len(raw) != 1:
         raise ValueError("unknown note")
-    fields = raw["claim"]
+    [(kind, fields)] = raw.items()
+    if kind == "signal":
+        return _signal_note(fields)
+    made = _CLAIMER_NOTES.get(kind)
+    if made is None:
+        raise ValueError("unknown note")
     if not isinstance(fields, list) or len(fields) != 4:
-        raise ValueError("malformed claim note")
+        raise ValueError(f"malformed {kind} note")
     name, effect, claimer, at = fields
     try:
-        return ClaimNote(step_name(name), effect_id(effect),
-                         token(claimer, field="claimer", max_len=255), timestamp_ms(at))
+        return made(step_name(name), effect_id(effect),
+                    token(claimer, field="claimer", max_len=255), timestamp_ms(at))
     except Exception as exc:
-        raise ValueError("malformed claim note") from exc
+        raise ValueError(f"malformed {kind} note") from exc
 
 
 def _signal_note(fields: Any) -> SignalNote:
@@ -149,6 +185,8 @@ def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecor
     if step is None:
         return saga
     try:
+        if isinstance(note, WithdrawNote):
+            return _withdraw(saga, step, note)
         if step.effect_id == note.effect_id:
             return claim_step(saga, note.step, note.effect_id, note.claimer, note.at_ms)
         if step.compensation_effect_id == note.effect_id:
@@ -156,6 +194,18 @@ def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecor
     except IllegalTransition:
         pass
     return saga
+
+
+def _withdraw(saga: SagaRecord, step: StepRecord, note: WithdrawNote) -> SagaRecord:
+    """The claim ``note`` names taken back, if it still holds the step (IllegalTransition
+    otherwise: another claim, or the step moved on)."""
+    if step.compensation_effect_id == note.effect_id:
+        ref = AttemptRef.compensation(step)
+    else:
+        ref = AttemptRef.execution(step)
+    if ref.effect_id != note.effect_id:
+        return saga
+    return withdraw_claim(saga, ref, note.claimer, note.at_ms)
 
 
 def apply_notes(saga: SagaRecord, notes: Sequence[Note],

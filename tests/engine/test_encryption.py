@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -16,8 +17,10 @@ from celery_sagas import ENCRYPTED, MemoryStore, Sagas, StepNotCommitted
 from celery_sagas._findings import corrupt_finding
 from celery_sagas._records import SagaState, StepState
 from celery_sagas.errors import SagaConfigurationError, UndecryptableRecord
+from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
+from celery_sagas.testing.proxy import StoreProxy
 from tests.engine.conftest import SYNC_BACKOFF_MS, Script, Shop, register_shop
 
 MARK = "MARKER-7f3a"
@@ -35,7 +38,7 @@ def _bodies(store: MemoryStore) -> str:
     return "\n".join(envelope.body for envelope in store._records.values())
 
 
-def _other(store: MemoryStore, clock: FrozenClock, keys: list[bytes]) -> tuple[Sagas, Shop]:
+def _other(store: Store, clock: FrozenClock, keys: list[bytes]) -> tuple[Sagas, Shop]:
     """Another process's Sagas over the same store, with ``keys``."""
     app = Celery(f"other-{uuid.uuid4().hex[:8]}", set_as_current=False)
     sagas = Sagas(app, store=store, allow_non_durable=True, clock=clock, encryption_keys=keys)
@@ -153,17 +156,63 @@ def test_a_step_delivered_to_a_process_without_the_key_never_runs_its_body_nor_k
     with caplog.at_level(logging.ERROR, logger="celery_sagas.execution"):
         new_shop.driver.deliver(message)
 
-    # then: the body never ran, and the blind claim note was taken back (docs/design.md §7):
-    # the record is as it was, one version up, its step unclaimed; the log says why
+    # then: the body never ran, and the blind claim was taken back (docs/design.md §7): a
+    # withdrawal note follows the claim note, the body is as it was, the step unclaimed; the
+    # log says why
     assert new_shop.script.calls == []
     after = store.get("saga", "o-1")
     assert after is not None and before is not None
-    assert (after.body, after.state, after.notes) == (before.body, before.state, ())
+    assert (after.body, after.state, len(after.notes)) == (before.body, before.state, 2)
     assert after.version == before.version + 2
     assert shop.step("shop.reserve").started_at_ms is None
+    assert shop.step("shop.reserve").claimed_by is None
     assert shop.step("shop.reserve").attempts == 0
     assert any("undecryptable" in r.getMessage() for r in caplog.records)
     assert new_shop.driver.take() == []
+
+
+class _SiblingFirst(StoreProxy):
+    """A store whose first claim note is followed at once by another process's note (a
+    parallel sibling's claim would do the same): the record moves on before the claimer can
+    take its claim back."""
+
+    def __init__(self, inner: MemoryStore, sibling: Callable[[], object]) -> None:
+        super().__init__(inner)
+        self.sibling: Callable[[], object] | None = sibling
+
+    def annotate(self, kind: str, record_id: str, note: str, *,
+                 expected_version: int | None = None) -> Envelope | None:
+        noted = super().annotate(kind, record_id, note, expected_version=expected_version)
+        if self.sibling is not None and '"claim"' in note:
+            self.sibling, sibling = None, self.sibling
+            sibling()
+        return noted
+
+
+def test_a_keyless_claim_is_taken_back_after_the_record_moved_on_and_nothing_goes_to_review(
+        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: a keyless worker whose claim is followed at once by a keyed process's note
+    shop.start_order(card=MARK)
+    [message] = shop.driver.take()
+    racing = _SiblingFirst(store, lambda: shop.sagas.signal("o-1", "nudge", 1))
+    _, keyless = _other(racing, clock, [NEW_KEY])
+
+    # when: it claims, cannot read, takes its claim back; a keyed process sweeps later
+    keyless.driver.deliver(message)
+    noted = store.get("saga", "o-1")
+    reserve = shop.step("shop.reserve")
+    shop.sweep_when_stale()
+    shop.driver.run_until_idle()
+
+    # then: the claim was taken back behind the other note, which is kept; the saga completed
+    # with reserve run once and nothing sent to review
+    assert noted is not None and len(noted.notes) == 3
+    assert (reserve.started_at_ms, reserve.claimed_by, reserve.attempts) == (None, None, 0)
+    record = shop.record()
+    assert record.state is SagaState.COMPLETED
+    assert [s.name for s in record.signals] == ["nudge"]
+    assert shop.script.names().count("reserve") == 1
+    assert shop.step("shop.reserve").attempts == 1
 
 
 def test_after_a_keyless_delivery_the_sweep_of_a_keyed_process_sends_the_step_again(

@@ -168,6 +168,8 @@ def test_a_claim_note_is_applied_when_the_record_is_read() -> None:
     lambda e: replace(e, id="another"),
     lambda e: replace(e, notes=('{"claim":["a"]}',)),
     lambda e: replace(e, notes=('{"comment":"hi"}',)),
+    lambda e: replace(e, notes=('{"withdraw":["a","fx-a","w-1"]}',)),
+    lambda e: replace(e, notes=('{"withdraw":["a","fx-a","w 1",1],"claim":[]}',)),
 ])
 def test_a_saga_record_failing_read_validation_raises_invalid_record(mangle: Any) -> None:
     envelope = mangle(CODEC.saga_envelope(saga(step(CM, "a"), step(X0, "b"))))

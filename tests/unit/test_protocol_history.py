@@ -32,6 +32,7 @@ from tests.unit.protocol_builders import (
     P1,
     X0,
     X1,
+    cx,
     fx,
     intent,
     saga,
@@ -221,6 +222,50 @@ def test_a_claim_note_and_a_signal_note_are_recorded_at_their_own_time() -> None
         (E.SIGNAL, NOW - 20, "sig-2", "bob", "manual payment"),
     ]
     assert applied.version == 7
+
+
+def test_a_withdrawal_note_takes_back_its_claim_wherever_the_claim_is() -> None:
+    # given: a claim, as a note before its withdrawal, or already written into the body
+    unclaimed = saga(step(X0), version=7)
+    claim = ClaimNote("s", fx("s"), "w-9", NOW - 50)
+    in_body = apply_notes(unclaimed, [claim])
+
+    # when
+    from_notes = apply_notes(unclaimed, [claim, claim.withdrawn()])
+    from_body = apply_notes(in_body, [claim.withdrawn()])
+
+    # then: the step is as before the claim, its history saying so
+    for applied in (from_notes, from_body):
+        taken = applied.step("s")
+        assert taken is not None
+        assert (taken.attempts, taken.started_at_ms, taken.claimed_by) == (0, None, None)
+        assert [e.event for e in applied.history][-1] is E.CLAIM_WITHDRAWN
+
+
+@pytest.mark.parametrize("variant, claimer, compensation", [
+    (X1, "w-9", False),  # another claimer holds the step
+    (X0, "worker-1", False),  # nothing claimed
+    (CM, "worker-1", False),  # the step moved on
+    (P1, "worker-1", True),  # another claimer of the compensation
+])
+def test_a_withdrawal_note_of_a_claim_that_no_longer_holds_changes_nothing(
+        variant: str, claimer: str, compensation: bool) -> None:
+    record = saga(step(variant), version=7)
+    withdrawal = ClaimNote("s", cx("s") if compensation else fx("s"), claimer, NOW).withdrawn()
+
+    applied = apply_notes(record, [withdrawal])
+
+    assert applied == record
+
+
+def test_a_withdrawal_note_takes_back_a_compensation_claim() -> None:
+    record = saga(step(P1), state=SagaState.COMPENSATING, version=7)
+
+    applied = apply_notes(record, [ClaimNote("s", cx("s"), "worker-2", NOW).withdrawn()])
+
+    taken = applied.step("s")
+    assert taken is not None
+    assert (taken.compensation_attempts, taken.started_at_ms, taken.claimed_by) == (1, None, None)
 
 
 def test_a_repeated_signal_appends_nothing() -> None:
