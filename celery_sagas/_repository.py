@@ -234,15 +234,26 @@ class SagaRepository:
     def _take_back(self, envelope: Envelope, note: str) -> bool:
         """Take back ``note``, a claim just appended to ``envelope``, without decoding the
         record: append its withdrawal note, which every reader applies after it (wherever the
-        claim is by then, and whatever notes precede it). Whether it was appended."""
+        claim is by then, and whatever notes precede it). A store that fails is tried again
+        for up to the store wait: a withdrawal appended twice is applied once. Whether it was
+        appended."""
         claim = parse_note(note)
         assert isinstance(claim, ClaimNote)
-        withdrawal = claim.withdrawn().text()
-        if self.store.annotate(SAGA, envelope.id, withdrawal) is not None:
-            return True
-        logger.error("saga %s: a claim on a record this process cannot decrypt could not be "
-                     "taken back (the record is gone or holds too many notes)", envelope.id)
-        return False
+        withdrawal, deadline = claim.withdrawn().text(), time.monotonic() + self._store_wait_s
+        while True:
+            try:
+                appended = self.store.annotate(SAGA, envelope.id, withdrawal) is not None
+                break
+            except StoreError:
+                if time.monotonic() > deadline:
+                    appended = False
+                    break
+                self._sleep(_STORE_POLL_S)
+        if not appended:
+            logger.error("saga %s: a claim on a record this process cannot decrypt could not "
+                         "be taken back (the record is gone, holds too many notes, or the "
+                         "store did not answer)", envelope.id)
+        return appended
 
     def update(
         self,

@@ -16,7 +16,7 @@ from cryptography.fernet import Fernet
 from celery_sagas import ENCRYPTED, MemoryStore, Sagas, StepNotCommitted
 from celery_sagas._findings import corrupt_finding
 from celery_sagas._records import SagaState, StepState
-from celery_sagas.errors import SagaConfigurationError, UndecryptableRecord
+from celery_sagas.errors import SagaConfigurationError, StoreError, UndecryptableRecord
 from celery_sagas.stores.base import Envelope, Store
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
@@ -213,6 +213,40 @@ def test_a_keyless_claim_is_taken_back_after_the_record_moved_on_and_nothing_goe
     assert [s.name for s in record.signals] == ["nudge"]
     assert shop.script.names().count("reserve") == 1
     assert shop.step("shop.reserve").attempts == 1
+
+
+class _LostWithdrawalReply(StoreProxy):
+    """A store that appends the first withdrawal note but loses its reply (a blip)."""
+
+    lost = False
+
+    def annotate(self, kind: str, record_id: str, note: str, *,
+                 expected_version: int | None = None) -> Envelope | None:
+        noted = super().annotate(kind, record_id, note, expected_version=expected_version)
+        if '"withdraw"' in note and not self.lost:
+            self.lost = True
+            raise StoreError("connection reset")
+        return noted
+
+
+def test_a_withdrawal_whose_reply_was_lost_is_sent_again_and_counts_once(
+        shop: Shop, store: MemoryStore, clock: FrozenClock) -> None:
+    # given: a keyless worker whose store loses the reply of its first withdrawal
+    shop.start_order(card=MARK)
+    [message] = shop.driver.take()
+    keyless, keyless_shop = _other(_LostWithdrawalReply(store), clock, [NEW_KEY])
+    keyless.engine.repository._sleep = lambda seconds: None
+
+    # when
+    keyless_shop.driver.deliver(message)
+
+    # then: the withdrawal was appended twice, and the step is unclaimed with no attempt counted
+    noted = store.get("saga", "o-1")
+    assert noted is not None and [n.split('"')[1] for n in noted.notes] == [
+        "claim", "withdraw", "withdraw"]
+    reserve = shop.step("shop.reserve")
+    assert (reserve.started_at_ms, reserve.claimed_by, reserve.attempts) == (None, None, 0)
+    assert keyless_shop.script.calls == []
 
 
 def test_after_a_keyless_delivery_the_sweep_of_a_keyed_process_sends_the_step_again(
