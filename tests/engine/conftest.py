@@ -185,8 +185,9 @@ def store() -> MemoryStore:
 
 @pytest.fixture
 def app() -> Celery:
-    """A Celery app with no broker: nothing leaves the process."""
-    return Celery(f"engine-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    """A Celery app on the in-memory transport: nothing leaves the process (without a broker
+    URL Celery would publish to an AMQP broker on localhost)."""
+    return Celery(f"engine-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
 
 
 @pytest.fixture

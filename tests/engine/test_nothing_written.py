@@ -176,8 +176,9 @@ def _sealed_saga(store: Any, clock: FrozenClock) -> Sagas:
     sealed it."""
     sealer = Sagas(Celery(f"seal-{uuid.uuid4().hex[:6]}", set_as_current=False), store=store,
                    allow_non_durable=True, clock=clock, encryption_keys=[KEY])
+    driver = SagaDriver(sealer)  # before the start: nothing goes to a real broker
     _define(sealer, Script())[1]["waiter"].start({"secret": 1}, saga_id="sealed")
-    SagaDriver(sealer).run_until_idle()
+    driver.run_until_idle()
     return sealer
 
 

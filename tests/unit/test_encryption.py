@@ -376,7 +376,8 @@ def test_the_reseal_command_walks_every_page_and_fails_on_what_it_cannot_read() 
 
     # given: three sagas sealed with KEY_A
     store = MemoryStore()
-    writer = Sagas(Celery(f"w-{uuid.uuid4().hex[:6]}", set_as_current=False), store=store,
+    writer = Sagas(Celery(f"w-{uuid.uuid4().hex[:6]}", broker="memory://",
+                          set_as_current=False), store=store,
                    allow_non_durable=True, encryption_keys=[KEY_A])
     register_shop(writer, Script())
     for n in range(3):
