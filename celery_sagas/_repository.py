@@ -231,12 +231,11 @@ class SagaRepository:
         self.recent.remember(record, len(envelope.body))
         return record
 
-    def _take_back(self, envelope: Envelope, note: str) -> bool:
+    def _take_back(self, envelope: Envelope, note: str) -> None:
         """Take back ``note``, a claim just appended to ``envelope``, without decoding the
         record: append its withdrawal note, which every reader applies after it (wherever the
         claim is by then, and whatever notes precede it). A store that fails is tried again
-        for up to the store wait: a withdrawal appended twice is applied once. Whether it was
-        appended."""
+        for up to the store wait: a withdrawal appended twice is applied once."""
         claim = parse_note(note)
         assert isinstance(claim, ClaimNote)
         withdrawal, deadline = claim.withdrawn().text(), time.monotonic() + self._store_wait_s
@@ -253,7 +252,6 @@ class SagaRepository:
             logger.error("saga %s: a claim on a record this process cannot decrypt could not "
                          "be taken back (the record is gone, holds too many notes, or the "
                          "store did not answer)", envelope.id)
-        return appended
 
     def update(
         self,

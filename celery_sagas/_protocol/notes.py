@@ -199,11 +199,11 @@ def _apply(saga: SagaRecord, note: Note, open_payload: OpenPayload) -> SagaRecor
 def _withdraw(saga: SagaRecord, step: StepRecord, note: WithdrawNote) -> SagaRecord:
     """The claim ``note`` names taken back, if it still holds the step (IllegalTransition
     otherwise: another claim, or the step moved on)."""
-    if step.compensation_effect_id == note.effect_id:
+    if step.effect_id == note.effect_id:
+        ref = AttemptRef.execution(step)
+    elif step.compensation_effect_id == note.effect_id:
         ref = AttemptRef.compensation(step)
     else:
-        ref = AttemptRef.execution(step)
-    if ref.effect_id != note.effect_id:
         return saga
     return withdraw_claim(saga, ref, note.claimer, note.at_ms)
 
