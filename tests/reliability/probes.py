@@ -74,9 +74,12 @@ def paused_sweeper(workdir: Path, stale: int = 6) -> Report:
         worker = cluster.worker(concurrency=1)
         cluster.shop.app.send_task(SWEEP_TASK, queue=cluster.config.queue)
         children = set(children_of(worker.pid))
-        # Stop it after its first re-drive: it is then waiting before its next page's scan.
+        # Stop it after its first re-drive, once it waits before its next page's scan (its
+        # checkpoint done): resumed, it scans and writes before it renews the lease.
         pid = wait_until(lambda: _writer_among(cluster, children), timeout=30,
                          what="a fenced write by the sweeping worker")
+        wait_until(lambda: _waits_after_a_write(cluster, pid), timeout=30,
+                   what="the sweeper to wait before its next scan")
         newer = _stop_past_lease(cluster, pid, report)
         wait_until(lambda: "sweep stopped bucket=" in worker.text(), timeout=30,
                    what="the paused sweeper to stop")
@@ -110,6 +113,12 @@ def _ids_in_bucket_zero(cluster: Cluster, prefix: str, count: int) -> list[str]:
     store = cluster.shop.store
     candidates = (f"{prefix}{n}" for n in range(100_000))
     return [i for i in candidates if store.bucket_of(i) == 0][:count]
+
+
+def _waits_after_a_write(cluster: Cluster, pid: int) -> bool:
+    """Whether ``pid`` began a scan's wait after its first fenced write."""
+    mine = [e["ev"] for e in read_lines(cluster.config.fences) if e["pid"] == pid]
+    return "write" in mine and "scan_wait" in mine[mine.index("write"):]
 
 
 def _writer_among(cluster: Cluster, pids: set[int]) -> int | None:

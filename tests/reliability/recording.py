@@ -160,8 +160,10 @@ class TracingStore:
     def scan(self, kind: str, states: Sequence[str], *, label: str | None = None,
              updated_before_ms: int | None = None, bucket: int | None = None,
              cursor: str | None = None, limit: int = 100) -> Page:
-        """Pass through (after an optional delay that makes sweeps slow enough to pause)."""
+        """Pass through (after an optional delay that makes sweeps slow enough to pause,
+        traced as ``scan_wait``: a probe pauses a sweeper there)."""
         if self.scan_delay_ms:
+            self._log("scan_wait", t1=time.monotonic_ns())
             time.sleep(self.scan_delay_ms / 1000)
         return self.inner.scan(kind, states, label=label, updated_before_ms=updated_before_ms,
                                bucket=bucket, cursor=cursor, limit=limit)
