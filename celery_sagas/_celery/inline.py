@@ -35,6 +35,7 @@ from celery.signals import (
     task_postrun,
     task_prerun,
     task_success,
+    worker_init,
     worker_shutting_down,
 )
 from celery.worker import state as worker_state
@@ -52,16 +53,25 @@ logger = logging.getLogger("celery_sagas.execution")
 
 _MARGIN_S = 1.0  # kept free of the running task's hard limit
 
-# One byte shared with the pool processes the worker forks after this import: set by the main
-# process when a shutdown begins (``worker_shutting_down`` is sent there only), read by an
-# inline chain in a pool process before it claims its next step (docs/design.md §3.2).
+# One byte shared with the pool processes the worker forks: set by the main process when a
+# shutdown begins (``worker_shutting_down`` is sent there only), read by an inline chain in a
+# pool process before it claims its next step (docs/design.md §3.2). Each worker makes its own
+# when it starts (``worker_init``, in the main process before the pool forks): a byte made at
+# import would be shared by every worker forked from one process that imported this module, and
+# the first of them to stop would stop the inline chains of all.
 _SHUTDOWN = mmap.mmap(-1, 1)
+
+
+def _worker_starting(**_: Any) -> None:
+    global _SHUTDOWN
+    _SHUTDOWN = mmap.mmap(-1, 1)
 
 
 def _shutting_down(**_: Any) -> None:
     _SHUTDOWN[0] = 1
 
 
+worker_init.connect(_worker_starting, weak=False, dispatch_uid="celery_sagas.inline_start")
 worker_shutting_down.connect(_shutting_down, weak=False, dispatch_uid="celery_sagas.inline_stop")
 
 

@@ -7,7 +7,7 @@ import mmap
 import os
 
 import pytest
-from celery.signals import worker_shutting_down
+from celery.signals import worker_init, worker_shutting_down
 from celery.worker import state as worker_state
 
 from celery_sagas._celery import inline
@@ -47,4 +47,23 @@ def test_a_process_forked_before_the_signal_sees_it(fresh_flag: mmap.mmap) -> No
     worker_shutting_down.send(sender="w@h", sig="SIGTERM", how="Warm", exitcode=0)
     os.write(write, b"x")
     _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_worker_forked_from_the_same_process_as_a_stopped_one_is_not_stopping(
+        fresh_flag: mmap.mmap) -> None:
+    # Two workers forked from one process that imported the module (a fork server, a
+    # supervisor): the first one's shutdown must not stop the second one's inline chains.
+    read, write = os.pipe()
+    second = os.fork()
+    if second == 0:  # the second worker starts once the first one has stopped
+        os.close(write)
+        os.read(read, 1)
+        worker_init.send(sender=None)
+        os._exit(1 if inline.stopping() else 0)
+    os.close(read)
+    worker_shutting_down.send(sender="w@h", sig="SIGTERM", how="Warm", exitcode=0)  # the first
+    os.write(write, b"x")
+    _, status = os.waitpid(second, 0)
     assert os.waitstatus_to_exitcode(status) == 0
