@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["at_end", "forget", "install", "kill_all", "spawn", "tracked", "unused_pid"]
+__all__ = ["at_end", "forget", "install", "kill_all", "spawn", "track", "tracked", "unused_pid"]
 
 _PR_SET_PDEATHSIG = 1
 _groups: set[int] = set()
@@ -72,9 +72,14 @@ def spawn(args: list[str], **options: Any) -> subprocess.Popen[Any]:
     proc: subprocess.Popen[Any] = subprocess.Popen(
         args, start_new_session=True, preexec_fn=_die_with_parent if tie else None, **options
     )
-    with _lock:
-        _groups.add(proc.pid)
+    track(proc.pid)
     return proc
+
+
+def track(group: int) -> None:
+    """Record a process group started elsewhere (a fork server's child) to end with the run."""
+    with _lock:
+        _groups.add(group)
 
 
 def forget(proc: subprocess.Popen[Any]) -> None:

@@ -2,7 +2,8 @@
 
 Every test gets its own queue, store prefix, ledger file and control directory, so tests
 never see each other's messages or records. Workers run prefork with 2 processes, exactly as
-in production; nothing here uses eager mode.
+in production; nothing here uses eager mode. The commands are forked from this process's fork
+server (tests/forkserver.py): ``python -m celery -A app ...`` without importing Celery again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from celery.utils.nodenames import host_format
 
-from tests import processes
+from tests import forkserver, processes
 from tests.conftest import REDIS_BROKER_URL as REDIS_BROKER
 from tests.e2e.app import Config, Shop, build
 from tests.files import read_json_lines
@@ -49,7 +49,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
 class Process:
     """A celery worker or beat subprocess in its own process group."""
 
-    proc: subprocess.Popen[bytes]
+    proc: forkserver.Forked
     log: Path
     name: str = ""  # a worker's node name (``w1a2b3c4d@host``), for control commands to it
 
@@ -71,11 +71,16 @@ class Process:
             os.killpg(self.proc.pid, signal.SIGKILL)  # pool children the main process left
         processes.forget(self.proc)
 
+    def terminate(self) -> None:
+        """Ask for a warm shutdown (SIGTERM to the group) without waiting for it."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         """Ask for a warm shutdown; kill if it does not stop in time."""
         if self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=20)
         self.kill()  # what did not stop in time, and pool children the main process left
@@ -99,10 +104,7 @@ class Stack:
     def _spawn(self, args: list[str], name: str) -> Process:
         log = self.tmp / f"{name}-{len(self.processes)}.log"
         env = {**os.environ, **self.config.environ(), "PYTHONPATH": str(ROOT)}
-        with open(log, "wb") as handle:
-            proc = processes.spawn([sys.executable, "-m", "celery", "-A", self.app_module, *args],
-                                   cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
-        process = Process(proc, log)
+        process = Process(forkserver.celery(["-A", self.app_module, *args], ROOT, env, log), log)
         self.processes.append(process)
         return process
 

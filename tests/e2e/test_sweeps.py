@@ -436,6 +436,10 @@ def test_two_beats_and_two_workers_never_sweep_one_bucket_at_once(sweep_stack: S
         return min((len(v) for v in intervals.values()), default=0) >= 4 and _contended(workers, intervals)
 
     wait_until(enough, timeout=90, what="four sweeps of each bucket, one of them contended")
+    # All at once: a pool process is ended by the SIGTERM mid-sweep, and a worker stopped after
+    # it could start the bucket's next sweep in the meantime (two unfinished sweeps).
+    for process in beats + workers:
+        process.terminate()
     for process in beats + workers:
         process.stop()
 

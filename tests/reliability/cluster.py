@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import uuid
@@ -23,7 +22,7 @@ from pathlib import Path
 from celery.utils.nodenames import host_format
 
 from celery_sagas import Sagas
-from tests import processes
+from tests import forkserver, processes
 from tests.e2e.conftest import ROOT, Process, wait_until, wipe_store
 from tests.isolation import INDEX, port_slice
 from tests.reliability.app import Config, Shop, build
@@ -250,10 +249,8 @@ class Cluster:
     def _spawn(self, args: list[str], name: str, env: dict[str, str] | None) -> Process:
         log = self.config.workdir / f"{name}-{len(self.processes)}.log"
         environ = {**os.environ, **self.config.environ(), **(env or {}), "PYTHONPATH": str(ROOT)}
-        with open(log, "wb") as handle:
-            proc = processes.spawn([sys.executable, "-m", "celery", "-A", self.app_module, *args],
-                                   cwd=ROOT, env=environ, stdout=handle, stderr=subprocess.STDOUT)
-        process = Process(proc, log)
+        process = Process(forkserver.celery(["-A", self.app_module, *args], ROOT, environ, log),
+                          log)
         self.processes.append(process)
         return process
 

@@ -9,8 +9,6 @@ of the session runs with no provider, as a deployment without tracing does.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from tests import processes
+from tests import forkserver
 from tests.e2e.conftest import Process, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,14 +49,12 @@ def tracer_provider() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
 
 def start_worker(app_module: str, queue: str, env: dict[str, str], log: Path) -> Process:
     """A prefork ``celery worker`` on ``queue``, once it is ready."""
-    with open(log, "wb") as handle:
-        proc = processes.spawn(
-            [sys.executable, "-m", "celery", "-A", app_module, "worker", "--pool", "prefork",
-             "-c", "2", "-Q", queue, "-n", f"w{uuid.uuid4().hex[:8]}@%h", "-l", "INFO",
-             "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-            stdout=handle, stderr=subprocess.STDOUT,
-        )
+    proc = forkserver.celery(
+        ["-A", app_module, "worker", "--pool", "prefork", "-c", "2", "-Q", queue,
+         "-n", f"w{uuid.uuid4().hex[:8]}@%h", "-l", "INFO", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        ROOT, {**os.environ, **env, "PYTHONPATH": str(ROOT)}, log,
+    )
     worker = Process(proc, log)
     wait_until(lambda: "ready." in worker.text() or proc.poll() is not None, 60, "worker ready")
     assert proc.poll() is None, worker.text()[-3000:]
