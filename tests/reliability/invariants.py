@@ -113,8 +113,18 @@ def _applied(ops: Mapping[str, list[Mapping[str, Any]]]) -> set[str]:
 
 
 def _undos(ops: Mapping[str, list[Mapping[str, Any]]]) -> Counter[str]:
-    """How many times each execution effect id was undone by a provider."""
-    return Counter(line["undoes"] for op in COMPENSATOR_OPS for line in ops.get(f"{op}.done", []))
+    """How many times each execution effect id was undone by a provider. A ``.dedup`` line
+    counts as one undo when no ``.done`` line of its compensation effect id is there: the
+    attempt that applied it was killed between the provider's marker and its ledger line."""
+    done: Counter[tuple[str, str]] = Counter()
+    deduped: set[tuple[str, str]] = set()
+    for op in COMPENSATOR_OPS:
+        done.update((x["undoes"], x["effect_id"]) for x in ops.get(f"{op}.done", []))
+        deduped.update((x["undoes"], x["effect_id"]) for x in ops.get(f"{op}.dedup", []))
+    undos: Counter[str] = Counter()
+    for undoes, effect in done.keys() | deduped:
+        undos[undoes] += done[(undoes, effect)] or 1
+    return undos
 
 
 def _compensation_rules(records: Mapping[str, SagaRecord | None],

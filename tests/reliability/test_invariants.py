@@ -189,3 +189,19 @@ def test_a_step_recorded_failed_whose_effect_was_applied_is_reported() -> None:
     # the failed charge had in fact applied: an effect nothing will ever undo
     applied = _line("charge.done", "e1", step="rel.charge")
     assert _rules({"s1": record}, [*ledger, applied]) == ["failed-applied"]
+
+
+def test_an_undo_whose_done_line_a_kill_cut_counts_once_by_its_dedup() -> None:
+    # The attempt that refunded was killed between the provider's marker and its ledger line;
+    # the next attempt found the marker: one undo, not none (and a second dedup is not two).
+    step = _step("rel.charge", StepState.COMPENSATED, "e1", comp="c1")
+    record = _saga(SagaState.COMPENSATED, step)
+    applied = [_line("charge.start", "e1", step="rel.charge"),
+               _line("charge.done", "e1", step="rel.charge")]
+    cut = [_line("refund.start", "c1", step="rel.charge", undoes="e1"),
+           _line("refund.start", "c1", step="rel.charge", attempt=2, undoes="e1"),
+           _line("refund.dedup", "c1", step="rel.charge", attempt=2, undoes="e1")]
+    assert "undo-count" not in _rules({"s1": record}, applied + cut)
+    twice = [*cut, _line("refund.dedup", "c1", step="rel.charge", attempt=3, undoes="e1")]
+    assert "double-undo" not in _rules({"s1": record}, applied + twice)
+    assert "undo-count" not in _rules({"s1": record}, applied + twice)
