@@ -37,32 +37,31 @@ def store_class(module: str, name: str) -> Any:
     return getattr(found, name)
 
 
-class SqlEngines:
-    """One engine-owning SqlStore per backend for the session; tests borrow its engine, and
-    table pairs that earlier tests of this process emptied."""
+class TablePool:
+    """Table pairs that earlier tests of this pytest process emptied, by database, and a
+    store per pair made, to drop them when the session ends."""
 
     def __init__(self) -> None:
-        self._owners: dict[str, Any] = {}
-        self._free: dict[str, list[str]] = {}  # backend -> prefixes of empty table pairs
-        self._made: list[Any] = []  # a store per pair made, to drop them at the end
+        self._free: dict[str, list[str]] = {}  # database url -> prefixes of empty pairs
+        self._made: list[Any] = []
 
-    def borrow(self, backend: str, engine: Any, prefix: str) -> Any:
-        """A store on an empty table pair: one a test handed back, else new ones (``prefix``)."""
-        sql_store = store_class("celery_sagas.stores.sql", "SqlStore")
-        free = self._free.setdefault(backend, [])
+    def borrow(self, url: str, prefix: str, open_store: Callable[[str, bool], Any]) -> Any:
+        """``open_store(table_prefix, create_schema)`` on an empty table pair: one a test
+        handed back, else a new one under ``prefix``."""
+        free = self._free.setdefault(url, [])
         if free:
-            return sql_store(engine, table_prefix=free.pop(), create_schema=False)
-        store = sql_store(engine, table_prefix=prefix)
+            return open_store(free.pop(), False)
+        store = open_store(prefix, True)
         self._made.append(store)
         return store
 
-    def give_back(self, backend: str, store: Any) -> None:
+    def give_back(self, url: str, store: Any) -> None:
         """Empty ``store``'s tables for the next test (TRUNCATE on PostgreSQL, where deleted
         rows stay until a vacuum); a pair that cannot be emptied is dropped instead."""
         tables = store._tables.metadata.sorted_tables
         try:
             with store.engine.begin() as conn:
-                if backend == "postgres":
+                if store.engine.dialect.name == "postgresql":
                     conn.exec_driver_sql(f"TRUNCATE {', '.join(t.name for t in tables)}")
                 else:
                     for table in reversed(tables):
@@ -70,7 +69,22 @@ class SqlEngines:
         except Exception:
             store.drop_tables()
             return
-        self._free[backend].append(store.table_prefix)
+        self._free[url].append(store.table_prefix)
+
+    def close(self) -> None:
+        """Drop every table pair made."""
+        for store in self._made:
+            store.drop_tables()
+            store.close()
+
+
+class SqlEngines:
+    """One engine-owning SqlStore per backend for the session; tests borrow its engine and
+    empty table pairs from its pool."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, Any] = {}
+        self.tables = TablePool()
 
     def engine(self, backend: str, url: Callable[[], str]) -> Any:
         if backend not in self._owners:
@@ -81,10 +95,18 @@ class SqlEngines:
         return self._owners[backend].engine
 
     def close(self) -> None:
-        for store in self._made:
-            store.drop_tables()
+        self.tables.close()
         for owner in self._owners.values():
             owner.close()
+
+
+@pytest.fixture(scope="session")
+def sql_tables() -> Iterator[TablePool]:
+    """This process's pool of emptied SQL table pairs (for fixtures that open their own
+    engine per test)."""
+    pool = TablePool()
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="session")
@@ -118,11 +140,14 @@ def _sql(request: pytest.FixtureRequest, backend: str, prefix: str) -> Iterator[
         engine = engines.engine(backend, lambda: f"sqlite:///{path}")
     else:
         engine = engines.engine(backend, lambda: request.getfixturevalue(f"{backend}_url"))
-    store = engines.borrow(backend, engine, prefix)
+    sql_store = store_class("celery_sagas.stores.sql", "SqlStore")
+    store = engines.tables.borrow(
+        backend, prefix, lambda name, create: sql_store(engine, table_prefix=name,
+                                                        create_schema=create))
     try:
         yield store
     finally:
-        engines.give_back(backend, store)
+        engines.tables.give_back(backend, store)
         store.close()
 
 

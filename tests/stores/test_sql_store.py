@@ -44,6 +44,7 @@ from celery_sagas.stores.sql import SqlStore
 from celery_sagas.stores.sql._dialects import ascii_key, long_text
 from celery_sagas.stores.sql._schema import Tables, build_tables
 from celery_sagas.testing.racing import race
+from tests.stores.conftest import TablePool
 
 T0 = 1_700_000_000_000
 BACKENDS = [
@@ -63,13 +64,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(db_url: str, unique_prefix: str) -> Iterator[SqlStore]:
-    """A store on fresh tables, dropped after the test."""
-    opened = SqlStore.from_url(db_url, table_prefix=unique_prefix + "_")
+def store(db_url: str, unique_prefix: str, sql_tables: TablePool) -> Iterator[SqlStore]:
+    """A store with an engine of its own on empty tables, emptied after the test for the next
+    one (tests/stores/conftest.py)."""
+    opened: SqlStore = sql_tables.borrow(
+        db_url, unique_prefix + "_",
+        lambda prefix, create: SqlStore.from_url(db_url, table_prefix=prefix,
+                                                 create_schema=create))
     try:
         yield opened
     finally:
-        opened.drop_schema()
+        sql_tables.give_back(db_url, opened)
         opened.close()
 
 
