@@ -82,8 +82,9 @@ def track(group: int) -> None:
         _groups.add(group)
 
 
-def forget(proc: subprocess.Popen[Any]) -> None:
-    """Stop tracking ``proc``'s group (it was ended and reaped by its owner)."""
+def forget(proc: Any) -> None:
+    """Stop tracking ``proc``'s group (it was ended and reaped by its owner): a ``Popen``, or a
+    fork server's child (anything with a ``pid``)."""
     with _lock:
         _groups.discard(proc.pid)
 

@@ -37,4 +37,4 @@ def test_a_running_child_is_polled_waited_for_and_killed_as_a_group(tmp_path: Pa
         child.wait(timeout=0.2)
     os.killpg(child.pid, signal.SIGKILL)
     assert child.wait(timeout=30) == -signal.SIGKILL
-    processes.forget(child)  # type: ignore[arg-type]
+    processes.forget(child)

@@ -38,24 +38,24 @@ def store_class(module: str, name: str) -> Any:
 
 
 class TablePool:
-    """Table pairs that earlier tests of this pytest process emptied, by database, and a
-    store per pair made, to drop them when the session ends."""
+    """Table pairs that earlier tests of this pytest process emptied, by database (a URL, or
+    the backend name of a shared engine), and a store per pair made, to drop them at the end."""
 
     def __init__(self) -> None:
-        self._free: dict[str, list[str]] = {}  # database url -> prefixes of empty pairs
+        self._free: dict[str, list[str]] = {}  # database -> prefixes of empty pairs
         self._made: list[Any] = []
 
-    def borrow(self, url: str, prefix: str, open_store: Callable[[str, bool], Any]) -> Any:
+    def borrow(self, database: str, prefix: str, open_store: Callable[[str, bool], Any]) -> Any:
         """``open_store(table_prefix, create_schema)`` on an empty table pair: one a test
         handed back, else a new one under ``prefix``."""
-        free = self._free.setdefault(url, [])
+        free = self._free.setdefault(database, [])
         if free:
             return open_store(free.pop(), False)
         store = open_store(prefix, True)
         self._made.append(store)
         return store
 
-    def give_back(self, url: str, store: Any) -> None:
+    def give_back(self, database: str, store: Any) -> None:
         """Empty ``store``'s tables for the next test (TRUNCATE on PostgreSQL, where deleted
         rows stay until a vacuum); a pair that cannot be emptied is dropped instead."""
         tables = store._tables.metadata.sorted_tables
@@ -69,7 +69,7 @@ class TablePool:
         except Exception:
             store.drop_tables()
             return
-        self._free[url].append(store.table_prefix)
+        self._free[database].append(store.table_prefix)
 
     def close(self) -> None:
         """Drop every table pair made."""
