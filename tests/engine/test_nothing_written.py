@@ -70,7 +70,8 @@ class World:
 
 
 def _memory_dump(store: MemoryStore) -> Callable[[], Any]:
-    return lambda: {k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()}
+    return lambda: ({k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()},
+                    dict(store._leases), dict(store._fences), dict(store._cursors))
 
 
 def _sql_dump(store: Any) -> Callable[[], Any]:
@@ -89,28 +90,66 @@ def _redis_dump(store: Any) -> Callable[[], Any]:
     return lambda: {k: client.dump(k) for k in sorted(client.scan_iter(match=pattern, count=1000))}
 
 
+@dataclass
+class Kept:
+    """A world kept for the next test of this pytest process, and its store as built."""
+
+    world: World
+    built: Any  # the store's dump right after the build
+    now_ms: int  # the clock right after the build
+    close: Callable[[], None]
+
+
+@pytest.fixture(scope="module")
+def kept() -> Iterator[dict[str, Kept]]:
+    """The worlds this pytest process has built, by store kind; closed after the module."""
+    worlds: dict[str, Kept] = {}
+    yield worlds
+    for each in worlds.values():
+        each.close()
+
+
 @pytest.fixture(params=["memory", "sqlite", "redis"])
-def world(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[World]:
+def world(request: pytest.FixtureRequest, kept: dict[str, Kept]) -> Iterator[World]:
+    """The world of one store kind. Building it takes most of a test's time, so it is built
+    once per pytest process and handed to the next test as long as that test left it as
+    built: the clock goes back after each test, and a world whose store differs from its
+    dump at the build (a case took a lease, or a call wrote) is closed and built again."""
+    if request.param not in kept:
+        kept[request.param] = _open(request)
+    each = kept[request.param]
+    yield each.world
+    each.world.clock.set(each.now_ms)
+    if each.world.dump() != each.built:
+        del kept[request.param]
+        each.close()
+
+
+def _open(request: pytest.FixtureRequest) -> Kept:
+    """A world built on a new store of the kind ``request.param`` names."""
     if request.param == "memory":
         store: Any = MemoryStore()
         dump = _memory_dump(store)
     elif request.param == "sqlite":
-        store = open_store(f"sqlite:///{tmp_path}/sagas.db")
+        folder = request.getfixturevalue("tmp_path_factory").mktemp("nothing-written")
+        store = open_store(f"sqlite:///{folder}/sagas.db")
         dump = _sql_dump(store)
     else:
         url = request.getfixturevalue("redis_url")
         store = open_store(url, key_prefix=f"nw{uuid.uuid4().hex[:8]}",
                            require_aof=False)  # the test Redis runs without AOF
         dump = _redis_dump(store)
-    try:
-        yield _build(store, dump)
-    finally:
-        if request.param == "redis":
-            from tests.e2e.conftest import wipe_store
+    world = _build(store, dump)
+    return Kept(world, dump(), world.clock.now_ms(), lambda: _close(request.param, store))
 
-            wipe_store(store)
-        if request.param != "memory":
-            store.close()
+
+def _close(kind: str, store: Any) -> None:
+    if kind == "redis":
+        from tests.e2e.conftest import wipe_store
+
+        wipe_store(store)
+    if kind != "memory":
+        store.close()
 
 
 def _build(store: Any, dump: Callable[[], Any]) -> World:

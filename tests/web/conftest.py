@@ -90,6 +90,11 @@ class Web:
 @pytest.fixture
 def shop() -> Iterator[Shop]:
     """The engine tests' shop plus a gated definition, on a fresh app."""
+    yield new_shop()
+
+
+def new_shop() -> Shop:
+    """The engine tests' shop plus a gated definition, on a fresh app and MemoryStore."""
     app = Celery(f"web-{uuid.uuid4().hex[:8]}", set_as_current=False)
     clock = FrozenClock()
     facade = Sagas(app, store=MemoryStore(), allow_non_durable=True, clock=clock,
@@ -105,12 +110,17 @@ def shop() -> Iterator[Shop]:
         return ctx.step(tasks["charge"], order["card"], order["total"])
 
     definitions["gated-order"] = gated_order
-    yield Shop(facade, driver, clock, script, tasks, definitions)
+    return Shop(facade, driver, clock, script, tasks, definitions)
 
 
 @pytest.fixture
 def web(shop: Shop) -> Web:
     """The UI over the shop, with an operator and a read-only user."""
+    return new_web(shop)
+
+
+def new_web(shop: Shop) -> Web:
+    """The UI over ``shop``, with an operator and a read-only user."""
     app = create_app(shop.sagas, users=USERS, secret=CSRF_SECRET)
     app.config["TESTING"] = True
     return Web(shop, app, app.test_client())

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -15,15 +16,49 @@ from celery import Celery
 from celery_sagas import Sagas
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, register_shop
-from tests.web.conftest import Web, gated, in_review
+from tests.web.conftest import Web, gated, in_review, new_shop, new_web
 
 KEY = "3ZkPZb0bCaQb5-j0pXM0N2z6XqQxFwCO4JvQn8fXq0U="
 PAST_EXPIRY_MS = 16 * 60_000  # sagas_approval_ttl is 15 minutes
 
 
-def dump(web: Web) -> dict[Any, Any]:
+def dump(web: Web) -> Any:
     store: Any = web.sagas.store
-    return {k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()}
+    return ({k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()},
+            dict(store._leases), dict(store._fences), dict(store._cursors))
+
+
+@dataclass
+class Given:
+    """The UI over the sagas of ``_given``, with their ids, kept for the next test of this
+    pytest process while a test leaves it as built."""
+
+    web: Web
+    ids: dict[str, str]
+    built: Any  # the store's dump right after the build
+    now_ms: int  # the clock right after the build
+
+
+@pytest.fixture(scope="module")
+def kept() -> dict[str, Given]:
+    """The world this pytest process has built (under "given"), if any."""
+    return {}
+
+
+@pytest.fixture
+def given(kept: dict[str, Given]) -> Iterator[Given]:
+    """The sagas every case needs. Building them takes most of a test's time (one saga holds
+    as many signals as it may), so they are built once per pytest process and handed on: the
+    clock goes back after each test, and a store that differs from its build is built again."""
+    if "given" not in kept:
+        web = new_web(new_shop())
+        ids = _given(web)
+        kept["given"] = Given(web, ids, dump(web), web.shop.clock.now_ms())
+    each = kept["given"]
+    yield each
+    each.web.shop.clock.set(each.now_ms)
+    if dump(each.web) != each.built:
+        del kept["given"]
 
 
 def _given(web: Web) -> dict[str, str]:
@@ -126,12 +161,12 @@ ACTIONS: list[tuple[str, str, Callable[[dict[str, str]], dict[str, str]], int]] 
 
 
 @pytest.mark.parametrize("case, path, form, status", ACTIONS, ids=[a[0] for a in ACTIONS])
-def test_a_refused_web_action_writes_nothing(web: Web, case: str, path: str,
+def test_a_refused_web_action_writes_nothing(given: Given, case: str, path: str,
                                              form: Callable[[dict[str, str]], dict[str, str]],
                                              status: int) -> None:
     # given
-    given = _given(web)
-    data = form(given)
+    web = given.web
+    data = form(given.ids)
     csrf = web.csrf()
     if case.endswith("expired"):
         _later(web)
