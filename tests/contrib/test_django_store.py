@@ -4,6 +4,7 @@ from the migration, and the store contract over those tables on PostgreSQL."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
@@ -18,6 +19,7 @@ from celery_sagas.stores.base import Store
 from celery_sagas.stores.sql import SqlStore
 from celery_sagas.testing.conformance import StoreConformance
 from tests.contrib.conftest import TABLE_PREFIX
+from tests.stores.conftest import TablePool
 
 GARBAGE = "not json {"
 
@@ -97,25 +99,48 @@ def test_the_migration_leaves_databases_other_than_the_store_s_alone(migrated: N
     call_command("migrate", "celery_sagas", "zero", database="other", verbosity=0)
 
 
+@pytest.fixture(scope="module")
+def migrated_pairs() -> Iterator[TablePool]:
+    """Saga table pairs made on ``pg`` by the migration's own code, each emptied after a test
+    and handed to the next one of this pytest process (making a pair took most of a test's
+    time); dropped by the migration's code at the end."""
+    pool = TablePool(drop=_drop_migrated)
+    yield pool
+    pool.close()
+
+
+def _migrated_store(prefix: str, create: bool) -> SqlStore:
+    """The store on ``pg``'s pair under ``prefix``, made first by the migration if ``create``."""
+    if create:
+        with _migrating(prefix), connections["pg"].schema_editor() as editor:
+            create_tables(None, editor)
+    return database_store("pg", table_prefix=prefix)
+
+
+def _drop_migrated(store: SqlStore) -> None:
+    with _migrating(store.table_prefix), connections["pg"].schema_editor() as editor:
+        drop_tables(None, editor)
+    store.close()
+    connections["pg"].close()
+
+
+def _migrating(prefix: str) -> override_settings:
+    return override_settings(SAGAS={"store": "django://pg", "table_prefix": prefix})
+
+
 @pytest.mark.postgres
 class TestDjangoStoreOnPostgres(StoreConformance):
     """The conformance suite over tables the migration made on PostgreSQL through Django."""
 
     @pytest.fixture(autouse=True)
-    def _services(self, postgres_url: str) -> None:
-        self._prefix = "c" + uuid.uuid4().hex[:10] + "_"
-
-    def _migrating(self) -> override_settings:
-        return override_settings(SAGAS={"store": "django://pg", "table_prefix": self._prefix})
+    def _services(self, postgres_url: str, migrated_pairs: TablePool) -> None:
+        self._pairs = migrated_pairs
 
     def make_store(self) -> Store:
-        with self._migrating(), connections["pg"].schema_editor() as editor:
-            create_tables(None, editor)
-        return database_store("pg", table_prefix=self._prefix)
+        return self._pairs.borrow("pg", "c" + uuid.uuid4().hex[:10] + "_", _migrated_store)
 
     def destroy_store(self, store: Store) -> None:
-        with self._migrating(), connections["pg"].schema_editor() as editor:
-            drop_tables(None, editor)
+        self._pairs.give_back("pg", store)
         store.close()
         connections["pg"].close()
 

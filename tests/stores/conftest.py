@@ -41,9 +41,10 @@ class TablePool:
     """Table pairs that earlier tests of this pytest process emptied, by database (a URL, or
     the backend name of a shared engine), and a store per pair made, to drop them at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, drop: Callable[[Any], None] | None = None) -> None:
         self._free: dict[str, list[str]] = {}  # database -> prefixes of empty pairs
         self._made: list[Any] = []
+        self._drop = drop or _drop_tables
 
     def borrow(self, database: str, prefix: str, open_store: Callable[[str, bool], Any]) -> Any:
         """``open_store(table_prefix, create_schema)`` on an empty table pair: one a test
@@ -67,15 +68,19 @@ class TablePool:
                     for table in reversed(tables):
                         conn.execute(table.delete())
         except Exception:
-            store.drop_tables()
+            self._drop(store)
             return
         self._free[database].append(store.table_prefix)
 
     def close(self) -> None:
-        """Drop every table pair made."""
+        """Drop every table pair made (with the ``drop`` given, by default the store's own)."""
         for store in self._made:
-            store.drop_tables()
-            store.close()
+            self._drop(store)
+
+
+def _drop_tables(store: Any) -> None:
+    store.drop_tables()
+    store.close()
 
 
 class SqlEngines:
