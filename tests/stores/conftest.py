@@ -122,12 +122,26 @@ def sql_engines() -> Iterator[SqlEngines]:
     engines.close()
 
 
+@pytest.fixture(scope="session")
+def redis_clients() -> Iterator[dict[str, Any]]:
+    """One client-owning RedisStore per URL for the session (a Redis Cluster client discovers
+    the cluster's nodes and slots when made: a third of a cluster test's time); closed at the
+    end."""
+    owners: dict[str, Any] = {}
+    yield owners
+    for owner in owners.values():
+        owner.close()
+
+
 def _redis(request: pytest.FixtureRequest, prefix: str, fixture: str = "redis_url") -> Iterator[Store]:
     redis_url: str = request.getfixturevalue(fixture)
-    # The test servers run without AOF: durability is tested in test_durability.py.
-    store = store_class("celery_sagas.stores.redis", "RedisStore").from_url(
-        redis_url, prefix=prefix, require_aof=False
-    )
+    owners: dict[str, Any] = request.getfixturevalue("redis_clients")
+    redis_store = store_class("celery_sagas.stores.redis", "RedisStore")
+    if redis_url not in owners:
+        # The test servers run without AOF: durability is tested in test_durability.py.
+        owners[redis_url] = redis_store.from_url(redis_url, require_aof=False)
+    owner = owners[redis_url]
+    store = redis_store(owner._client, prefix=prefix, buckets=owner.buckets, require_aof=False)
     try:
         yield store
     finally:
