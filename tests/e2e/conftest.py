@@ -123,10 +123,11 @@ class Stack:
         assert process.proc.poll() is None, process.text()[-3000:]
         return process
 
-    def beat(self) -> Process:
-        """Start celery beat (it sends the sweep every sweep_interval seconds)."""
+    def beat(self, level: str = "INFO") -> Process:
+        """Start celery beat (it sends the sweep every sweep_interval seconds), logging at
+        ``level``."""
         schedule = self.tmp / f"beat-{uuid.uuid4().hex[:6]}"
-        process = self._spawn(["beat", "-s", str(schedule), "-l", "INFO"], "beat")
+        process = self._spawn(["beat", "-s", str(schedule), "-l", level], "beat")
         wait_until(lambda: "beat: Starting" in process.text() or process.proc.poll() is not None,
                    timeout=60, what="beat started")
         assert process.proc.poll() is None, process.text()[-3000:]
