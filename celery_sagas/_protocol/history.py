@@ -129,6 +129,14 @@ def _step(old: StepRecord | None, new: StepRecord, at: int,
     if old is None:
         yield _intent(new, at)
         return
+    if _failed_and_sent_again(old, new):
+        # a retry due at once (the jitter drew 0) is sent by the write of the failure itself
+        yield HistoryEntry(at, E.COMPENSATION_FAILED, new.name, old.compensation_attempts,
+                           code=new.error_code, due_ms=at)
+        yield HistoryEntry(at, E.COMPENSATION_INTENT, new.name, new.compensation_attempts)
+        if new.started_at_ms is not None:
+            yield _claim(new, at)
+        return
     claimed = new.started_at_ms is not None and new.started_at_ms != old.started_at_ms
     if claimed:
         yield _claim(new, at)
@@ -147,6 +155,13 @@ def _step(old: StepRecord | None, new: StepRecord, at: int,
     elif not claimed and new.dispatched_at_ms is not None \
             and new.dispatched_at_ms != old.dispatched_at_ms:
         yield HistoryEntry(at, E.RESENT, new.name, _attempt(new))
+
+
+def _failed_and_sent_again(old: StepRecord, new: StepRecord) -> bool:
+    """A claimed compensator that raised and its next attempt sent, in one write: the step
+    compensates still, under a higher attempt (a claim taken back keeps its attempt)."""
+    return old.state is StepState.COMPENSATING and new.state is StepState.COMPENSATING \
+        and old.started_at_ms is not None and new.compensation_attempts > old.compensation_attempts
 
 
 def _withdrawn(old: StepRecord, new: StepRecord) -> bool:

@@ -16,6 +16,7 @@ from celery_sagas.errors import SagaNotFound, SagaValidationError
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, Shop, register_shop
+from tests.engine.test_jitter import drawing
 
 E = HistoryEvent
 SECRET = "approval-secret-for-engine-tests!"
@@ -105,6 +106,28 @@ def test_resume_and_its_actor_are_recorded(shop: Shop) -> None:
     exhausted = [e for e in history if e.event is E.COMPENSATION_FAILED]
     assert len(exhausted) == 3 and all(e.step == "shop.charge" for e in exhausted)
     assert history.index(exhausted[-1]) < history.index(resumed)
+
+
+def test_a_compensator_that_failed_and_was_sent_again_in_one_write_is_recorded_as_failed(
+        shop: Shop) -> None:
+    # given: the jitter draws 0, so a failed compensator's retry is due when its failure is
+    # written, and that write sends the retry too (its claim cleared, attempt 2 dispatched)
+    drawing(shop, lambda: 0.0)
+    shop.script.then("refund", RuntimeError("refund down"))
+    shop.script.then("ship", StepNotCommitted("out_of_stock"))
+
+    # when
+    shop.start_order()
+    shop.driver.run_until_idle()
+
+    # then: the attempt that ran and failed is told as failed, never as a claim taken back
+    # (which says the body never began)
+    charge = [(e.event, e.attempt) for e in shop.sagas.history("o-1") if e.step == "shop.charge"]
+    assert (E.CLAIM_WITHDRAWN, 1) not in charge
+    assert charge[-6:] == [(E.COMPENSATION_INTENT, 1), (E.COMPENSATION_CLAIMED, 1),
+                           (E.COMPENSATION_FAILED, 1), (E.COMPENSATION_INTENT, 2),
+                           (E.COMPENSATION_CLAIMED, 2), (E.COMPENSATED, 2)]
+    assert shop.record().state is SagaState.COMPENSATED
 
 
 def test_cancel_records_its_actor_and_the_compensation_it_caused(shop: Shop) -> None:
