@@ -65,16 +65,20 @@ class Process:
     def kill(self) -> None:
         """SIGKILL the whole process group (main process and pool children)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended since: poll may lag
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # pool children the main process left
         processes.forget(self.proc)
 
     def terminate(self) -> None:
-        """Ask for a warm shutdown (SIGTERM to the group) without waiting for it."""
+        """Ask for a warm shutdown (SIGTERM to the group) without waiting for it. A group gone
+        already is left alone: a fork server's child can end before its server has reported
+        the exit that ``poll`` reads (a second terminate of a beat that stopped at once)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
 
     def stop(self) -> None:
         """Ask for a warm shutdown; kill if it does not stop in time."""
