@@ -159,7 +159,6 @@ def test_a_worker_without_the_schedule_never_takes_its_ticks_and_none_is_lost(
     wait_until(lambda: beat.text().count(PUBLISHED) >= 2, timeout=90, what="2 ticks sent")
     beat.stop()
     sent = beat.text().count(PUBLISHED)
-    assert sent >= 2
 
     # then: it took none of them
     assert "celery_sagas.periodic" not in other.text(), other.text()[-3000:]

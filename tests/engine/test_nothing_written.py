@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -45,6 +46,7 @@ from celery_sagas.stores import open_store
 from celery_sagas.testing import FrozenClock
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, register_shop
+from tests.kept import Kept, close_all, handed_on, memory_dump
 
 SECRET = "s" * 40
 KEY = "3ZkPZb0bCaQb5-j0pXM0N2z6XqQxFwCO4JvQn8fXq0U="
@@ -69,11 +71,6 @@ class World:
     keyed: Sagas  # another process's Sagas on the same store, with an encryption key
 
 
-def _memory_dump(store: MemoryStore) -> Callable[[], Any]:
-    return lambda: ({k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()},
-                    dict(store._leases), dict(store._fences), dict(store._cursors))
-
-
 def _sql_dump(store: Any) -> Callable[[], Any]:
     def dump() -> Any:
         with store._engine.connect() as connection:
@@ -90,46 +87,26 @@ def _redis_dump(store: Any) -> Callable[[], Any]:
     return lambda: {k: client.dump(k) for k in sorted(client.scan_iter(match=pattern, count=1000))}
 
 
-@dataclass
-class Kept:
-    """A world kept for the next test of this pytest process, and its store as built."""
-
-    world: World
-    built: Any  # the store's dump right after the build
-    now_ms: int  # the clock right after the build
-    close: Callable[[], None]
-
-
 @pytest.fixture(scope="module")
-def kept() -> Iterator[dict[str, Kept]]:
+def kept() -> Iterator[dict[str, Kept[World]]]:
     """The worlds this pytest process has built, by store kind; closed after the module."""
-    worlds: dict[str, Kept] = {}
+    worlds: dict[str, Kept[World]] = {}
     yield worlds
-    for each in worlds.values():
-        each.close()
+    close_all(worlds)
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
-def world(request: pytest.FixtureRequest, kept: dict[str, Kept]) -> Iterator[World]:
+def world(request: pytest.FixtureRequest, kept: dict[str, Kept[World]]) -> Iterator[World]:
     """The world of one store kind. Building it takes most of a test's time, so it is built
-    once per pytest process and handed to the next test as long as that test left it as
-    built: the clock goes back after each test, and a world whose store differs from its
-    dump at the build (a case took a lease, or a call wrote) is closed and built again."""
-    if request.param not in kept:
-        kept[request.param] = _open(request)
-    each = kept[request.param]
-    yield each.world
-    each.world.clock.set(each.now_ms)
-    if each.world.dump() != each.built:
-        del kept[request.param]
-        each.close()
+    once per pytest process and handed on while tests leave it as built (tests/kept.py)."""
+    yield from handed_on(kept, request.param, lambda: _open(request))
 
 
-def _open(request: pytest.FixtureRequest) -> Kept:
+def _open(request: pytest.FixtureRequest) -> Kept[World]:
     """A world built on a new store of the kind ``request.param`` names."""
     if request.param == "memory":
         store: Any = MemoryStore()
-        dump = _memory_dump(store)
+        dump: Callable[[], Any] = partial(memory_dump, store)
     elif request.param == "sqlite":
         folder = request.getfixturevalue("tmp_path_factory").mktemp("nothing-written")
         store = open_store(f"sqlite:///{folder}/sagas.db")
@@ -140,7 +117,7 @@ def _open(request: pytest.FixtureRequest) -> Kept:
                            require_aof=False)  # the test Redis runs without AOF
         dump = _redis_dump(store)
     world = _build(store, dump)
-    return Kept(world, dump(), world.clock.now_ms(), lambda: _close(request.param, store))
+    return Kept(world, dump, world.clock, lambda: _close(request.param, store))
 
 
 def _close(kind: str, store: Any) -> None:

@@ -16,6 +16,7 @@ from celery import Celery
 from celery_sagas import Sagas
 from celery_sagas.testing.driver import SagaDriver
 from tests.engine.conftest import ORDER, Script, register_shop
+from tests.kept import Kept, close_all, handed_on, memory_dump
 from tests.web.conftest import Web, gated, in_review, new_shop, new_web
 
 KEY = "3ZkPZb0bCaQb5-j0pXM0N2z6XqQxFwCO4JvQn8fXq0U="
@@ -23,42 +24,39 @@ PAST_EXPIRY_MS = 16 * 60_000  # sagas_approval_ttl is 15 minutes
 
 
 def dump(web: Web) -> Any:
+    """Everything the UI's MemoryStore holds."""
     store: Any = web.sagas.store
-    return ({k: (e.version, e.state, e.body, e.notes) for k, e in store._records.items()},
-            dict(store._leases), dict(store._fences), dict(store._cursors))
+    return memory_dump(store)
 
 
 @dataclass
 class Given:
-    """The UI over the sagas of ``_given``, with their ids, kept for the next test of this
-    pytest process while a test leaves it as built."""
+    """The UI over the sagas of ``_given``, with their ids."""
 
     web: Web
     ids: dict[str, str]
-    built: Any  # the store's dump right after the build
-    now_ms: int  # the clock right after the build
 
 
 @pytest.fixture(scope="module")
-def kept() -> dict[str, Given]:
+def kept() -> Iterator[dict[str, Kept[Given]]]:
     """The world this pytest process has built (under "given"), if any."""
-    return {}
+    worlds: dict[str, Kept[Given]] = {}
+    yield worlds
+    close_all(worlds)
 
 
 @pytest.fixture
-def given(kept: dict[str, Given]) -> Iterator[Given]:
+def given(kept: dict[str, Kept[Given]]) -> Iterator[Given]:
     """The sagas every case needs. Building them takes most of a test's time (one saga holds
-    as many signals as it may), so they are built once per pytest process and handed on: the
-    clock goes back after each test, and a store that differs from its build is built again."""
-    if "given" not in kept:
-        web = new_web(new_shop())
-        ids = _given(web)
-        kept["given"] = Given(web, ids, dump(web), web.shop.clock.now_ms())
-    each = kept["given"]
-    yield each
-    each.web.shop.clock.set(each.now_ms)
-    if dump(each.web) != each.built:
-        del kept["given"]
+    as many signals as it may), so they are built once per pytest process and handed on while
+    tests leave them as built (tests/kept.py)."""
+    yield from handed_on(kept, "given", _made)
+
+
+def _made() -> Kept[Given]:
+    web = new_web(new_shop())
+    ids = _given(web)
+    return Kept(Given(web, ids), lambda: dump(web), web.shop.clock)
 
 
 def _given(web: Web) -> dict[str, str]:
